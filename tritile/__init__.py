@@ -1,0 +1,18 @@
+"""tritile: DeepSeek TileKernels' kernels in Triton, with the same public API.
+
+``import tritile.quant as quant`` etc.  Importing tritile queries no GPU.
+"""
+
+__version__ = "0.1.0"
+
+from . import config, utils  # noqa: F401,E402
+
+import importlib as _importlib
+
+for _m in ("transpose", "quant", "moe", "engram", "mhc", "modeling", "torch", "testing"):
+    try:
+        globals()[_m] = _importlib.import_module(f"{__name__}.{_m}")
+    except ModuleNotFoundError as _e:  # a module not built yet
+        if _e.name != f"{__name__}.{_m}":
+            raise
+del _importlib

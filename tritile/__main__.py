@@ -1,0 +1,39 @@
+"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick] [--json F] [--plot F.png]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tritile")
+    sub = p.add_subparsers(dest="cmd")
+    b = sub.add_parser("bench", help="benchmark every registered op (GPU) or check each once (CPU)")
+    b.add_argument("--module", action="append", help="only these modules (repeatable)")
+    b.add_argument("--op", action="append", help="only these ops (repeatable)")
+    b.add_argument("--quick", action="store_true", help="one representative shape per op")
+    b.add_argument("--json", help="write the results as JSON here")
+    b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
+    args = p.parse_args(argv)
+    if args.cmd != "bench":
+        p.print_help()
+        return 2
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        has_gpu = False
+    if not has_gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
+    from .bench.runner import run
+
+    rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot)
+    bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Benchmark registry.  Each module registers its ops in ``tritile/<module>/_bench.py``:
+
+    from tritile.bench import Case, register
+
+    @register("transpose", "batched_transpose")
+    def _cases(device, quick):
+        x = ...
+        out = batched_transpose(x)
+        yield Case(params=dict(...), fn=lambda: batched_transpose(x), ref=lambda: ref(x),
+                   check=assert_equal, nbytes=count_bytes(x, out),
+                   anchor=("batched_transpose", {...}))
+
+``device`` is ``cuda`` (full TileKernels shapes) or ``cpu`` (small shapes; the harness then only
+checks correctness).  ``quick`` asks for one representative case per op.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+MODULES = ("transpose", "quant", "moe", "engram", "mhc")
+
+
+@dataclass
+class Case:
+    params: Dict[str, Any]
+    fn: Callable[[], Any]
+    nbytes: int = 0
+    ref: Optional[Callable[[], Any]] = None
+    check: Optional[Callable[[Any, Any], None]] = None
+    anchor: Optional[Tuple[str, Dict[str, Any]]] = None
+    latency_bound: bool = False  # judged by µs; also timed under CUDA-graph replay
+    label: str = ""
+
+
+@dataclass
+class BenchOp:
+    module: str
+    op: str
+    make_cases: Callable[[Any, bool], Iterable[Case]]
+
+
+_REGISTRY: List[BenchOp] = []
+
+
+def register(module: str, op: str):
+    def deco(fn):
+        _REGISTRY.append(BenchOp(module, op, fn))
+        return fn
+
+    return deco
+
+
+def load_all(modules: Iterable[str] = MODULES) -> List[BenchOp]:
+    """Import every module's ``_bench`` (missing ones are skipped) and return the registry."""
+    for m in modules:
+        try:
+            importlib.import_module(f"tritile.{m}._bench")
+        except ModuleNotFoundError as e:
+            if e.name not in (f"tritile.{m}", f"tritile.{m}._bench"):
+                raise
+    return list(_REGISTRY)

@@ -1,0 +1,176 @@
+"""``python -m tritile bench``: time every registered op (GPU) or check it once (CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from importlib import resources
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import MODULES, load_all
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+def load_anchors() -> Dict[str, Any]:
+    with resources.files("tritile").joinpath("data/tilekernels-h200.json").open() as f:
+        return json.load(f)
+
+
+def find_anchor(anchors, kernel: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    want = {k: _norm(v) for k, v in params.items()}
+    for rec in anchors["records"]:
+        if rec["kernel"] == kernel and {k: _norm(v) for k, v in rec["params"].items()} == want:
+            return rec
+    return None
+
+
+def _fmt_params(p: Dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in p.items())
+
+
+def _progress(iterable, total, desc):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, file=sys.stderr, leave=False)
+    except ImportError:  # pragma: no cover
+        return iterable
+
+
+def _run_check(case):
+    out = case.fn()
+    if case.ref is not None and case.check is not None:
+        ref = case.ref()
+        case.check(out, ref)
+    return out
+
+
+def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=sys.stdout) -> List[Dict]:
+    from ..testing.generator import get_device
+
+    device = get_device()
+    on_gpu = device.type == "cuda"
+    registry = [b for b in load_all(modules or MODULES)
+                if (ops is None or b.op in ops)]
+    anchors = load_anchors()
+    rows: List[Dict[str, Any]] = []
+    meta: Dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)",
+    }
+    if on_gpu:
+        from ..testing.bench import copy_bandwidth_gbs, time_events, time_graph, time_host
+
+        copy_bw = copy_bandwidth_gbs()
+        meta["copy_bandwidth_gbs"] = round(copy_bw, 1)
+        print(f"# {meta['device']}, torch {meta['torch']}, triton {meta['triton']}; "
+              f"device-to-device copy {copy_bw:.0f} GB/s (read + write)", file=out)
+    else:
+        print("# CPU run (Triton interpreter): a correctness pass on small shapes; timings need a GPU.", file=out)
+
+    for bop in _progress(registry, len(registry), "bench"):
+        try:
+            cases = list(bop.make_cases(device, quick))
+        except Exception as e:  # a broken op must not hide the others
+            rows.append(dict(module=bop.module, op=bop.op, params="", status=f"ERROR: {type(e).__name__}: {e}"))
+            continue
+        for case in cases:
+            row: Dict[str, Any] = dict(module=bop.module, op=bop.op + (f"[{case.label}]" if case.label else ""),
+                                       params=_fmt_params(case.params))
+            try:
+                _run_check(case)
+                row["status"] = "ok" if case.check is not None else "ran"
+            except AssertionError as e:
+                row["status"] = f"FAIL: {str(e)[:120]}"
+            except Exception as e:
+                row["status"] = f"ERROR: {type(e).__name__}: {str(e)[:120]}"
+            if on_gpu and not row["status"].startswith(("FAIL", "ERROR")):
+                us = time_events(case.fn)
+                row["us"] = round(us, 2)
+                if case.nbytes:
+                    row["gbs"] = round(case.nbytes / us / 1e3, 1)
+                    row["pct_copy"] = round(100 * row["gbs"] / copy_bw, 1)
+                if case.latency_bound or us < 30:
+                    g = time_graph(case.fn)
+                    row["graph_us"] = round(g, 2) if g is not None else None
+                    row["host_us"] = round(time_host(case.fn), 2)
+                if case.ref is not None:
+                    try:
+                        ref_us = time_events(case.ref, warmup=3, rep=10, min_ms=5)
+                        row["ref_us"] = round(ref_us, 2)
+                        row["speedup_vs_ref"] = round(ref_us / us, 2)
+                    except Exception:
+                        row["ref_us"] = None
+                if case.anchor is not None:
+                    rec = find_anchor(anchors, *case.anchor)
+                    if rec is not None:
+                        row["tk_us"] = rec["time_us"]
+                        best = min(us, row.get("graph_us") or us) if case.latency_bound else us
+                        row["vs_tk"] = round(rec["time_us"] / best, 2)
+                    else:
+                        row["vs_tk"] = "no anchor"
+            rows.append(row)
+            torch.cuda.empty_cache() if on_gpu else None
+        del cases
+
+    _print_table(rows, on_gpu, out)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    if plot_path and on_gpu:
+        _plot(rows, meta.get("copy_bandwidth_gbs"), plot_path)
+    return rows
+
+
+def _print_table(rows, on_gpu, out):
+    if on_gpu:
+        cols = ["module", "op", "params", "us", "graph_us", "host_us", "gbs", "pct_copy", "speedup_vs_ref",
+                "tk_us", "vs_tk", "status"]
+        heads = ["module", "op", "shape/flags", "µs", "graph µs", "host µs", "GB/s", "% copy", "× ref",
+                 "TK µs", "× TK", "check"]
+    else:
+        cols = ["module", "op", "params", "status"]
+        heads = ["module", "op", "shape/flags", "check"]
+    print("| " + " | ".join(heads) + " |", file=out)
+    print("|" + "---|" * len(heads), file=out)
+    for r in rows:
+        print("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |", file=out)
+    bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
+    print(f"\n{len(rows) - len(bad)} passed, {len(bad)} failed", file=out)
+
+
+def _plot(rows, copy_bw, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return
+    pts = [r for r in rows if r.get("gbs")]
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(pts)), 5))
+    ax.bar(range(len(pts)), [r["gbs"] for r in pts], color="tab:blue")
+    tk = [(i, r["tk_us"] and r["gbs"] * r["us"] / r["tk_us"]) for i, r in enumerate(pts) if r.get("tk_us")]
+    if tk:
+        ax.scatter([i for i, _ in tk], [v for _, v in tk], color="tab:red", marker="_", s=200, label="TileKernels")
+    if copy_bw:
+        ax.axhline(copy_bw, color="k", ls="--", label=f"copy {copy_bw:.0f} GB/s")
+    ax.set_xticks(range(len(pts)))
+    ax.set_xticklabels([r["op"] for r in pts], rotation=75, fontsize=7)
+    ax.set_ylabel("GB/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,180 @@
+"""Runtime facts: interpreter or GPU, device checks, output allocation and op registration.
+
+Nothing here queries a GPU driver at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def is_interpreter() -> bool:
+    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
+
+
+def checks_enabled() -> bool:
+    """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host)."""
+    return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE
+
+
+def kernel_device_ok(device: torch.device) -> bool:
+    """Triton kernels can run on tensors of ``device``: CUDA/ROCm tensors, or CPU tensors under the interpreter."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and is_interpreter()
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    if not kernel_device_ok(t.device):
+        if t.device.type == "cpu":
+            raise ValueError(
+                f"{name} is on the CPU, but Triton kernels need a GPU tensor; "
+                "set TRITON_INTERPRET=1 before importing tritile to run them on the CPU")
+        raise ValueError(f"{name} must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {t.device}")
+
+
+def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    """All non-None tensors share one device; returns it."""
+    dev = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if dev is None:
+            dev, first = t.device, name
+            check_device(name, t)
+        elif t.device != dev:
+            raise ValueError(f"{name} must be on the same device as {first} ({dev}), got {t.device}")
+    return dev
+
+
+# ---------------------------------------------------------------------------------------------
+# Output allocation.  Every op allocates through ``empty`` so the test-suite can poison outputs
+# (NaN for floats, 0x7F/0x7FFF... bytes for integers) and catch elements a kernel never writes.
+# ---------------------------------------------------------------------------------------------
+_poison = os.environ.get("TRITILE_POISON", "0").lower() in _TRUE
+
+
+def set_poison_outputs(enabled: bool) -> bool:
+    """Turn output poisoning on/off; returns the previous value."""
+    global _poison
+    old, _poison = _poison, bool(enabled)
+    return old
+
+
+@contextmanager
+def poison_outputs(enabled: bool = True):
+    old = set_poison_outputs(enabled)
+    try:
+        yield
+    finally:
+        set_poison_outputs(old)
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with a value a correct kernel never leaves behind by accident."""
+    if t.numel() == 0:
+        return t
+    if t.dtype.is_floating_point and t.element_size() >= 2:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        # fp8 (0x7F is e4m3 NaN), int8 / uint8 / int16 / int32 / int64: a byte pattern of 0x7F..
+        t.view(torch.uint8).fill_(0x7F)
+    return t
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if _poison:
+        poison_(out)
+    return out
+
+
+def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.empty_strided`` whose whole storage (padding included) is poisoned in tests."""
+    out = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
+    if _poison and out.numel() > 0:
+        flat = torch.empty(0, dtype=dtype, device=device)
+        flat.set_(out.untyped_storage(), 0, (out.untyped_storage().nbytes() // out.element_size(),), (1,))
+        poison_(flat)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks with uniform messages.
+# ---------------------------------------------------------------------------------------------
+_DTYPE_NAMES = {
+    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+    torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8", torch.uint8: "uint8",
+    torch.int32: "int32", torch.int64: "int64",
+}
+
+
+def dtype_name(d: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(d, str(d).replace("torch.", ""))
+
+
+def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None,
+                 ndim: Optional[int | Sequence[int]] = None) -> torch.Tensor:
+    """TypeError/ValueError with the argument's name, what was expected and what came."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            want = " or ".join(dtype_name(d) for d in dtypes)
+            raise TypeError(f"{name} must be {want}, got {t.dtype}")
+    if ndim is not None:
+        dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in dims:
+            want = " or ".join(f"{d}D" for d in dims)
+            raise ValueError(f"{name} must be {want}, got a {t.dim()}D tensor of shape {tuple(t.shape)}")
+    return t
+
+
+def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.dim() >= 1 and t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit stride in its last dimension, got strides {tuple(t.stride())}")
+
+
+def check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides {tuple(t.stride())}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library registration helper.
+# ---------------------------------------------------------------------------------------------
+def custom_op(name: str, *, mutates_args=(), fake=None):
+    """Register ``fn`` as ``torch.library.custom_op('tritile::<name>')`` with an optional fake kernel.
+
+    Returns the custom op object (callable like the function).  Use it for the tensor-only core
+    of an op; the public Python wrapper keeps TileKernels' signature (tuples, strings, None).
+    """
+
+    def deco(fn):
+        op = torch.library.custom_op(f"tritile::{name}", mutates_args=mutates_args)(fn)
+        if fake is not None:
+            op.register_fake(fake)
+        return op
+
+    return deco

@@ -1,0 +1,82 @@
+"""Numeric comparison helpers (same names and semantics as ``tile_kernels.testing.numeric``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def assert_equal(x: torch.Tensor, y: torch.Tensor, check_dtype: bool = True, check_shape: bool = True,
+                 check_stride: bool = True) -> None:
+    """Bitwise equality of the bytes of ``x`` and ``y``; also dtype, shape, device and (numel > 0) strides."""
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), (type(x), type(y))
+    assert x.device == y.device, f"device differs: {x.device} vs {y.device}"
+    if check_dtype:
+        assert x.dtype == y.dtype, f"dtype differs: {x.dtype} vs {y.dtype}"
+    if check_shape:
+        assert x.shape == y.shape, f"shape differs: {tuple(x.shape)} vs {tuple(y.shape)}"
+    if check_stride and x.numel() > 0:
+        assert x.stride() == y.stride(), f"stride differs: {x.stride()} vs {y.stride()}"
+    xb = x.contiguous().flatten().view(torch.uint8)
+    yb = y.contiguous().flatten().view(torch.uint8)
+    if xb.numel() != yb.numel():
+        raise AssertionError(f"byte count differs: {xb.numel()} vs {yb.numel()}")
+    diff = xb != yb
+    if bool(diff.any()):
+        n_bad = int(diff.sum())
+        esz = x.element_size()
+        first = int(diff.nonzero()[0, 0]) // max(esz, 1)
+        xs = x.contiguous().flatten()
+        ys = y.contiguous().flatten()
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape)) if x.dim() else ()
+        raise AssertionError(
+            f"{n_bad} of {xb.numel()} bytes differ; first at element {idx}: {_show(xs, first)} vs {_show(ys, first)}")
+
+
+def _show(t: torch.Tensor, i: int) -> str:
+    v = t[i]
+    raw = v.view(torch.uint8) if t.element_size() == 1 else None
+    if raw is not None:
+        return f"0x{int(raw):02x}"
+    try:
+        return f"{v.item()!r}"
+    except Exception:  # pragma: no cover
+        return str(v)
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """``1 - 2*sum(x*y) / sum(x*x + y*y)`` in float64 (0 when both are zero)."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    if float(denom) == 0.0:
+        return 0.0
+    return float(1 - 2 * (x * y).sum() / denom)
+
+
+def check_bias(x: torch.Tensor, ref: torch.Tensor) -> None:
+    """Rounding is unbiased: ``(#(x < ref) + #(x == ref)/2) / n`` lies within ``10/sqrt(n)`` of 0.5."""
+    x, ref = x.float().flatten(), ref.float().flatten()
+    n = x.numel()
+    if n == 0:
+        return
+    less = (x < ref).sum().item()
+    equal = (x == ref).sum().item()
+    ratio = (less + equal / 2) / n
+    tol = 10 / math.sqrt(n)
+    assert abs(ratio - 0.5) <= tol, f"rounding is biased: ratio {ratio:.5f} not within {tol:.5f} of 0.5"
+
+
+def count_bytes(*tensors) -> int:
+    """Sum of ``numel * element_size`` over tensors, recursing into tuples/lists and skipping None."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        if isinstance(t, (tuple, list)):
+            total += count_bytes(*t)
+        elif isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+        else:
+            raise TypeError(f"count_bytes takes tensors, tuples, lists or None, got {type(t).__name__}")
+    return total
