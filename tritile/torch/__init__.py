@@ -6,7 +6,8 @@ TileKernels does.  One file per family; each file's ``__all__`` is re-exported h
 
 import importlib as _importlib
 
-_FAMILIES = ("transpose", "cast", "cast_e5m6", "swiglu", "per_channel_cast_fused", "moe", "engram", "mhc")
+_FAMILIES = ("transpose", "cast", "cast_e5m6", "swiglu", "per_channel_cast_fused", "topk", "moe",
+             "expand_to_fused", "reduce_fused", "engram", "mhc")
 
 for _f in _FAMILIES:
     try:
