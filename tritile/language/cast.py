@@ -233,13 +233,17 @@ def quant_scale(amax, CLAMP: tl.constexpr, MAX: tl.constexpr, ROUND_SF: tl.const
     ``a = max(amax, CLAMP)``; ``sf = div_rn(a, MAX)``; without ROUND_SF ``sf_inv = div_rn(MAX, a)``
     (a second division, not ``1/sf``); with ROUND_SF ``sf = 2^ceil(log2 sf)`` and ``sf_inv = 1/sf``
     (exact).  CLAMP may also be a tensor (a run-time clamp).
+
+    Non-finite amax (a block holding +-inf; map NaN to +inf before the max so both backends agree)
+    gives ``sf = +inf`` and ``sf_inv = 0``: the block's codes become encode(x*0) and it dequantizes
+    to NaN, loudly.
     """
     a = tl.maximum(amax, CLAMP)
     sf = tl.math.div_rn(a, tl.full(a.shape, MAX, tl.float32))
     if ROUND_SF:
         e = ceil_pow2_exponent(sf)
-        sf = exp2_int(e)
-        sf_inv = exp2_int(-e)
+        sf = exp2_int(e)  # amax = inf gives e = 128 and sf = +inf
+        sf_inv = tl.where(e >= 128, 0.0, exp2_int(-e))
     else:
         sf_inv = tl.math.div_rn(tl.full(a.shape, MAX, tl.float32), a)
     return sf, sf_inv
