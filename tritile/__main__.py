@@ -26,8 +26,11 @@ def main(argv=None) -> int:
         has_gpu = torch.cuda.is_available()
     except Exception:  # pragma: no cover
         has_gpu = False
-    if not has_gpu:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
+    if not has_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        # The interpreter must be chosen before any @triton.jit decorator runs, and `python -m tritile`
+        # has already imported the package: start again with it set.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        os.execve(sys.executable, [sys.executable, "-m", "tritile", *(argv if argv is not None else sys.argv[1:])], env)
     from .bench.runner import run
 
     rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot)

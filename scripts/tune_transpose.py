@@ -1,0 +1,39 @@
+"""Time transpose launch configs on the GPU (one call of the device tool); prints a table."""
+
+import itertools
+import sys
+
+import torch
+
+from tritile.testing.bench import copy_bandwidth_gbs, time_events
+from tritile.transpose.batched_transpose_kernel import batched_transpose_with_config
+
+copy = copy_bandwidth_gbs()
+print(f"copy {copy:.0f} GB/s")
+cases = [("fp32", (32, 8064, 7168)), ("bf16", (1, 8064, 7168)), ("fp8", (1, 8064, 7168)), ("fp8", (8, 8064, 7168)),
+         ("bf16", (8, 8064, 7168))]
+dts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+for name, shape in cases:
+    x = torch.randn(shape, device="cuda").to(dts[name])
+    nbytes = 2 * x.numel() * x.element_size()
+    configs = []
+    if name == "fp8":
+        for bm4, bn4, w in itertools.product([16, 32, 64], [8, 16, 32], [2, 4, 8]):
+            configs.append(dict(word_path=True, BLOCK_M4=bm4, BLOCK_N4=bn4, num_warps=w))
+        for bm, bn, w in [(64, 128, 4), (128, 128, 4), (128, 128, 8), (128, 256, 8), (256, 128, 8)]:
+            configs.append(dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w))
+    else:
+        for bm, bn, w in itertools.product([32, 64, 128], [32, 64, 128], [4, 8]):
+            configs.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w))
+    res = []
+    for c in configs:
+        try:
+            us = time_events(lambda: batched_transpose_with_config(x, c), warmup=3, rep=20, min_ms=10)
+        except Exception as e:  # pragma: no cover
+            print("fail", c, type(e).__name__, str(e)[:80], file=sys.stderr)
+            continue
+        res.append((nbytes / us / 1e3, us, c))
+    res.sort(key=lambda r: -r[0])
+    for gbs, us, c in res[:5]:
+        print(f"{name} {shape} {us:9.1f} us {gbs:7.0f} GB/s {100 * gbs / copy:5.1f}% {c}")
+    del x

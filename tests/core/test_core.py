@@ -1,0 +1,120 @@
+"""Host helpers: config, utils, runtime checks, testing helpers, custom-op registration, bench CLI."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tritile
+from tritile import config
+from tritile.runtime import check_tensor, empty, is_interpreter, poison_outputs
+from tritile.testing import assert_equal, calc_diff, check_bias, clear_unused_sf, count_bytes
+from tritile.utils import align, ceil_div
+
+
+def test_utils():
+    assert ceil_div(0, 4) == 0 and ceil_div(7, 4) == 2 and ceil_div(8, 4) == 2
+    assert align(0, 128) == 0 and align(1, 128) == 128 and align(4001, 64) == 4032
+
+
+def test_config_without_gpu_fallback():
+    n = config.get_device_num_sms()
+    assert isinstance(n, int) and n > 0
+    assert config.get_max_smem_per_sm() > 0
+    old = config.get_num_sms()
+    try:
+        config.set_num_sms(1)
+        assert config.get_num_sms() == 1
+        with pytest.raises(ValueError, match="num_sms"):
+            config.set_num_sms(0)
+        with pytest.raises(TypeError, match="num_sms"):
+            config.set_num_sms(2.5)
+    finally:
+        config.set_num_sms(None)
+    assert config.get_num_sms() == old
+
+
+def test_check_tensor_messages():
+    with pytest.raises(TypeError, match=r"x must be bfloat16 or float32, got torch.float16"):
+        check_tensor("x", torch.zeros(2, dtype=torch.float16), dtypes=(torch.bfloat16, torch.float32))
+    with pytest.raises(ValueError, match=r"x must be 2D, got a 1D tensor"):
+        check_tensor("x", torch.zeros(2), ndim=2)
+
+
+def test_poison():
+    with poison_outputs(True):
+        f = empty((3,), torch.float32, "cpu")
+        i = empty((3,), torch.int32, "cpu")
+        b = empty((3,), torch.float8_e4m3fn, "cpu")
+    assert torch.isnan(f).all()
+    assert (i == 0x7F7F7F7F).all()
+    assert (b.view(torch.uint8) == 0x7F).all()
+
+
+def test_assert_equal_is_bitwise():
+    x = torch.tensor([0.0, 1.0])
+    assert_equal(x, x.clone())
+    with pytest.raises(AssertionError):
+        assert_equal(x, torch.tensor([-0.0, 1.0]))  # signed zero differs bitwise
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_equal(x, x.double())
+    with pytest.raises(AssertionError, match="stride"):
+        assert_equal(torch.zeros(2, 3), torch.zeros(3, 2).T)
+    assert_equal(torch.zeros(0, 3), torch.zeros(3, 0).T)  # no stride check when empty
+
+
+def test_numeric_helpers():
+    x = torch.randn(1000)
+    assert calc_diff(x, x) < 1e-12
+    assert calc_diff(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert abs(calc_diff(x, -x) - 2.0) < 1e-9
+    check_bias(x + 1e-3 * torch.randn(1000), x)
+    with pytest.raises(AssertionError, match="biased"):
+        check_bias(x + 1.0, x)
+    assert count_bytes(torch.zeros(4), (torch.zeros(2, dtype=torch.bfloat16), None), [torch.zeros(1, dtype=torch.int8)]) == 21
+
+
+def test_clear_unused_sf_does_not_mutate():
+    sf = torch.full((3, 1), -1, dtype=torch.int32)  # packed, 2 real groups of 4 bytes
+    out = clear_unused_sf(sf, hidden=256, num_per_channels=128)
+    assert out.shape == (3, 4) and out.dtype == torch.uint8
+    assert (out[:, :2] == 0xFF).all() and (out[:, 2:] == 0).all()
+    assert (sf == -1).all()
+
+
+@pytest.mark.skipif(not is_interpreter(), reason="the CPU path is what this test checks; GPU runs compile the same op")
+def test_custom_op_under_torch_compile():
+    from tritile.transpose import transpose
+
+    def f(x):
+        return transpose(x * 2) + 1
+
+    x = torch.randn(64, 96)
+    got = torch.compile(f, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, (x * 2).T.contiguous() + 1)
+    torch.library.opcheck(torch.ops.tritile.batched_transpose.default, (torch.randn(2, 8, 12),))
+
+
+def test_api_parity_transpose_config_utils():
+    """The names tritile shares with TileKernels for the modules owned by the foundation."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    tool = os.path.join(root, "..", "shared", "tools", "api_parity.py")
+    if not os.path.exists(tool):
+        pytest.skip("../shared/tools/api_parity.py is not beside this checkout")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(root), TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, tool, "transpose", "config", "utils"], capture_output=True, text=True,
+                       env=env, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_bench_cli_on_cpu():
+    if not is_interpreter():
+        pytest.skip("on a GPU the CLI times; scripts/gpu_check.sh runs it there")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
+    r = subprocess.run([sys.executable, "-m", "tritile", "bench", "--module", "transpose", "--quick"],
+                       capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "timings need a GPU" in r.stdout and "| ok |" in r.stdout

@@ -1,0 +1,45 @@
+"""Benchmark registrations of tritile.transpose."""
+
+import torch
+
+from ..bench import Case, register
+from ..testing import assert_equal, count_bytes
+from ..torch.transpose import batched_transpose_ref, transpose_ref
+from . import batched_transpose, transpose
+
+_DT = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _x(shape, dtype, device):
+    return torch.randn(shape, device=device).to(_DT[dtype])
+
+
+@register("transpose", "batched_transpose")
+def _batched(device, quick):
+    gpu = device.type == "cuda"
+    shapes = [(32, 8064, 7168)] if gpu else [(3, 64, 192)]
+    dtypes = ["fp32"] if quick else ["fp32", "bf16", "fp8"]
+    for dt in dtypes:
+        for b, m, n in shapes:
+            x = _x((b, m, n), dt, device)
+            out = batched_transpose(x)
+            anchor = ("batched_transpose", dict(dtype=dt, hidden=n, num_experts=b, num_tokens=m)) if gpu else None
+            yield Case(params=dict(dtype=dt, B=b, M=m, N=n), fn=lambda x=x: batched_transpose(x),
+                       ref=lambda x=x: batched_transpose_ref(x), check=assert_equal, nbytes=count_bytes(x, out),
+                       anchor=anchor)
+            del out
+
+
+@register("transpose", "transpose")
+def _plain(device, quick):
+    gpu = device.type == "cuda"
+    shapes = [(8064, 7168)] if gpu else [(192, 576)]
+    if gpu and not quick:
+        shapes.append((4032, 2048))
+    for dt in ["bf16", "fp8"]:
+        for m, n in shapes:
+            x = _x((m, n), dt, device)
+            out = transpose(x)
+            yield Case(params=dict(dtype=dt, M=m, N=n), fn=lambda x=x: transpose(x), ref=lambda x=x: transpose_ref(x),
+                       check=assert_equal, nbytes=count_bytes(x, out))
+            del out

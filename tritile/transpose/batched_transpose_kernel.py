@@ -1,0 +1,171 @@
+"""``transpose`` and ``batched_transpose``: exact copies of any dtype into a transposed, contiguous tensor.
+
+Unlike TileKernels (M % 64 == 0, N % 64 == 0, unit inner stride, row stride % 4 == 0), any shape and any
+strides are accepted: tails are masked and strides are read from the tensor.  Elements are moved as
+unsigned integers of the same width, so every dtype (fp8, bf16, fp32, ints, ...) is copied bit for bit,
+under the interpreter too.
+
+1-byte tensors whose rows are 4-byte aligned take a word path: four input rows are transposed 4x4
+bytes at a time inside 32-bit words, so both loads and stores move 4-byte (and wider) vectors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import check_device, check_tensor, custom_op, empty, is_interpreter
+
+_MAX_GRID_Z = 65535
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@triton.jit
+def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile = tl.load(x_ptr + b * stride_xb + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
+    out_offs = b * stride_ob + offs_n[None, :] * stride_on + offs_m[:, None]
+    # store through the transposed tile so each thread writes contiguous runs along m
+    tl.store(out_ptr + tl.trans(out_offs), tl.trans(tile), mask=tl.trans(mask))
+
+
+@triton.jit
+def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
+                                   BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr):
+    """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
+    row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
+    4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    r = pid_m.to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)  # word index along m of the output
+    w = pid_n.to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)  # word index along n of the input
+    i = tl.arange(0, 4)
+    # input rows m = 4r + i : [BLOCK_M4, 4, BLOCK_N4] words
+    rows = 4 * r[:, None, None] + i[None, :, None]
+    in_mask = (r[:, None, None] < M4) & (w[None, None, :] < N4)
+    words = tl.load(x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :], mask=in_mask, other=0)
+    # byte j of each word, from row i, lands in byte i of output word (n = 4w + j, r)
+    res = []
+    shifts = (8 * i)[None, :, None]
+    for j in tl.static_range(4):
+        byte_j = (words >> (8 * j)) & 0xFF  # [BM4, 4(i), BN4]
+        res.append(tl.sum(byte_j << shifts, axis=1))  # [BM4, BN4]: bytes i = 0..3 of output word
+    # out[n = 4w + j, r]
+    o0, o1, o2, o3 = res[0], res[1], res[2], res[3]
+    out_base = out_ptr + b * stride_ob + r[:, None]
+    omask = (r[:, None] < M4) & (w[None, :] < N4)
+    ncol = 4 * w[None, :]
+    tl.store(tl.trans(out_base + (ncol + 0) * stride_on), tl.trans(o0), mask=tl.trans(omask))
+    tl.store(tl.trans(out_base + (ncol + 1) * stride_on), tl.trans(o1), mask=tl.trans(omask))
+    tl.store(tl.trans(out_base + (ncol + 2) * stride_on), tl.trans(o2), mask=tl.trans(omask))
+    tl.store(tl.trans(out_base + (ncol + 3) * stride_on), tl.trans(o3), mask=tl.trans(omask))
+
+
+def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for the generic kernel, by element size (measured on an H200)."""
+    if is_interpreter():
+        return 64, 64, 4
+    if elem_size >= 4:
+        return 64, 64, 8
+    if elem_size == 2:
+        return 128, 128, 8
+    return 64, 128, 4
+
+
+def _u8x4_ok(x: torch.Tensor) -> bool:
+    m, n = x.shape[-2], x.shape[-1]
+    return (x.element_size() == 1 and m % 4 == 0 and n % 4 == 0 and x.stride(-1) == 1
+            and x.stride(-2) % 4 == 0 and x.stride(0) % 4 == 0 and x.data_ptr() % 4 == 0)
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
+    b, m, n = x.shape
+    if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
+        bm4, bn4, warps = (16, 16, 4) if is_interpreter() else (32, 16, 4)
+        if config:
+            bm4, bn4, warps = config.get("BLOCK_M4", bm4), config.get("BLOCK_N4", bn4), config.get("num_warps", warps)
+        xw = x.view(torch.uint8).view(torch.int32)
+        ow = out.view(torch.uint8).view(torch.int32)
+        for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
+            xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
+            grid = (triton.cdiv(n // 4, bn4), triton.cdiv(m // 4, bm4), xs.shape[0])
+            _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
+                                                 os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4, num_warps=warps)
+        return
+    bm, bn, warps = _config(x.element_size(), m, n)
+    if config:
+        bm, bn, warps = config.get("BLOCK_M", bm), config.get("BLOCK_N", bn), config.get("num_warps", warps)
+    iv = _INT_VIEW[x.element_size()]
+    xi, oi = x.view(iv), out.view(iv)
+    for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
+        xs, os_ = xi[b0:b0 + _MAX_GRID_Z], oi[b0:b0 + _MAX_GRID_Z]
+        grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), xs.shape[0])
+        _batched_transpose_kernel[grid](xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0),
+                                        os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+
+
+def _check(x, ndim: int) -> None:
+    check_tensor("x", x, ndim=ndim)
+    if x.element_size() not in _INT_VIEW:
+        raise TypeError(f"x must have 1-, 2-, 4- or 8-byte elements, got {x.dtype}")
+    check_device("x", x)
+
+
+def _batched_transpose_impl(x: torch.Tensor, config: Optional[dict] = None) -> torch.Tensor:
+    b, m, n = x.shape
+    out = empty((b, n, m), x.dtype, x.device)
+    if out.numel() > 0:
+        _launch(x, out, config)
+    return out
+
+
+@custom_op("batched_transpose", fake=lambda x: x.new_empty((x.shape[0], x.shape[2], x.shape[1])))
+def _batched_transpose_op(x: torch.Tensor) -> torch.Tensor:
+    return _batched_transpose_impl(x)
+
+
+def batched_transpose(x: torch.Tensor) -> torch.Tensor:
+    """Transpose each matrix of a batch: ``out[b] = x[b].T``, as a new contiguous tensor.
+
+    Args:
+        x: ``(B, M, N)`` tensor of any dtype with 1/2/4/8-byte elements (fp8, bf16, fp32, ints, ...) and
+            any strides (TileKernels requires M, N multiples of 64 and a unit inner stride; tritile does not).
+
+    Returns:
+        ``(B, N, M)`` contiguous tensor of ``x.dtype``, a bit-exact copy.  Empty when B, M or N is 0.
+    """
+    _check(x, 3)
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.batched_transpose``
+        return _batched_transpose_op(x)
+    return _batched_transpose_impl(x)
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """Transpose a matrix: ``x.T.contiguous()``.
+
+    Args:
+        x: ``(M, N)`` tensor of any dtype with 1/2/4/8-byte elements and any strides (e.g. a row-strided view).
+
+    Returns:
+        ``(N, M)`` contiguous tensor of ``x.dtype``, a bit-exact copy.  Empty when M or N is 0.
+    """
+    _check(x, 2)
+    return batched_transpose(x.unsqueeze(0)).squeeze(0)
+
+
+def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
+    """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
+    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``."""
+    _check(x, 3)
+    return _batched_transpose_impl(x, config)
