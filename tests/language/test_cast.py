@@ -213,7 +213,9 @@ def test_ceil_pow2_scale(xs):
     a = xs[torch.isfinite(xs)].abs()
     a = a[a < 1e30]
     got = _apply("ceil_pow2", a).view(torch.float32)
-    sf = torch.clamp(a, min=1e-4) / 448.0  # torch's fp32 division is IEEE RNE
+    c = torch.clamp(a, min=1e-4)
+    # divide by a tensor: torch CUDA turns division by a Python scalar into a multiply by its reciprocal
+    sf = c / torch.full_like(c, 448.0)
     e = torch.ceil(torch.log2(sf.double()))
     ref = torch.exp2(e).float()
     assert torch.equal(got, ref)

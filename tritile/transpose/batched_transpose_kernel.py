@@ -56,13 +56,11 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     in_mask = (r[:, None, None] < M4) & (w[None, None, :] < N4)
     words = tl.load(x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :], mask=in_mask, other=0)
     # byte j of each word, from row i, lands in byte i of output word (n = 4w + j, r)
-    res = []
     shifts = (8 * i)[None, :, None]
-    for j in tl.static_range(4):
-        byte_j = (words >> (8 * j)) & 0xFF  # [BM4, 4(i), BN4]
-        res.append(tl.sum(byte_j << shifts, axis=1))  # [BM4, BN4]: bytes i = 0..3 of output word
-    # out[n = 4w + j, r]
-    o0, o1, o2, o3 = res[0], res[1], res[2], res[3]
+    o0 = tl.sum(((words >> 0) & 0xFF) << shifts, axis=1)  # [BM4, BN4]
+    o1 = tl.sum(((words >> 8) & 0xFF) << shifts, axis=1)
+    o2 = tl.sum(((words >> 16) & 0xFF) << shifts, axis=1)
+    o3 = tl.sum(((words >> 24) & 0xFF) << shifts, axis=1)
     out_base = out_ptr + b * stride_ob + r[:, None]
     omask = (r[:, None] < M4) & (w[None, :] < N4)
     ncol = 4 * w[None, :]
