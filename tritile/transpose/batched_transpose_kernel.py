@@ -25,23 +25,26 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tile = tl.load(x_ptr + b * stride_xb + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
-    out_offs = b * stride_ob + offs_n[None, :] * stride_on + offs_m[:, None]
-    # store through the transposed tile so each thread writes contiguous runs along m
-    tl.store(out_ptr + tl.trans(out_offs), tl.trans(tile), mask=tl.trans(mask))
+    x_ptrs = x_ptr + b * stride_xb + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn
+    # output pointers are built directly in the transposed orientation: only the data goes through tl.trans
+    o_ptrs = out_ptr + b * stride_ob + offs_n[:, None] * stride_on + offs_m[None, :]
+    if EVEN:
+        tl.store(o_ptrs, tl.trans(tl.load(x_ptrs)))
+    else:
+        tile = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        tl.store(o_ptrs, tl.trans(tile), mask=(offs_n[:, None] < N) & (offs_m[None, :] < M))
 
 
 @triton.jit
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
-                                   BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr):
+                                   BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts."""
@@ -53,21 +56,29 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     i = tl.arange(0, 4)
     # input rows m = 4r + i : [BLOCK_M4, 4, BLOCK_N4] words
     rows = 4 * r[:, None, None] + i[None, :, None]
-    in_mask = (r[:, None, None] < M4) & (w[None, None, :] < N4)
-    words = tl.load(x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :], mask=in_mask, other=0)
+    x_ptrs = x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :]
+    if EVEN:
+        words = tl.load(x_ptrs)
+    else:
+        words = tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
     # byte j of each word, from row i, lands in byte i of output word (n = 4w + j, r)
     shifts = (8 * i)[None, :, None]
-    o0 = tl.sum(((words >> 0) & 0xFF) << shifts, axis=1)  # [BM4, BN4]
-    o1 = tl.sum(((words >> 8) & 0xFF) << shifts, axis=1)
-    o2 = tl.sum(((words >> 16) & 0xFF) << shifts, axis=1)
-    o3 = tl.sum(((words >> 24) & 0xFF) << shifts, axis=1)
-    out_base = out_ptr + b * stride_ob + r[:, None]
-    omask = (r[:, None] < M4) & (w[None, :] < N4)
-    ncol = 4 * w[None, :]
-    tl.store(tl.trans(out_base + (ncol + 0) * stride_on), tl.trans(o0), mask=tl.trans(omask))
-    tl.store(tl.trans(out_base + (ncol + 1) * stride_on), tl.trans(o1), mask=tl.trans(omask))
-    tl.store(tl.trans(out_base + (ncol + 2) * stride_on), tl.trans(o2), mask=tl.trans(omask))
-    tl.store(tl.trans(out_base + (ncol + 3) * stride_on), tl.trans(o3), mask=tl.trans(omask))
+    o0 = tl.trans(tl.sum(((words >> 0) & 0xFF) << shifts, axis=1))  # [BN4, BM4]
+    o1 = tl.trans(tl.sum(((words >> 8) & 0xFF) << shifts, axis=1))
+    o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
+    o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
+    o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
+    if EVEN:
+        tl.store(o_ptrs, o0)
+        tl.store(o_ptrs + stride_on, o1)
+        tl.store(o_ptrs + 2 * stride_on, o2)
+        tl.store(o_ptrs + 3 * stride_on, o3)
+    else:
+        omask = (w[:, None] < N4) & (r[None, :] < M4)
+        tl.store(o_ptrs, o0, mask=omask)
+        tl.store(o_ptrs + stride_on, o1, mask=omask)
+        tl.store(o_ptrs + 2 * stride_on, o2, mask=omask)
+        tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
 
 
 def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
@@ -99,7 +110,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
             grid = (triton.cdiv(n // 4, bn4), triton.cdiv(m // 4, bm4), xs.shape[0])
             _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
-                                                 os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4, num_warps=warps)
+                                                 os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4,
+                                                 EVEN=(m % (4 * bm4) == 0 and n % (4 * bn4) == 0), num_warps=warps)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
@@ -110,7 +122,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         xs, os_ = xi[b0:b0 + _MAX_GRID_Z], oi[b0:b0 + _MAX_GRID_Z]
         grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), xs.shape[0])
         _batched_transpose_kernel[grid](xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0),
-                                        os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+                                        os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0),
+                                        num_warps=warps)
 
 
 def _check(x, ndim: int) -> None:
