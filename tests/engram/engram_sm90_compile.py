@@ -1,0 +1,86 @@
+"""Compile the engram kernels for sm_90 without a GPU (run in a subprocess by test_engram_sm90_compile.py).
+
+The interpreter accepts code the GPU compiler rejects (types of loop-carried values, specialised ints used as
+tensors, ...), and cannot show whether loads vectorise.  This compiles every kernel at TileKernels' anchor
+configuration (H = 7168, hc = 4) and with every int specialised to 1, and checks that the big gate kernels
+issue 16-byte loads.  Prints one line per kernel; exits non-zero on the first failure.
+"""
+
+import os
+import re
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # real JIT functions, not interpreted ones
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import tritile.engram.engram_fused_weight_kernel as fk  # noqa: E402
+import tritile.engram.engram_gate_kernel as gk  # noqa: E402
+import tritile.engram.engram_grad_w_reduce_kernel as rk  # noqa: E402
+import tritile.engram.engram_hash_kernel as hk  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _types(spec):
+    return {name: ty for names, ty in spec.items() for name in names.split()}
+
+
+FWD = _types({"x_ptr k_ptr v_ptr out_ptr": "*i16", "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr": "*fp32",
+              "num_rows hc H s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_o0 s_o1": "i32",
+              "hidden_f eps clamp_value scale": "fp32"})
+GAMMA = _types({"go_ptr v_ptr gv_ptr": "*i16", "gate_ptr gamma_ptr": "*fp32", "T hc H s_g0 s_g1 s_v0 s_gv0": "i32"})
+BWD = _types({"go_ptr x_ptr k_ptr gx_ptr gk_ptr": "*i16",
+              "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gamma_ptr gw_ptr": "*fp32",
+              "T hc H tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gw0 s_gw1": "i32",
+              "hidden_f clamp_value scale": "fp32"})
+REDUCE = _types({"part_ptr gwh_ptr gwe_ptr": "*fp32", "wh_ptr we_ptr": "*i16",
+                 "P H s_p0 s_p1 s_wh0 s_we0 s_gwh0 s_gwe0": "i32"})
+FUSED = _types({"wh_ptr we_ptr": "*i16", "out_ptr": "*fp32", "H s_wh s_we s_out": "i32"})
+HASH = _types({"ids_ptr off_ptr out_ptr vocab_ptr": "*i32", "mult_ptr": "*i64", "T s_id0 s_out0": "i32"})
+
+
+def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P")):
+    """Compile ``fn`` as Triton would for 16-byte aligned pointers and strides divisible by 16."""
+    sig = {n: ("constexpr" if n in consts else types[n]) for n in fn.arg_names}
+    attrs = {}
+    for i, n in enumerate(fn.arg_names):
+        if n not in consts and (sig[n].startswith("*") or n.startswith("s_") or n in aligned):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
+                       options=dict(num_warps=num_warps))
+    ops = sorted(set(re.findall(r"(?:ld|st)\.global[.\w]*", k.asm["ptx"])))
+    print(f"{fn.__name__} {consts} num_warps={num_warps}: {' '.join(ops)}")
+    return ops
+
+
+def main():
+    H, hc = 7168, 4
+    bh, rows, nw = gk._fwd_config(H)
+    for save in (True, False):
+        ops = compile_kernel(gk._engram_gate_fwd_kernel, FWD, dict(SAVE=save, ROWS=rows, BLOCK_H=bh), nw)
+        assert "ld.global.v4.b32" in ops, "the fwd kernel's row loads do not vectorise"
+    hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
+    ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)
+    assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
+    ops = compile_kernel(gk._engram_gate_bwd_kernel, BWD, dict(HC_P2=hc_p2, BLOCK_D=bd2), nw)
+    assert "ld.global.v4.b32" in ops, "the bwd kernel's loads do not vectorise"
+    rows, bd, nw = rk._config(132, H)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd), nw)
+    compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=fk._config(H)), 4)
+    compile_kernel(hk._engram_hash_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 4)
+    # every int argument specialised to 1 (Triton turns ints equal to 1 into constants)
+    compile_kernel(gk._engram_gate_fwd_kernel, FWD,
+                   dict(SAVE=True, ROWS=1, BLOCK_H=1, H=1, hc=1, num_rows=1, s_x1=1, s_o1=1), 4)
+    compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
+    compile_kernel(gk._engram_gate_bwd_kernel, BWD, dict(HC_P2=1, BLOCK_D=1, hc=1, H=1, s_gw1=1), 4)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=1, BLOCK_D=1, P=1, H=1), 4)
+    compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=1, H=1, s_wh=1), 4)
+    compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
+    print("ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Benchmarks of ``tritile.engram`` at TileKernels' anchor shapes (GPU) or small shapes (CPU check)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..bench import Case, register
+from ..config import get_num_sms
+from ..testing import assert_equal, calc_diff, count_bytes
+from ..torch.engram import engram_gate_ref, engram_hash_ref, make_offsets
+from . import engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight, grad_w_reduce
+
+EPS, CLAMP = 1e-20, 1e-6
+
+
+def _gpu(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _gate_data(device, T, hc, H, grad=False):
+    x = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
+    k = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
+    v = torch.randn(T, H, dtype=torch.bfloat16, device=device)
+    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    go = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device) if grad else None
+    return x, k, v, wh, we, go
+
+
+def _gate_shape(device):
+    return (8001, 4, 7168) if _gpu(device) else (33, 4, 2560)
+
+
+def _check_diffs(tol):
+    def check(out, ref):
+        for a, b in zip(out, ref):
+            if a is None and b is None:
+                continue
+            d = calc_diff(a, b)
+            assert d < tol, f"calc_diff {d:.3e} >= {tol:g}"
+    return check
+
+
+@register("engram", "fused_weight")
+def _fused_weight(device, quick):
+    hc, H = (4, 7168) if _gpu(device) else (4, 2560)
+    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    out = fused_weight(wh, we)
+    yield Case(params=dict(hc=hc, hidden=H), fn=lambda: fused_weight(wh, we), ref=lambda: wh.float() * we.float(),
+               check=assert_equal, nbytes=count_bytes(wh, we, out), latency_bound=True,
+               anchor=("fused_weight", dict(hc=hc, hidden=H)) if _gpu(device) else None)
+
+
+@register("engram", "engram_gate_fwd")
+def _gate_fwd(device, quick):
+    T, hc, H = _gate_shape(device)
+    x, k, v, wh, we, _ = _gate_data(device, T, hc, H)
+    wf = fused_weight(wh, we)
+    for save in ((True,) if quick else (True, False)):
+        res = engram_gate_fwd(x, k, v, wf, EPS, CLAMP, save)
+        nbytes = count_bytes(x, k, v, wf, res)
+        ref_fn = (lambda: engram_gate_ref(x, k, v, wh, we, CLAMP, EPS, save_for_backward=True)) if save else \
+            (lambda: (engram_gate_ref(x, k, v, wh, we, CLAMP, EPS),))
+        yield Case(params=dict(hc=hc, hidden=H, num_tokens=T, save=save),
+                   fn=(lambda s=save: engram_gate_fwd(x, k, v, wf, EPS, CLAMP, s)),
+                   ref=ref_fn, check=_check_diffs(2e-10), nbytes=nbytes, label=f"save={save}",
+                   anchor=("engram_gate_fwd", dict(hc=hc, hidden=H, num_tokens=T, save=save)) if _gpu(device) else None)
+        del res
+
+
+@register("engram", "engram_gate_bwd")
+def _gate_bwd(device, quick):
+    T, hc, H = _gate_shape(device)
+    x, k, v, wh, we, go = _gate_data(device, T, hc, H, grad=True)
+    wf = fused_weight(wh, we)
+    with torch.no_grad():
+        _, dot, gate, rx, rk = engram_gate_ref(x, k, v, wh, we, CLAMP, EPS, save_for_backward=True)
+
+    def fn():
+        return engram_gate_bwd(go, x, k, v, wf, dot, gate, rx, rk, CLAMP)
+
+    def run():
+        gx, gk, gv, gwp = fn()
+        gw = gwp.sum(0)
+        return gx, gk, gv, gw * we.float(), gw * wh.float()
+
+    def ref():
+        xr, kr, vr = (t.clone().requires_grad_(True) for t in (x, k, v))
+        whr, wer = (t.float().requires_grad_(True) for t in (wh, we))
+        engram_gate_ref(xr, kr, vr, whr, wer, CLAMP, EPS).backward(go)
+        return xr.grad, kr.grad, vr.grad, whr.grad, wer.grad
+
+    outs = run()
+    nbytes = count_bytes(go, x, k, v, wf, dot, gate, rx, rk, outs)
+    del outs
+    case = Case(params=dict(hc=hc, hidden=H, num_tokens=T), fn=fn, ref=ref, nbytes=nbytes,
+                anchor=("engram_gate_bwd", dict(hc=hc, hidden=H, num_tokens=T)) if _gpu(device) else None)
+    # the check needs grad_w summed over its partial rows: run() wraps fn for the correctness pass
+    case.check = lambda _out, want: _check_diffs(1e-8)(run(), want)
+    yield case
+
+
+@register("engram", "grad_w_reduce")
+def _grad_w_reduce(device, quick):
+    hc, H = (4, 7168) if _gpu(device) else (4, 2560)
+    P = get_num_sms()
+    partial = torch.randn(P, hc, H, device=device)
+    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    gwh = torch.zeros(hc, H, device=device)
+    gwe = torch.zeros(hc, H, device=device)
+
+    def fn():
+        grad_w_reduce(partial, wh, we, gwh, gwe)  # accumulates: the check below starts from zero
+        return gwh, gwe
+
+    def check(_out, want):
+        gwh.zero_()
+        gwe.zero_()
+        got = fn()
+        _check_diffs(1e-10)(got, want)
+
+    def ref():
+        s = partial.sum(0)
+        return s * we.float(), s * wh.float()
+
+    yield Case(params=dict(hidden=H), fn=fn, ref=ref, check=check, latency_bound=True,
+               nbytes=count_bytes(partial, wh, we, gwh, gwe),  # TileKernels: each tensor once
+               anchor=("grad_w_reduce", dict(hidden=H)) if _gpu(device) else None)
+
+
+@register("engram", "engram_hash")
+def _engram_hash(device, quick):
+    T, N, L, E = (8001, 3, 2, 8) if _gpu(device) else (1500, 3, 2, 8)
+    ids = torch.randint(0, 100000, (T, N), dtype=torch.int32, device=device)
+    mult = torch.randint(0, 100000, (L, N), dtype=torch.int64, device=device)
+    vocab = torch.randint(100000, 1000000, (L, N - 1, E), dtype=torch.int32, device=device)
+    offsets = make_offsets(vocab)
+    out = engram_hash(ids, mult, vocab, offsets)
+    yield Case(params=dict(layers=L, ngram=N, num_tokens=T, tables=E),
+               fn=lambda: engram_hash(ids, mult, vocab, offsets),
+               ref=lambda: engram_hash_ref(ids, mult, vocab, offsets), check=assert_equal,
+               nbytes=count_bytes(ids, mult, vocab, offsets, out), latency_bound=True,
+               anchor=("engram_hash", dict(layers=L, ngram=N, num_tokens=T, tables=E)) if _gpu(device) else None)

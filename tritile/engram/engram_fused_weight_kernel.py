@@ -1,0 +1,67 @@
+"""``fused_weight``: ``weight_hidden * weight_embed`` in float32 (the gate's fused RMSNorm weight)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import bf16_bits_to_f32
+from ..runtime import check_same_device, check_tensor, custom_op, empty
+from ._utils import bits16, check_rows, interp
+
+
+@triton.jit
+def _fused_weight_kernel(wh_ptr, we_ptr, out_ptr, H, s_wh, s_we, s_out, BLOCK: tl.constexpr):
+    h = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = d < H
+    wh = bf16_bits_to_f32(tl.load(wh_ptr + h * s_wh + d, mask=mask, other=0))
+    we = bf16_bits_to_f32(tl.load(we_ptr + h * s_we + d, mask=mask, other=0))
+    # bf16 x bf16 fits in float32's 24-bit significand: the product is exact (bar overflow/underflow)
+    tl.store(out_ptr + h * s_out + d, wh * we, mask=mask)
+
+
+def _config(H: int):
+    """BLOCK: one [BLOCK] slice of a row per program (the op is launch-latency bound: few programs)."""
+    return min(4096 if interp() else 2048, triton.next_power_of_2(H))
+
+
+def _launch(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+    hc, H = weight_hidden.shape
+    out = empty((hc, H), torch.float32, weight_hidden.device)
+    if hc == 0 or H == 0:
+        return out
+    block = _config(H)
+    grid = (hc, triton.cdiv(H, block))
+    _fused_weight_kernel[grid](bits16(weight_hidden), bits16(weight_embed), out, H,
+                               weight_hidden.stride(0), weight_embed.stride(0), out.stride(0),
+                               BLOCK=block, num_warps=4)
+    return out
+
+
+@custom_op("engram_fused_weight", fake=lambda wh, we: wh.new_empty(wh.shape, dtype=torch.float32))
+def _fused_weight_op(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+    return _launch(weight_hidden, weight_embed)
+
+
+def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+    """Fuse the two RMSNorm weights of the Engram gate: ``weight_hidden.float() * weight_embed.float()``.
+
+    Args:
+        weight_hidden: RMSNorm weight of the hidden states, shape (hc_mult, hidden_size), bfloat16;
+            any row stride, unit stride along hidden_size.
+        weight_embed: RMSNorm weight of the keys, shape (hc_mult, hidden_size), bfloat16; same layout rules.
+
+    Returns:
+        weight_fused: shape (hc_mult, hidden_size), float32, contiguous.  The product of two bf16 values is
+        exact in float32, so this equals the PyTorch expression bit for bit.  Any hidden_size works
+        (TileKernels needs a multiple of 256).
+    """
+    check_tensor("weight_hidden", weight_hidden, dtypes=(torch.bfloat16,), ndim=2)
+    check_rows("weight_embed", weight_embed, torch.bfloat16, weight_hidden.shape)
+    check_rows("weight_hidden", weight_hidden, torch.bfloat16, weight_hidden.shape)
+    check_same_device(weight_hidden=weight_hidden, weight_embed=weight_embed)
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_fused_weight``
+        return _fused_weight_op(weight_hidden, weight_embed)
+    return _launch(weight_hidden, weight_embed)

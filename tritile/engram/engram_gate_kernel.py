@@ -1,0 +1,387 @@
+"""Engram gate: fused RMSNorm(x) . RMSNorm(k) gate, signed-sqrt, sigmoid and residual add; and its backward.
+
+Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w = weight_fused[h], v = v[t]):
+
+    D   = sum_d x_d * w_d * k_d                      (the raw dot, saved as ``dot``)
+    r_x = rsqrt(sum_d x_d^2 / H + eps),  r_k = rsqrt(sum_d k_d^2 / H + eps)
+    s   = D * r_x * r_k * H^-0.5
+    g   = sigmoid(copysign(sqrt(max(|s|, clamp_value)), s))
+    out = bf16(x + g * v)
+
+The backward runs in two passes, so that no pass needs a whole (hc, H) accumulator per program:
+
+1. ``_engram_gate_bwd_gamma_kernel``, one program per token: ``gamma[t, h] = sum_d G_d v_d`` (dL/dg)
+   and ``grad_v[t] = sum_h g_h G_h``.
+2. ``_engram_gate_bwd_kernel``, one program per (token chunk p, H tile): grad_x, grad_k and
+   ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..config import get_num_sms
+from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
+from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty
+from ._utils import bits16, check_float, check_rows, empty_like, interp
+
+
+# ------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _engram_gate_fwd_kernel(
+    x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    num_rows, hc, H, hidden_f, eps, clamp_value, scale,
+    s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
+    SAVE: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # ROWS (token, head) rows per program, each held whole in registers: x, k, w and v are read once.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < num_rows
+    t = rows // hc
+    h = rows % hc
+    d = tl.arange(0, BLOCK_H)
+    mask = rmask[:, None] & (d < H)[None, :]
+    x = bf16_bits_to_f32(tl.load(x_ptr + t[:, None] * s_x0 + h[:, None] * s_x1 + d[None, :], mask=mask, other=0))
+    k = bf16_bits_to_f32(tl.load(k_ptr + t[:, None] * s_k0 + h[:, None] * s_k1 + d[None, :], mask=mask, other=0))
+    w = tl.load(w_ptr + h[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
+    v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=mask, other=0))
+
+    hf = hidden_f  # float(H), passed as fp32 so H keeps Triton's divisibility specialisation (vector loads)
+    sum_xx = tl.sum(x * x, axis=1)
+    sum_kk = tl.sum(k * k, axis=1)
+    dot = tl.sum((x * w) * k, axis=1)
+    rstd_x = tl.math.div_rn(tl.full(sum_xx.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_xx, hf) + eps))
+    rstd_k = tl.math.div_rn(tl.full(sum_kk.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_kk, hf) + eps))
+    s = dot * rstd_x * rstd_k * scale
+    a = tl.abs(s)
+    a = tl.where(a < clamp_value, clamp_value, a)  # NaN stays NaN
+    # copysign: s == -0.0 gives -sqrt(clamp_value), as TileKernels' kernel does
+    q = tl.sqrt_rn(a).to(tl.int32, bitcast=True)
+    sign = (s.to(tl.int32, bitcast=True) >> 31) << 31
+    u = ((q & 0x7FFFFFFF) | sign).to(tl.float32, bitcast=True)
+    g = tl.math.div_rn(tl.full(u.shape, 1.0, tl.float32), 1.0 + exp_f32(-u))
+
+    out = x + g[:, None] * v
+    tl.store(out_ptr + t[:, None] * s_o0 + h[:, None] * s_o1 + d[None, :], f32_to_bf16_bits(out), mask=mask)
+    if SAVE:
+        tl.store(dot_ptr + rows, dot, mask=rmask)
+        tl.store(gate_ptr + rows, g, mask=rmask)
+        tl.store(rstd_x_ptr + rows, rstd_x, mask=rmask)
+        tl.store(rstd_k_ptr + rows, rstd_k, mask=rmask)
+
+
+def _scale(H: int) -> float:
+    """fp32(H^-0.5), the 1/sqrt(H) of the scaled dot product."""
+    return float(np.float32(H ** -0.5))
+
+
+def _fwd_config(H: int):
+    """(BLOCK_H, ROWS, num_warps): ROWS whole rows per program, about 16 fp32 elements per thread per tensor."""
+    block_h = triton.next_power_of_2(H)
+    if interp():
+        return block_h, max(1, 32768 // block_h), 4
+    rows = max(1, 4096 // block_h)
+    num_warps = min(16, max(4, rows * block_h // 512))
+    return block_h, rows, num_warps
+
+
+def _check_gate_inputs(hidden_states, k, v, weight_fused):
+    check_tensor("hidden_states", hidden_states, dtypes=(torch.bfloat16,), ndim=3)
+    T, hc, H = hidden_states.shape
+    check_rows("hidden_states", hidden_states, torch.bfloat16, (T, hc, H))
+    check_rows("k", k, torch.bfloat16, (T, hc, H))
+    check_rows("v", v, torch.bfloat16, (T, H))
+    check_rows("weight_fused", weight_fused, torch.float32, (hc, H))
+    return T, hc, H
+
+
+def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward):
+    T, hc, H = hidden_states.shape
+    dev = hidden_states.device
+    out = empty_like(hidden_states)
+    if save_for_backward:
+        saved = [empty((T, hc), torch.float32, dev) for _ in range(4)]
+    else:
+        saved = [None] * 4
+    num_rows = T * hc
+    if num_rows == 0:
+        return (out, *saved)
+    block_h, rows, num_warps = _fwd_config(H)
+    dummy = out
+    _engram_gate_fwd_kernel[(triton.cdiv(num_rows, rows),)](
+        bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
+        *(s if s is not None else dummy for s in saved),
+        num_rows, hc, H, float(H), eps, clamp_value, _scale(H),
+        hidden_states.stride(0), hidden_states.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        weight_fused.stride(0), out.stride(0), out.stride(1),
+        SAVE=bool(save_for_backward), ROWS=rows, BLOCK_H=block_h, num_warps=num_warps,
+    )
+    return (out, *saved)
+
+
+_Opt = Optional[torch.Tensor]
+
+
+def engram_gate_fwd(
+    hidden_states: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    weight_fused: torch.Tensor,
+    eps: float,
+    clamp_value: float,
+    save_for_backward: bool = True,
+) -> Tuple[torch.Tensor, _Opt, _Opt, _Opt, _Opt]:
+    """Engram gate forward: ``out = x + sigmoid(signed_sqrt(<RMSNorm(x), RMSNorm(k)>_w / sqrt(H))) * v``.
+
+    Args:
+        hidden_states: x, shape (num_tokens, hc_mult, hidden_size), bfloat16; any token/head strides,
+            unit stride along hidden_size.
+        k: keys, shape (num_tokens, hc_mult, hidden_size), bfloat16; any token/head strides (e.g. a slice
+            of a fused projection), unit stride along hidden_size.
+        v: values, shape (num_tokens, hidden_size), bfloat16, shared by all heads; any row stride,
+            unit stride along hidden_size.
+        weight_fused: ``weight_hidden * weight_embed``, shape (hc_mult, hidden_size), float32
+            (see ``fused_weight``); unit stride along hidden_size.
+        eps: RMSNorm epsilon, added to the mean square inside the rsqrt.
+        clamp_value: floor on |s| before the square root (tau).
+        save_for_backward: also return the four tensors ``engram_gate_bwd`` needs.
+
+    Returns:
+        ``(output, dot, gate_score, rstd_x, rstd_k)``:
+        output: shape (num_tokens, hc_mult, hidden_size), bfloat16 (``empty_like(hidden_states)``), RNE;
+        dot: the raw ``sum_d x*w*k`` (not normalised, not scaled), shape (num_tokens, hc_mult), float32;
+        gate_score: sigmoid gate g, shape (num_tokens, hc_mult), float32;
+        rstd_x, rstd_k: the RMSNorm reciprocal roots, shape (num_tokens, hc_mult), float32.
+        With ``save_for_backward=False`` the last four are ``None``; ``output`` is bitwise the same.
+
+    At s == 0 (e.g. an all-zero row) the gate is ``sigmoid(+-sqrt(clamp_value))`` by the sign bit of s, as
+    in TileKernels' kernel (its PyTorch reference gives 0.5).  Any hidden_size >= 1 and any hc_mult work
+    (TileKernels needs hidden_size >= 512 and a multiple of 256).  NaN/inf propagate.
+    """
+    T, hc, H = _check_gate_inputs(hidden_states, k, v, weight_fused)
+    eps = check_float("eps", eps)
+    clamp_value = check_float("clamp_value", clamp_value)
+    check_same_device(hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
+    if H == 0:
+        raise ValueError("hidden_states must have a positive hidden size, got 0")
+    save_for_backward = bool(save_for_backward)
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_gate_fwd``
+        res = _engram_gate_fwd_op(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+        return tuple(res) if save_for_backward else (res[0], None, None, None, None)
+    return _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+
+
+def _fwd_fake(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward):
+    T, hc, _ = hidden_states.shape
+    out = torch.empty_like(hidden_states)
+    n = (T, hc) if save_for_backward else (0,)
+    return [out] + [hidden_states.new_empty(n, dtype=torch.float32) for _ in range(4)]
+
+
+@custom_op("engram_gate_fwd", fake=_fwd_fake)
+def _engram_gate_fwd_op(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
+                        eps: float, clamp_value: float, save_for_backward: bool) -> List[torch.Tensor]:
+    """The fwd as a custom op: without saving, the four saved tensors are empty (0,) placeholders."""
+    res = _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+    if save_for_backward:
+        return list(res)
+    return [res[0]] + [hidden_states.new_empty((0,), dtype=torch.float32) for _ in range(4)]
+
+
+# ------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _engram_gate_bwd_gamma_kernel(
+    go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
+    T, hc, H,
+    s_g0, s_g1, s_v0, s_gv0,
+    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
+    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    hh = tl.arange(0, HC_P2)
+    tmask = t < T
+    hmask = hh < hc
+    th_mask = tmask[:, None] & hmask[None, :]
+    gate = tl.load(gate_ptr + t[:, None] * hc + hh[None, :], mask=th_mask, other=0.0)  # [TOK, HC]
+    g_row = t[:, None, None] * s_g0 + hh[None, :, None] * s_g1
+    acc = tl.zeros((TOK, HC_P2, BLOCK_D), tl.float32)
+    step = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
+    while step * BLOCK_D < H:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        d = step * BLOCK_D + tl.arange(0, BLOCK_D)  # (a multiple of BLOCK_D: vector loads)
+        dmask = d < H
+        m3 = th_mask[:, :, None] & dmask[None, None, :]
+        go = bf16_bits_to_f32(tl.load(go_ptr + g_row + d[None, None, :], mask=m3, other=0))
+        m2 = tmask[:, None] & dmask[None, :]
+        v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=m2, other=0))
+        acc += go * v[:, None, :]
+        gv = tl.sum(gate[:, :, None] * go, axis=1)
+        tl.store(gv_ptr + t[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv), mask=m2)
+        step += 1
+    gamma = tl.sum(acc, axis=2)
+    tl.store(gamma_ptr + t[:, None] * hc + hh[None, :], gamma, mask=th_mask)
+
+
+@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
+def _engram_gate_bwd_kernel(
+    go_ptr, x_ptr, k_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, gamma_ptr,
+    gx_ptr, gk_ptr, gw_ptr,
+    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
+    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
+    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    p = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, HC_P2)
+    hmask = hh < hc
+    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = hmask[:, None] & (d < H)[None, :]
+    w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
+    hf = hidden_f
+    acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
+    t_begin = p * tokens_per_chunk
+    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
+    t = t_begin
+    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter with numpy 2.4
+        sc = t * hc + hh
+        dot = tl.load(dot_ptr + sc, mask=hmask, other=1.0)  # padded heads: no 0/0
+        g = tl.load(gate_ptr + sc, mask=hmask, other=0.0)
+        rx = tl.load(rstd_x_ptr + sc, mask=hmask, other=0.0)
+        rk = tl.load(rstd_k_ptr + sc, mask=hmask, other=0.0)
+        gamma = tl.load(gamma_ptr + sc, mask=hmask, other=0.0)
+        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
+        s = dot * rx * rk * scale
+        ad = tl.abs(dot)
+        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, ad))
+        delta = gamma * (g * (1.0 - g)) * 0.5 * dsqrt
+        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
+        a_x = tl.math.div_rn(dot * rx * rx, hf)
+        a_k = tl.math.div_rn(dot * rk * rk, hf)
+
+        go = bf16_bits_to_f32(tl.load(go_ptr + t * s_g0 + hh[:, None] * s_g1 + d[None, :], mask=mask, other=0))
+        x = bf16_bits_to_f32(tl.load(x_ptr + t * s_x0 + hh[:, None] * s_x1 + d[None, :], mask=mask, other=0))
+        k = bf16_bits_to_f32(tl.load(k_ptr + t * s_k0 + hh[:, None] * s_k1 + d[None, :], mask=mask, other=0))
+        gx = go + delta[:, None] * (w * k - x * a_x[:, None])
+        gk = delta[:, None] * (w * x - k * a_k[:, None])
+        tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], f32_to_bf16_bits(gx), mask=mask)
+        tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], f32_to_bf16_bits(gk), mask=mask)
+        acc += delta[:, None] * (x * k)
+        t += 1
+    tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
+
+
+def _bwd_config(H: int, hc: int):
+    """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps).
+
+    Pass 1 (gamma, grad_v): TOK tokens per program, H in BLOCK_D1 steps.  Pass 2: [HC_P2, BLOCK_D2] tiles,
+    one token chunk per program, so a program streams ~24 KB of G/x/k per token."""
+    hc_p2 = triton.next_power_of_2(max(hc, 1))
+    if interp():
+        block_d = min(triton.next_power_of_2(H), 8192)
+        return hc_p2, 8, block_d, block_d, 4
+    block_d = min(triton.next_power_of_2(H), max(256, 4096 // hc_p2))
+    return hc_p2, 1, block_d, block_d, 8 if hc_p2 * block_d >= 4096 else 4
+
+
+def engram_gate_bwd(
+    grad_out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    weight_fused: torch.Tensor,
+    dot: torch.Tensor,
+    gate_score: torch.Tensor,
+    rstd_x: torch.Tensor,
+    rstd_k: torch.Tensor,
+    clamp_value: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Engram gate backward (deterministic, no atomics).
+
+    Args:
+        grad_out: G, shape (num_tokens, hc_mult, hidden_size), bfloat16; any token/head strides, unit
+            stride along hidden_size.
+        hidden_states, k, v, weight_fused: the forward's inputs (same shapes, dtypes and layout rules as in
+            ``engram_gate_fwd``).
+        dot, gate_score, rstd_x, rstd_k: the forward's saved tensors, shape (num_tokens, hc_mult), float32,
+            contiguous (``dot`` is the raw, unscaled dot product).
+        clamp_value: the forward's clamp value (eps only enters through rstd_x / rstd_k).
+
+    Returns:
+        ``(grad_hidden_states, grad_k, grad_v, grad_w_partial)``:
+        grad_hidden_states: like ``hidden_states`` (``empty_like``), bfloat16;
+        grad_k: like ``k`` (``empty_like``: k's strides when k is dense, else contiguous), bfloat16;
+        grad_v: like ``v`` (``empty_like``), bfloat16;
+        grad_w_partial: shape (num_sms, hc_mult, hidden_size), float32, with ``num_sms = get_num_sms()``:
+        row p holds the gradient of ``weight_fused`` summed over the p-th contiguous chunk of
+        ``ceil(num_tokens / num_sms)`` tokens (rows without tokens are zero); ``grad_w_partial.sum(0)`` is
+        dL/d(weight_fused).  Any hc_mult and hidden_size work (TileKernels needs hc_mult == 4 and
+        hidden_size a multiple of 512).
+    """
+    T, hc, H = _check_gate_inputs(hidden_states, k, v, weight_fused)
+    check_rows("grad_out", grad_out, torch.bfloat16, (T, hc, H))
+    for name, t in (("dot", dot), ("gate_score", gate_score), ("rstd_x", rstd_x), ("rstd_k", rstd_k)):
+        check_rows(name, t, torch.float32, (T, hc))
+        check_contiguous(name, t)
+    clamp_value = check_float("clamp_value", clamp_value)
+    check_same_device(grad_out=grad_out, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused,
+                      dot=dot, gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
+    if H == 0:
+        raise ValueError("hidden_states must have a positive hidden size, got 0")
+    args = (grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value)
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_gate_bwd``
+        return tuple(_engram_gate_bwd_op(*args))
+    return _engram_gate_bwd(*args)
+
+
+def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
+    T, hc, H = hidden_states.shape
+    dev = hidden_states.device
+    num_parts = get_num_sms()
+    grad_x = empty_like(hidden_states)
+    grad_k = empty_like(k)
+    grad_v = empty_like(v)
+    if T == 0 or hc == 0:
+        grad_w_partial = torch.zeros((num_parts, hc, H), dtype=torch.float32, device=dev)
+        if T and hc == 0:
+            grad_v.zero_()
+        return grad_x, grad_k, grad_v, grad_w_partial
+    grad_w_partial = empty((num_parts, hc, H), torch.float32, dev)
+    gamma = empty((T, hc), torch.float32, dev)
+    hc_p2, tok, block_d1, block_d2, num_warps = _bwd_config(H, hc)
+    _engram_gate_bwd_gamma_kernel[(triton.cdiv(T, tok),)](
+        bits16(grad_out), bits16(v), gate_score, gamma, bits16(grad_v),
+        T, hc, H, grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
+        HC_P2=hc_p2, TOK=tok, BLOCK_D=block_d1, num_warps=num_warps,
+    )
+    chunk = triton.cdiv(T, num_parts)
+    _engram_gate_bwd_kernel[(num_parts, triton.cdiv(H, block_d2))](
+        bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, dot, gate_score, rstd_x, rstd_k, gamma,
+        bits16(grad_x), bits16(grad_k), grad_w_partial,
+        T, hc, H, float(H), chunk, clamp_value, _scale(H),
+        grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
+        k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
+        grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
+        HC_P2=hc_p2, BLOCK_D=block_d2, num_warps=num_warps,
+    )
+    return grad_x, grad_k, grad_v, grad_w_partial
+
+
+def _bwd_fake(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
+    _, hc, H = hidden_states.shape
+    return [torch.empty_like(hidden_states), torch.empty_like(k), torch.empty_like(v),
+            hidden_states.new_empty((get_num_sms(), hc, H), dtype=torch.float32)]
+
+
+@custom_op("engram_gate_bwd", fake=_bwd_fake)
+def _engram_gate_bwd_op(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        weight_fused: torch.Tensor, dot: torch.Tensor, gate_score: torch.Tensor,
+                        rstd_x: torch.Tensor, rstd_k: torch.Tensor, clamp_value: float) -> List[torch.Tensor]:
+    return list(_engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                                 clamp_value))

@@ -1,0 +1,108 @@
+"""``grad_w_reduce``: sum the gate backward's partial weight gradients and apply the chain rule of
+``weight_fused = weight_hidden * weight_embed``, accumulating in place (e.g. into Megatron ``main_grad``)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import bf16_bits_to_f32
+from ..runtime import check_same_device, check_tensor, custom_op
+from ._utils import bits16, check_rows, interp
+
+
+@triton.jit
+def _grad_w_reduce_kernel(
+    part_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr,
+    P, H,
+    s_p0, s_p1, s_wh0, s_we0, s_gwh0, s_gwe0,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    h = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < H
+    r = tl.arange(0, ROWS).to(tl.int64)
+    # ROWS partial rows in flight per step; a fixed summation order (deterministic for a given P)
+    acc = tl.zeros((ROWS, BLOCK_D), tl.float32)
+    p0 = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
+    while p0 < P:  # a while loop: range() over run-time bounds breaks the interpreter with numpy 2.4
+        p = p0 + r
+        m = (p < P)[:, None] & dmask[None, :]
+        acc += tl.load(part_ptr + p[:, None] * s_p0 + h * s_p1 + d[None, :], mask=m, other=0.0)
+        p0 += ROWS
+    total = tl.sum(acc, axis=0)
+    wh = bf16_bits_to_f32(tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0))
+    we = bf16_bits_to_f32(tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0))
+    gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
+    gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
+    tl.store(gwh_ptr + h * s_gwh0 + d, gwh + total * we, mask=dmask)
+    tl.store(gwe_ptr + h * s_gwe0 + d, gwe + total * wh, mask=dmask)
+
+
+def _config(P: int, H: int):
+    """(ROWS, BLOCK_D, num_warps): [ROWS, BLOCK_D] partial rows in flight per step."""
+    if interp():
+        return min(64, triton.next_power_of_2(P)), min(2048, triton.next_power_of_2(H)), 4
+    return min(32, triton.next_power_of_2(P)), min(128, triton.next_power_of_2(H)), 4
+
+
+def grad_w_reduce(
+    grad_w_partial: torch.Tensor,
+    weight_hidden: torch.Tensor,
+    weight_embed: torch.Tensor,
+    grad_weight_hidden: torch.Tensor,
+    grad_weight_embed: torch.Tensor,
+) -> None:
+    """Reduce ``grad_w_partial`` over its rows and accumulate the weight gradients in place.
+
+    ``S = grad_w_partial.sum(0)`` (float32); ``grad_weight_hidden += S * weight_embed``;
+    ``grad_weight_embed += S * weight_hidden``.
+
+    Args:
+        grad_w_partial: partial gradients of ``weight_fused``, shape (num_parts, hc_mult, hidden_size),
+            float32, any num_parts >= 1 (TileKernels asks for a multiple of 4).
+        weight_hidden: shape (hc_mult, hidden_size), bfloat16.
+        weight_embed: shape (hc_mult, hidden_size), bfloat16.
+        grad_weight_hidden: shape (hc_mult, hidden_size), float32, modified in place (accumulated).
+        grad_weight_embed: shape (hc_mult, hidden_size), float32, modified in place (accumulated).
+
+    All take any row strides with a unit stride along hidden_size.  Returns None.  Deterministic.
+    """
+    check_tensor("grad_w_partial", grad_w_partial, dtypes=(torch.float32,), ndim=3)
+    P, hc, H = grad_w_partial.shape
+    check_rows("grad_w_partial", grad_w_partial, torch.float32, (P, hc, H))
+    check_rows("weight_hidden", weight_hidden, torch.bfloat16, (hc, H))
+    check_rows("weight_embed", weight_embed, torch.bfloat16, (hc, H))
+    check_rows("grad_weight_hidden", grad_weight_hidden, torch.float32, (hc, H))
+    check_rows("grad_weight_embed", grad_weight_embed, torch.float32, (hc, H))
+    check_same_device(grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
+                      grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
+    if (not torch.compiler.is_compiling() and grad_weight_hidden.numel()
+            and grad_weight_hidden.data_ptr() == grad_weight_embed.data_ptr()):
+        raise ValueError("grad_weight_hidden and grad_weight_embed must be different tensors, got the same memory")
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_grad_w_reduce``
+        _grad_w_reduce_op(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    else:
+        _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    return None
+
+
+def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    P, hc, H = grad_w_partial.shape
+    if hc == 0 or H == 0 or P == 0:  # nothing to add
+        return
+    rows, block_d, num_warps = _config(P, H)
+    _grad_w_reduce_kernel[(hc, triton.cdiv(H, block_d))](
+        grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
+        P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
+        grad_weight_hidden.stride(0), grad_weight_embed.stride(0),
+        ROWS=rows, BLOCK_D=block_d, num_warps=num_warps,
+    )
+
+
+@custom_op("engram_grad_w_reduce", mutates_args=("grad_weight_hidden", "grad_weight_embed"),
+           fake=lambda *args: None)
+def _grad_w_reduce_op(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
+                      grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> None:
+    _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)

@@ -1,0 +1,134 @@
+"""``engram_hash``: multiplicative-XOR n-gram hashes, reduced modulo each head's table size, plus offsets."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import check_contiguous, check_same_device, check_tensor, checks_enabled, custom_op, empty
+from ._utils import interp
+
+
+@triton.jit
+def _engram_hash_kernel(
+    ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
+    T,
+    s_id0, s_out0,
+    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # grid axis 0: no 65535 limit
+    layer = tl.program_id(1).to(tl.int64)
+    tmask = t < T
+    j = tl.arange(0, E_P2)
+    jmask = j < E
+    mask = tmask[:, None] & jmask[None, :]
+    C: tl.constexpr = (N - 1) * E
+    h = tl.zeros((BLOCK_T,), tl.int64)
+    for n in tl.static_range(N):
+        tok = tl.load(ids_ptr + t * s_id0 + n, mask=tmask, other=0).to(tl.int64)
+        mult = tl.load(mult_ptr + layer * N + n)
+        h = h ^ (tok * mult)  # int64 product wraps mod 2^64, as in torch
+        if n >= 1:
+            col = (n - 1) * E + j
+            m = tl.load(vocab_ptr + layer * C + col, mask=jmask, other=1).to(tl.int64)
+            bad = m <= 0
+            m_safe = tl.where(bad, 1, m)
+            r = h[:, None] % m_safe[None, :]  # C-style (truncated) remainder ...
+            r = tl.where(r < 0, r + m_safe[None, :], r)  # ... made a floor-mod: r in [0, m)
+            off = tl.load(off_ptr + layer * C + col, mask=jmask, other=0)
+            res = r.to(tl.int32) + off[None, :]  # int32 add, wraps
+            res = tl.where(bad[None, :], -1, res)
+            tl.store(out_ptr + layer * s_out0 + t[:, None] * C + col[None, :], res, mask=mask)
+
+
+def _config(T: int) -> int:
+    """BLOCK_T tokens per program (x all heads of one layer)."""
+    return min(1024 if interp() else 128, triton.next_power_of_2(T))
+
+
+def engram_hash(
+    ngram_token_ids: torch.Tensor,
+    multipliers: torch.Tensor,
+    vocab_sizes: torch.Tensor,
+    offsets: torch.Tensor,
+) -> torch.Tensor:
+    """Engram n-gram hash indices into the per-layer concatenated embedding tables.
+
+    For layer l, token t: ``h_n = XOR_{i<=n} int64(ids[t, i]) * multipliers[l, i]`` (int64, wrapping), and
+    for n >= 1 and head j: ``out[l, t, (n-1)*E + j] = int32(h_n floor-mod vocab_sizes[l, n-1, j])
+    + offsets[l, (n-1)*E + j]`` (int32 add, wrapping).
+
+    Args:
+        ngram_token_ids: shape (num_tokens, max_ngram_size), int32; column 0 is the current token,
+            column n the token n positions back.  Unit stride along the n-gram axis, any row stride.
+        multipliers: shape (num_layers, max_ngram_size), int64, contiguous.
+        vocab_sizes: shape (num_layers, max_ngram_size - 1, num_heads), int32, contiguous; every entry must be
+            > 0.  On CPU tensors (or with ``TRITILE_CHECKS=1``) a non-positive entry raises ValueError; on a GPU
+            without checks (and under torch.compile) it is not inspected (no host sync) and its column comes out
+            as -1, an index that embedding lookups reject.
+        offsets: shape (num_layers, (max_ngram_size - 1) * num_heads), int32, contiguous, normally
+            ``tritile.torch.engram.make_offsets(vocab_sizes)``.
+
+    Returns:
+        shape (num_layers, num_tokens, (max_ngram_size - 1) * num_heads), int32, contiguous.
+    """
+    check_tensor("ngram_token_ids", ngram_token_ids, dtypes=(torch.int32,), ndim=2)
+    check_tensor("multipliers", multipliers, dtypes=(torch.int64,), ndim=2)
+    check_tensor("vocab_sizes", vocab_sizes, dtypes=(torch.int32,), ndim=3)
+    check_tensor("offsets", offsets, dtypes=(torch.int32,), ndim=2)
+    T, N = ngram_token_ids.shape
+    L, n_minus_1, E = vocab_sizes.shape
+    if N < 1:
+        raise ValueError(f"ngram_token_ids must have at least one column, got shape {tuple(ngram_token_ids.shape)}")
+    if tuple(multipliers.shape) != (L, N):
+        raise ValueError(f"multipliers must have shape (num_layers, max_ngram_size) = {(L, N)} "
+                         f"(from vocab_sizes and ngram_token_ids), got {tuple(multipliers.shape)}")
+    if n_minus_1 != N - 1:
+        raise ValueError(f"vocab_sizes must have shape (num_layers, max_ngram_size - 1, num_heads) with "
+                         f"max_ngram_size - 1 = {N - 1}, got {tuple(vocab_sizes.shape)}")
+    C = (N - 1) * E
+    if tuple(offsets.shape) != (L, C):
+        raise ValueError(f"offsets must have shape {(L, C)}, got {tuple(offsets.shape)}")
+    if N > 1 and ngram_token_ids.stride(1) != 1:
+        raise ValueError(f"ngram_token_ids must have a unit stride in its last dimension, "
+                         f"got strides {tuple(ngram_token_ids.stride())}")
+    check_contiguous("multipliers", multipliers)
+    check_contiguous("vocab_sizes", vocab_sizes)
+    check_contiguous("offsets", offsets)
+    dev = check_same_device(ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
+                            offsets=offsets)
+    if vocab_sizes.numel() and not torch.compiler.is_compiling() and (dev.type == "cpu" or checks_enabled()):
+        bad = vocab_sizes <= 0
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"vocab_sizes must be > 0 everywhere, got {int(vocab_sizes[idx])} at {idx}")
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_hash``
+        return _engram_hash_op(ngram_token_ids, multipliers, vocab_sizes, offsets)
+    return _launch(ngram_token_ids, multipliers, vocab_sizes, offsets)
+
+
+def _launch(ngram_token_ids, multipliers, vocab_sizes, offsets):
+    T, N = ngram_token_ids.shape
+    L, _, E = vocab_sizes.shape
+    C = (N - 1) * E
+    out = empty((L, T, C), torch.int32, ngram_token_ids.device)
+    if T == 0 or L == 0 or C == 0:
+        return out
+    block_t = _config(T)
+    _engram_hash_kernel[(triton.cdiv(T, block_t), L)](
+        ngram_token_ids, multipliers, vocab_sizes, offsets, out, T, ngram_token_ids.stride(0), out.stride(0),
+        N=N, E=E, E_P2=triton.next_power_of_2(E), BLOCK_T=block_t, num_warps=4,
+    )
+    return out
+
+
+def _hash_fake(ids, multipliers, vocab_sizes, offsets):
+    L, n_minus_1, E = vocab_sizes.shape
+    return ids.new_empty((L, ids.shape[0], n_minus_1 * E), dtype=torch.int32)
+
+
+@custom_op("engram_hash", fake=_hash_fake)
+def _engram_hash_op(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
+                    offsets: torch.Tensor) -> torch.Tensor:
+    return _launch(ngram_token_ids, multipliers, vocab_sizes, offsets)
