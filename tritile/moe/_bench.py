@@ -1,10 +1,3 @@
-"""Benchmark registrations of tritile.moe (each part registers in its own file)."""
+"""Benchmark registrations of tritile.moe."""
 
-import importlib as _importlib
-
-for _part in ("_bench_gating", "_bench_fused"):
-    try:
-        _importlib.import_module(f"{__package__}.{_part}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__package__}.{_part}":
-            raise
+from . import _bench_fused, _bench_gating  # noqa: F401

@@ -21,9 +21,25 @@ def exp_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(x)
 
 
+def fma_exact_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 ``a*b + c`` with a single rounding, on any device.
+
+    The float64 product of two float32 values is exact; the float64 sum is made round-to-odd with TwoSum,
+    which makes the final rounding to float32 correct (a plain float64 ``a*b+c`` rounds twice and is
+    wrong in rare cases)."""
+    p = a.double() * b.double()
+    cd = c.double()
+    s = p + cd
+    bb = s - p
+    err = (p - (s - bb)) + (cd - bb)  # TwoSum: s + err == p + cd exactly
+    odd_fix = (err != 0) & ((s.view(torch.int64) & 1) == 0)
+    toward = torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, float("-inf")))
+    return torch.where(odd_fix, torch.nextafter(s, toward), s).float()
+
+
 def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``a*b + c`` rounded once on CUDA (float64 emulation is exact for float32 inputs), twice on the CPU."""
+    """``tl.fma`` as the kernels get it: one rounding on CUDA, two on the CPU (the interpreter's numpy)."""
     a, b, c = a.float(), b.float(), c.float()
     if a.device.type == "cpu":
         return a * b + c
-    return (a.double() * b.double() + c.double()).float()
+    return fma_exact_f32(a, b, c)

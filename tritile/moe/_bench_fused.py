@@ -1,0 +1,146 @@
+"""Benchmark registrations of the fused-layout MoE ops: get_fused_mapping, expand_to_fused(_with_sf),
+reduce_fused.  GPU: TileKernels' anchor shapes (tritile/data/tilekernels-h200.json); CPU: small shapes,
+checked once.  Bytes are counted as TileKernels' benchmarks count them (spec/moe.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes
+
+from ..utils import ceil_div
+from .expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
+from .get_fused_mapping_kernel import get_fused_mapping
+from .reduce_fused_kernel import reduce_fused
+
+_M = "moe"
+
+
+def _topk_idx(device, num_experts, num_ep_ranks, num_topk, num_tokens):
+    """TileKernels' EP-receive routing (local ids, -1 elsewhere, rows without a local expert dropped),
+    trimmed or tiled to exactly ``num_tokens`` rows so the anchor's token count is met."""
+    keep = 1.0 - (1.0 - 1.0 / num_ep_ranks) ** num_topk  # about the share of rows with a local expert
+    senders = 64 + int(num_tokens * 1.2 / keep)
+    scores = torch.rand(senders, num_experts * num_ep_ranks, device=device).to(torch.bfloat16)
+    idx = scores.float().topk(num_topk, dim=1, sorted=False).indices
+    idx = torch.where(idx < num_experts, idx, torch.full_like(idx, -1))
+    idx = idx[(idx >= 0).any(dim=1)]
+    reps = ceil_div(num_tokens, max(1, idx.size(0)))
+    return idx.repeat(reps, 1)[:num_tokens].contiguous()
+
+
+def _ref_mapping(topk_idx, num_experts, alignment):
+    """Stable-sort reference (tritile's canonical order) of the synchronising mode."""
+    num_tokens, num_topk = topk_idx.shape
+    dev = topk_idx.device
+    flat = topk_idx.flatten()
+    valid = flat >= 0
+    aligned = (torch.bincount(flat[valid], minlength=num_experts) + alignment - 1) // alignment * alignment
+    end = torch.cumsum(aligned, 0)
+    start = end - aligned
+    n = int(aligned.sum())
+    pos_to = [torch.full((n,), -1, dtype=torch.int32, device=dev) for _ in range(3)]
+    t2p = torch.full((flat.numel(),), -1, dtype=torch.int32, device=dev)
+    key = torch.where(valid, flat, torch.full_like(flat, num_experts))
+    order = torch.sort(key, stable=True).indices[: int(valid.sum())]
+    experts = key[order]
+    pos = start[experts] + torch.arange(order.numel(), device=dev) - torch.searchsorted(experts, experts)
+    pos_to[0][pos], pos_to[1][pos], pos_to[2][pos] = experts.int(), (order // num_topk).int(), order.int()
+    t2p[order] = pos.int()
+    return (*pos_to, t2p.view(num_tokens, num_topk), start.int(), end.int(), aligned.int(), aligned.tolist())
+
+
+def _check_mapping(out, ref):
+    for a, b in zip(out[:7], ref[:7]):
+        assert_equal(a, b)
+    assert out[7] == ref[7]
+
+
+@register(_M, "get_fused_mapping")
+def _mapping_cases(device, quick):
+    gpu = device.type == "cuda"
+    t, k, e, ep, a = (36068, 9, 4, 64, 128) if gpu else (301, 9, 4, 64, 128)
+    topk_idx = _topk_idx(device, e, ep, k, t)
+    res = get_fused_mapping(topk_idx, e, 0, a)
+    anchor = ("get_fused_mapping", dict(alignment=a, num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k))
+    params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, alignment=a)
+    yield Case(params=params, fn=lambda: get_fused_mapping(topk_idx, e, 0, a),
+               ref=lambda: _ref_mapping(topk_idx, e, a), check=_check_mapping,
+               nbytes=count_bytes(topk_idx, *res[:7]), anchor=anchor, latency_bound=True)
+    if quick:
+        return
+    # The capturable mode (a caller-sized buffer, no host sync): the kernels' own latency.
+    n = sum(res[7])
+    res_fixed = get_fused_mapping(topk_idx, e, n, a)
+    yield Case(params=dict(params, num_expanded_tokens=n), fn=lambda: get_fused_mapping(topk_idx, e, n, a),
+               ref=lambda: _ref_mapping(topk_idx, e, a)[:7] + ([],), check=_check_mapping,
+               nbytes=count_bytes(topk_idx, *res_fixed[:7]), latency_bound=True, label="no-sync")
+
+
+@register(_M, "expand_to_fused")
+def _expand_cases(device, quick):
+    from tritile.torch import expand_to_fused as ref_expand
+    gpu = device.type == "cuda"
+    t, k, e, ep, h = (21913, 8, 9, 8, 7168) if gpu else (129, 8, 9, 8, 576)
+    topk_idx = _topk_idx(device, e, ep, k, t)
+    pos_to_expert, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 16)
+    x = torch.randn((t, h), dtype=torch.bfloat16, device=device)
+    out = expand_to_fused(x, t2p, pos_to_expert)
+    yield Case(params=dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, hidden=h),
+               fn=lambda: expand_to_fused(x, t2p, pos_to_expert), ref=lambda: ref_expand(x, t2p, pos_to_expert),
+               check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out))
+
+
+def _check_pair(out, ref):
+    assert_equal(out[0], ref[0])
+    assert_equal(out[1], ref[1])
+
+
+@register(_M, "expand_to_fused_with_sf")
+def _expand_sf_cases(device, quick):
+    from tritile.torch import expand_to_fused_with_sf as ref_expand_sf
+    gpu = device.type == "cuda"
+    # the two anchor records: (T, K, E, ep, col_major, packed)
+    configs = [(35761, 9, 4, 64, True, True), (21913, 8, 9, 8, False, False)] if gpu else \
+        [(133, 9, 4, 64, True, True), (71, 8, 9, 8, False, False)]
+    if quick:
+        configs = configs[:1]
+    h, npc = (7168, 128) if gpu else (576, 128)
+    for t, k, e, ep, col_major, packed in configs:
+        topk_idx = _topk_idx(device, e, ep, k, t)
+        pos_to_expert, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 16)
+        x = torch.randint(0, 256, (t, h), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        groups = ceil_div(h, npc)
+        if packed:  # UE8M0 exponents around 127 (scales near 1), four per int32 word
+            x_sf = torch.randint(120, 135, (t, ceil_div(groups, 4) * 4), dtype=torch.uint8, device=device)
+            x_sf = x_sf.view(torch.int32)
+        else:
+            x_sf = torch.rand((t, groups), device=device) + 0.5
+        args = ((x, x_sf), npc, t2p, pos_to_expert, col_major)
+        out = expand_to_fused_with_sf(*args)
+        params = dict(hidden=h, num_ep_ranks=ep, num_experts=e, num_per_channels=npc, num_tokens=t, num_topk=k,
+                      round_sf=True, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
+        yield Case(params=params, fn=lambda args=args: expand_to_fused_with_sf(*args),
+                   ref=lambda args=args: ref_expand_sf(*args), check=_check_pair,
+                   nbytes=count_bytes(x, x_sf, t2p, pos_to_expert, *out),
+                   anchor=("expand_to_fused_with_sf", params))
+
+
+@register(_M, "reduce_fused")
+def _reduce_cases(device, quick):
+    from tritile.torch import reduce_fused as ref_reduce
+    gpu = device.type == "cuda"
+    t, k, e, ep, h = (25023, 6, 4, 64, 7168) if gpu else (97, 6, 4, 64, 512)
+    topk_idx = _topk_idx(device, e, ep, k, t)
+    _, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 1)
+    x = torch.randn((t * k, h), device=device).to(torch.bfloat16)
+    w = torch.rand((t, k), device=device)
+    sf = torch.randn((1,), device=device)
+    out = reduce_fused(x, w, t2p, "e4m3", sf)
+    nbytes = count_bytes(t2p, out, w) + int((t2p != -1).sum()) * h * x.element_size()
+    params = dict(hidden=h, in_dtype="bf16", num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k,
+                  out_dtype="e4m3", with_sf=False, with_weights=True)
+    yield Case(params=params, fn=lambda: reduce_fused(x, w, t2p, "e4m3", sf),
+               ref=lambda: ref_reduce(x, w, t2p, "e4m3", sf), check=assert_equal, nbytes=nbytes,
+               anchor=("reduce_fused", params))

@@ -1,0 +1,229 @@
+"""``expand_to_fused`` / ``expand_to_fused_with_sf``: copy token rows (and their scale rows) to their
+expert-major positions; zero the padding rows.
+
+One launch.  The grid has two parts:
+
+* token programs, one per ``[BT tokens, BH words]`` tile: load the tile once, store it to the ``K``
+  positions of each token (``token_topk_to_pos``, ``-1`` skipped); the first column block also copies the
+  tokens' scale rows;
+* padding programs, one per ``PBT * PSUB`` output rows: rows with ``pos_to_expert < 0`` (only the sign is read)
+  are zeroed, data and scales; blocks without padding exit after one small load.
+
+Data moves through an integer view of the widest word that divides the row (int32/int16/int8), so the
+copy is bit-exact for every dtype on every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant.types import QuantTensor
+from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
+                       is_interpreter)
+from ..utils import align, ceil_div, next_power_of_two
+
+__all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
+
+_WORDS = {4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+@triton.jit
+def _expand_to_fused_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, pos_ptr, pe_ptr,
+                            num_tokens, num_expanded, hidden_w, hidden_sf,
+                            stride_x, stride_xs, stride_out, stride_os0, stride_os1,
+                            stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks,
+                            K: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                            BSF: tl.constexpr, PBT: tl.constexpr, PSUB: tl.constexpr, COL_ITERS: tl.constexpr):
+    pid = tl.program_id(0)
+    t_ar = tl.arange(0, BT)
+    h_ar = tl.arange(0, BH)
+    s_ar = tl.arange(0, BSF)
+    if pid < num_token_progs:
+        tb = pid // num_col_blocks
+        cb = pid % num_col_blocks
+        rows = tb.to(tl.int64) * BT + t_ar
+        cols = cb * BH + h_ar
+        rm = rows < num_tokens
+        cm = cols < hidden_w
+        tile = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rm[:, None] & cm[None, :])
+        if WITH_SF:
+            sfm = rm[:, None] & (s_ar < hidden_sf)[None, :] & (cb == 0)
+            sft = tl.load(xs_ptr + rows[:, None] * stride_xs + s_ar[None, :], mask=sfm)
+        for k in tl.static_range(K):
+            p = tl.load(pos_ptr + rows * stride_pt + k * stride_pk, mask=rm, other=-1)
+            ok = rm & (p >= 0) & (p < num_expanded)
+            p64 = tl.where(ok, p, 0).to(tl.int64)
+            tl.store(out_ptr + p64[:, None] * stride_out + cols[None, :], tile, mask=ok[:, None] & cm[None, :])
+            if WITH_SF:
+                tl.store(outs_ptr + p64[:, None] * stride_os0 + s_ar[None, :] * stride_os1, sft,
+                         mask=ok[:, None] & sfm)
+    else:
+        base = (pid - num_token_progs).to(tl.int64) * (PBT * PSUB)
+        pr_ar = tl.arange(0, PBT)
+        for r in tl.static_range(PSUB):
+            prow = base + r * PBT + pr_ar
+            pm = prow < num_expanded
+            pe = tl.load(pe_ptr + prow * stride_pe, mask=pm, other=0)
+            pad = pm & (pe < 0)
+            if tl.max(pad.to(tl.int32), axis=0) > 0:
+                zero = tl.zeros([PBT, BH], dtype=out_ptr.dtype.element_ty)
+                for c in tl.static_range(COL_ITERS):
+                    cols = c * BH + h_ar
+                    tl.store(out_ptr + prow[:, None] * stride_out + cols[None, :], zero,
+                             mask=pad[:, None] & (cols < hidden_w)[None, :])
+                if WITH_SF:
+                    zs = tl.zeros([PBT, BSF], dtype=outs_ptr.dtype.element_ty)
+                    tl.store(outs_ptr + prow[:, None] * stride_os0 + s_ar[None, :] * stride_os1, zs,
+                             mask=pad[:, None] & (s_ar < hidden_sf)[None, :])
+
+
+def _word_view(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (2D, unit inner stride) seen as the widest int words that tile its rows exactly."""
+    es = t.element_size()
+    row_bytes = t.shape[1] * es
+    for w in (4, 2, 1):
+        if row_bytes % w == 0 and (t.stride(0) * es) % w == 0 and (t.storage_offset() * es) % w == 0 \
+                and (w >= es or es % w == 0):
+            if t.shape[0] == 0 or t.shape[1] == 0:
+                return torch.empty((t.shape[0], row_bytes // w), dtype=_WORDS[w], device=t.device)
+            return t.view(_WORDS[w])
+    raise ValueError(f"{name} rows cannot be copied as whole words")  # unreachable: w = 1 always fits
+
+
+def _check_mapping(token_topk_to_pos, pos_to_expert, num_tokens: int):
+    check_tensor("token_topk_to_pos", token_topk_to_pos, dtypes=(torch.int32,), ndim=2)
+    check_tensor("pos_to_expert", pos_to_expert, dtypes=(torch.int32,), ndim=1)
+    if token_topk_to_pos.shape[0] != num_tokens:
+        raise ValueError(f"token_topk_to_pos must have {num_tokens} rows (the tokens of x), "
+                         f"got shape {tuple(token_topk_to_pos.shape)}")
+    if checks_enabled() and token_topk_to_pos.numel() > 0:
+        hi = int(token_topk_to_pos.max())
+        lo = int(token_topk_to_pos.min())
+        n = pos_to_expert.shape[0]
+        if lo < -1 or hi >= n:
+            raise ValueError(f"token_topk_to_pos values must be in [-1, {n}) (the length of pos_to_expert), "
+                             f"got values in [{lo}, {hi}]")
+
+
+def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
+            out: torch.Tensor, out_sf):
+    num_tokens, num_topk = token_topk_to_pos.shape
+    num_expanded = pos_to_expert.shape[0]
+    if num_expanded == 0:
+        return
+    xw = _word_view("x", data)
+    ow = _word_view("out", out)
+    hidden_w = xw.shape[1]
+    interp = is_interpreter()
+    budget = 65536 if interp else 4096  # words per [BT, BH] tile
+    bh = max(16, min(next_power_of_two(max(hidden_w, 1)), 8192 if interp else 2048))
+    bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))
+    # padding programs: PSUB sub-blocks of PBT rows each (64 rows per program on GPUs)
+    pbt = max(1, min(budget // bh, next_power_of_two(num_expanded)))
+    psub = 1 if interp else max(1, 64 // pbt)
+    num_col_blocks = ceil_div(max(hidden_w, 1), bh)
+    num_token_progs = ceil_div(num_tokens, bt) * num_col_blocks
+    num_pad_progs = ceil_div(num_expanded, pbt * psub)
+    with_sf = x_sf is not None
+    if with_sf:
+        hidden_sf = x_sf.shape[1]
+        xs, os_ = x_sf.view(torch.int32), out_sf.view(torch.int32)
+        sxs, sos0, sos1 = x_sf.stride(0), out_sf.stride(0), out_sf.stride(1)
+    else:
+        hidden_sf, xs, os_, sxs, sos0, sos1 = 0, xw, ow, 0, 0, 0
+    bsf = max(2, next_power_of_two(max(hidden_sf, 1)))
+    _expand_to_fused_kernel[(num_token_progs + num_pad_progs,)](
+        xw, xs, ow, os_, token_topk_to_pos, pos_to_expert,
+        num_tokens, num_expanded, hidden_w, hidden_sf,
+        xw.stride(0), sxs, ow.stride(0), sos0, sos1,
+        token_topk_to_pos.stride(0), token_topk_to_pos.stride(1), pos_to_expert.stride(0),
+        num_token_progs, num_col_blocks,
+        K=num_topk, WITH_SF=with_sf, BT=bt, BH=bh, BSF=bsf, PBT=pbt, PSUB=psub, COL_ITERS=num_col_blocks,
+        num_warps=4)
+
+
+def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """Copy each token's row to its expert-major positions; zero the padding rows.
+
+    Args:
+        x: ``(T, H)``, any dtype, unit stride along ``H`` (any row stride).
+        token_topk_to_pos: int32 ``(T, K)``: the position of each top-k slot, ``-1`` = none
+            (from ``get_fused_mapping``).  Positions outside ``[0, N)`` are skipped (with
+            ``TRITILE_CHECKS=1`` they raise ``ValueError``).
+        pos_to_expert: int32 ``(N,)``; only its sign is read (``< 0`` = padding row), so any
+            ``pos_to_*`` array of the mapping works.
+
+    Returns:
+        ``out``: ``(N, H)``, ``x.dtype``: ``out[token_topk_to_pos[t, k]] = x[t]``, padding rows zero.
+        Valid rows that no slot targets (an inconsistent mapping) are left unwritten.
+    """
+    check_tensor("x", x, ndim=2)
+    check_inner_contiguous("x", x)
+    _check_mapping(token_topk_to_pos, pos_to_expert, x.shape[0])
+    device = check_same_device(x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    out = empty((pos_to_expert.shape[0], x.shape[1]), x.dtype, device)
+    _launch(x, None, token_topk_to_pos, pos_to_expert, out, None)
+    return out
+
+
+def expand_to_fused_with_sf(
+    x: QuantTensor,
+    num_per_channels: int,
+    token_topk_to_pos: torch.Tensor,
+    pos_to_expert: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``expand_to_fused`` of quantized data together with its per-token scale rows.
+
+    Args:
+        x: ``(data, x_sf)``: ``data`` ``(T, H)`` (e.g. float8_e4m3fn), unit stride along ``H``; ``x_sf``
+            row-major ``(T, H_sf)``, float32 scales with ``H_sf = ceil(H / num_per_channels)``, or int32
+            packed UE8M0 (4 exponents per word) with ``H_sf = ceil(ceil(H / num_per_channels) / 4)``.
+        num_per_channels: 32 or 128 (channels per scale).
+        token_topk_to_pos: int32 ``(T, K)`` as in ``expand_to_fused``.
+        pos_to_expert: int32 ``(N,)``; only its sign is read.
+        use_tma_aligned_col_major_sf: write the scales column-major (required for packed int32 scales).
+
+    Returns:
+        ``(out, out_sf)``: ``out`` ``(N, H)`` as ``expand_to_fused``; ``out_sf`` ``(N, H_sf)`` of ``x_sf.dtype``,
+        contiguous, or with ``use_tma_aligned_col_major_sf`` the ``[:, :N].T`` view of an ``(H_sf, align(N, 4))``
+        storage (strides ``(1, align(N, 4))``).  Padding rows are zero in both.
+    """
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError(f"x must be a (data, x_sf) tuple, got {type(x).__name__}")
+    data, x_sf = x
+    check_tensor("x[0] (data)", data, ndim=2)
+    check_inner_contiguous("x[0] (data)", data)
+    check_tensor("x[1] (x_sf)", x_sf, dtypes=(torch.float32, torch.int32), ndim=2)
+    check_inner_contiguous("x[1] (x_sf)", x_sf)
+    if isinstance(num_per_channels, bool) or num_per_channels not in (32, 128):
+        raise ValueError(f"num_per_channels must be 32 or 128, got {num_per_channels!r}")
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError("use_tma_aligned_col_major_sf must be a bool, "
+                        f"got {type(use_tma_aligned_col_major_sf).__name__}")
+    num_tokens, hidden = data.shape
+    hidden_sf = ceil_div(hidden, num_per_channels)
+    packed = x_sf.dtype == torch.int32
+    if packed:
+        if not use_tma_aligned_col_major_sf:
+            raise ValueError("x[1] (x_sf) is int32 (packed UE8M0), which requires use_tma_aligned_col_major_sf=True")
+        hidden_sf = ceil_div(hidden_sf, 4)
+    if tuple(x_sf.shape) != (num_tokens, hidden_sf):
+        kind = "packed UE8M0 int32" if packed else "float32"
+        raise ValueError(f"x[1] (x_sf) ({kind}) must have shape {(num_tokens, hidden_sf)} for H={hidden} and "
+                         f"num_per_channels={num_per_channels}, got {tuple(x_sf.shape)}")
+    _check_mapping(token_topk_to_pos, pos_to_expert, num_tokens)
+    device = check_same_device(x=data, x_sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    check_device("x", data)
+    num_expanded = pos_to_expert.shape[0]
+    out = empty((num_expanded, hidden), data.dtype, device)
+    if use_tma_aligned_col_major_sf:
+        out_sf = empty((hidden_sf, align(num_expanded, 4)), x_sf.dtype, device)[:, :num_expanded].T
+    else:
+        out_sf = empty((num_expanded, hidden_sf), x_sf.dtype, device)
+    _launch(data, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf)
+    return out, out_sf

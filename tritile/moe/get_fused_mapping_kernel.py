@@ -1,0 +1,309 @@
+"""``get_fused_mapping``: token-major top-k slots -> expert-major fused layout (a stable counting sort).
+
+Canonical order (tritile): inside each expert's aligned segment the valid slots sit at the front in
+ascending flat index ``t*K + k`` (what a stable ``argsort(topk_idx.flatten())`` gives), padding at the
+back.  The result depends neither on the SM count nor on the launch configuration.
+
+Launch scheme (no grid barrier, no spin-wait; the CPU interpreter runs programs one after another):
+
+* small inputs (``T*K <= _SINGLE_PROGRAM_MAX_SLOTS``): one launch of one program that counts, scans and
+  scatters;
+* otherwise two launches over ``P`` chunks of the flat slot range:
+  1. ``_fused_mapping_count_kernel``: per-chunk expert histograms ``counts[P, E]``;
+  2. ``_fused_mapping_scatter_kernel``: every program reads the small ``counts`` table, forms the totals,
+     the aligned exclusive scan over experts and its own chunk prefix, then scatters its chunk in order
+     (rank inside a block = inclusive cumsum of the one-hot along the block) and writes the padding at
+     the back of the segments it owns.  With a caller-given length the three ``pos_to_*`` arrays are
+     first filled with -1 instead (one fill launch), which also covers positions past the last segment.
+
+All outputs (and the small scratch table) live in one int32 allocation, so a default-mode call costs one
+allocation, one or two launches and one device-to-host copy.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import List, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import get_num_sms
+from ..runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, is_interpreter
+from ..utils import align, ceil_div, next_power_of_two
+
+__all__ = ["get_fused_mapping"]
+
+#: Largest ``num_experts`` (TileKernels' limit; the one-hot tiles grow with it).
+MAX_EXPERTS = 1024
+#: Inputs with at most this many slots (``T*K``) take the single-program, single-launch path.
+_SINGLE_PROGRAM_MAX_SLOTS = 512 if is_interpreter() else 16384
+#: Padding is written as one ``[BLOCK_E, PAD_BLOCK]`` tile per step when it has at most this many elements,
+#: else expert by expert.
+_PAD_TILE_MAX = (1 << 20) if is_interpreter() else 8192
+
+
+@triton.jit
+def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
+                                ITERS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """counts[pid, e] = #slots of expert e in the flat range [pid*ITERS*BLOCK, (pid+1)*ITERS*BLOCK)."""
+    pid = tl.program_id(0).to(tl.int64)
+    start = pid * (ITERS * BLOCK)
+    acc = tl.zeros([BLOCK_E], dtype=tl.int32)
+    # Trip counts are compile-time constants: the CPU interpreter (numpy >= 2.4) cannot loop to a run-time bound.
+    for it in range(ITERS):
+        offs = start + it * BLOCK + tl.arange(0, BLOCK)
+        m = offs < numel
+        e = tl.load(topk_ptr + offs, mask=m, other=-1)
+        valid = m & (e >= 0) & (e < num_experts)
+        acc += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
+    tl.store(counts_ptr + pid * BLOCK_E + tl.arange(0, BLOCK_E), acc)
+
+
+@triton.jit
+def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr,
+                                  token_topk_to_pos_ptr, expert_start_ptr, expert_end_ptr, num_per_expert_ptr,
+                                  numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
+                                  SINGLE: tl.constexpr, WRITE_PAD: tl.constexpr, ITERS: tl.constexpr,
+                                  BLOCK: tl.constexpr, HIST_ITERS: tl.constexpr, HIST_BLOCK: tl.constexpr,
+                                  BLOCK_E: tl.constexpr, C_ITERS: tl.constexpr, TILE_C: tl.constexpr,
+                                  E_ITERS: tl.constexpr, PAD_TILE: tl.constexpr, PAD_ITERS: tl.constexpr,
+                                  PAD_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    e_ar = tl.arange(0, BLOCK_E)
+
+    # ---- expert totals and this chunk's prefix over earlier chunks ----
+    total = tl.zeros([BLOCK_E], dtype=tl.int32)
+    prefix = tl.zeros([BLOCK_E], dtype=tl.int32)
+    if SINGLE:
+        for it in range(HIST_ITERS):
+            offs = it * HIST_BLOCK + tl.arange(0, HIST_BLOCK).to(tl.int64)
+            m = offs < numel
+            e = tl.load(topk_ptr + offs, mask=m, other=-1)
+            valid = m & (e >= 0) & (e < num_experts)
+            total += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
+    else:
+        for ct in range(C_ITERS):
+            rows = ct * TILE_C + tl.arange(0, TILE_C)
+            tile = tl.load(counts_ptr + rows[:, None].to(tl.int64) * BLOCK_E + e_ar[None, :],
+                           mask=(rows < num_chunks)[:, None], other=0)
+            total += tl.sum(tile, axis=0)
+            prefix += tl.sum(tl.where((rows < pid)[:, None], tile, 0), axis=0)
+
+    # ---- aligned segments: a_e = ceil(c_e / A) * A, start_e = sum_{e' < e} a_e' ----
+    aligned = (total + alignment - 1) // alignment * alignment
+    seg_end = tl.cumsum(aligned, axis=0)
+    seg_start = seg_end - aligned
+    if pid == 0:
+        em = e_ar < num_experts
+        tl.store(expert_start_ptr + e_ar, seg_start, mask=em)
+        tl.store(expert_end_ptr + e_ar, seg_end, mask=em)
+        tl.store(num_per_expert_ptr + e_ar, aligned, mask=em)
+
+    # ---- scatter this program's chunk in ascending flat order ----
+    base = seg_start + prefix
+    c_start = pid.to(tl.int64) * (ITERS * BLOCK)
+    for it in range(ITERS):
+        offs = c_start + it * BLOCK + tl.arange(0, BLOCK)
+        m = offs < numel
+        e = tl.load(topk_ptr + offs, mask=m, other=-1)
+        valid = m & (e >= 0) & (e < num_experts)
+        e32 = tl.where(valid, e, -1).to(tl.int32)
+        onehot = (e32[:, None] == e_ar[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0)
+        pos = tl.sum(onehot * (rank - 1 + base[None, :]), axis=1)
+        base += tl.sum(onehot, axis=0)
+        ok = valid & (pos < num_expanded)
+        tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
+        pos64 = pos.to(tl.int64)
+        tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
+        tl.store(pos_to_token_ptr + pos64, (offs // num_topk).to(tl.int32), mask=ok)
+        tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
+
+    # ---- padding at the back of the segments this program owns (experts pid, pid + P, ...) ----
+    if WRITE_PAD:
+        pad_start = seg_start + total
+        pad_len = aligned - total
+        p_ar = tl.arange(0, PAD_BLOCK)
+        if PAD_TILE:  # all owned experts at once: a [BLOCK_E, PAD_BLOCK] tile per step
+            own = (e_ar % nprog) == pid
+            neg2 = tl.full([BLOCK_E, PAD_BLOCK], -1, dtype=tl.int32)
+            for j in range(PAD_ITERS):
+                q = j * PAD_BLOCK + p_ar[None, :]
+                p = (pad_start[:, None] + q).to(tl.int64)
+                mk = own[:, None] & (q < pad_len[:, None]) & (p < num_expanded)
+                tl.store(pos_to_expert_ptr + p, neg2, mask=mk)
+                tl.store(pos_to_token_ptr + p, neg2, mask=mk)
+                tl.store(pos_to_token_topk_ptr + p, neg2, mask=mk)
+        else:  # many experts: one owned expert at a time
+            neg = tl.full([PAD_BLOCK], -1, dtype=tl.int32)
+            for ei in range(E_ITERS):
+                sel = e_ar == pid + ei * nprog
+                s = tl.sum(tl.where(sel, pad_start, 0))
+                n = tl.sum(tl.where(sel, pad_len, 0))
+                for j in range(PAD_ITERS):
+                    q = j * PAD_BLOCK + p_ar
+                    p = (s + q).to(tl.int64)
+                    mk = (q < n) & (p < num_expanded)
+                    tl.store(pos_to_expert_ptr + p, neg, mask=mk)
+                    tl.store(pos_to_token_ptr + p, neg, mask=mk)
+                    tl.store(pos_to_token_topk_ptr + p, neg, mask=mk)
+
+
+def _check_int(name: str, v, lo: int, hi: int = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        want = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {want}, got {v}")
+    return v
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(numel: int, num_experts: int, alignment: int, num_sms: int, interp: bool, single_max: int,
+          pad_tile_max: int) -> dict:
+    """Block sizes and chunking from (T*K, E, A, SMs).  Trip counts are constexprs rounded to powers of
+    two, so a GPU compiles few variants while T varies.  Cached: the host path is latency-critical."""
+    block_e = max(2, next_power_of_two(num_experts))
+    onehot_budget = 65536 if interp else 8192  # elements of the [BLOCK, BLOCK_E] one-hot tile
+    block = max(16, min(8192 if interp else 2048, onehot_budget // block_e))
+    hist_cap = 8192 if interp else 2048
+    single = numel <= single_max
+    if single:
+        num_chunks = 1
+        iters = next_power_of_two(ceil_div(max(numel, 1), block))
+    else:
+        min_chunk = 256 if interp else 2048
+        max_chunks = max(1, min(num_sms, ceil_div(numel, min_chunk)))
+        iters = next_power_of_two(ceil_div(numel, max_chunks * block))
+        num_chunks = ceil_div(numel, iters * block)
+    chunk = iters * block
+    hist_block = min(hist_cap, chunk)
+    tile_c = max(1, min(next_power_of_two(num_chunks), max(1, 16384 // block_e)))
+    pad_block = min(1024, max(16, next_power_of_two(alignment - 1)))
+    return dict(single=single, num_chunks=num_chunks, block_e=block_e,
+                num_warps=4 if block_e <= 64 else 8,
+                count=dict(ITERS=chunk // hist_block, BLOCK=hist_block, BLOCK_E=block_e),
+                scatter=dict(SINGLE=single, ITERS=iters, BLOCK=block, HIST_ITERS=chunk // hist_block,
+                             HIST_BLOCK=hist_block, BLOCK_E=block_e, C_ITERS=ceil_div(num_chunks, tile_c),
+                             TILE_C=tile_c, E_ITERS=ceil_div(num_experts, num_chunks),
+                             PAD_TILE=block_e * pad_block <= pad_tile_max,
+                             PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
+                             PAD_BLOCK=pad_block))
+
+
+def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
+    num_tokens, num_topk = topk_idx.shape
+    numel = num_tokens * num_topk
+    cfg = _plan(numel, num_experts, alignment, get_num_sms(), is_interpreter(), _SINGLE_PROGRAM_MAX_SLOTS,
+                _PAD_TILE_MAX)
+    num_chunks = cfg["num_chunks"]
+    # One int32 allocation cut by one split; every part starts on a 128-byte boundary.
+    sizes = (num_expanded, num_expanded, num_expanded, num_experts, num_experts, num_experts, numel,
+             0 if cfg["single"] else num_chunks * cfg["block_e"])
+    pieces = []
+    for n in sizes:
+        pieces += [n, align(n, 32) - n]
+    buf = empty((sum(pieces),), torch.int32, topk_idx.device)
+    parts = buf.split_with_sizes(pieces)[::2]
+    pos_to_expert, pos_to_token, pos_to_token_topk, expert_start, expert_end, num_per_expert, flat_pos, counts = parts
+    token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
+    outs = (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+            num_per_expert)
+    if not sync_mode or numel == 0:
+        # Caller-sized buffer: every position not given a slot is padding (one fill over the three arrays).
+        buf[:sum(pieces[:5])].fill_(-1)
+    if numel == 0:
+        for t in outs[4:]:
+            t.zero_()
+        return outs
+    if not cfg["single"]:
+        _fused_mapping_count_kernel[(num_chunks,)](topk_idx, counts, numel, num_experts, **cfg["count"],
+                                                   num_warps=4)
+    _fused_mapping_scatter_kernel[(num_chunks,)](
+        topk_idx, counts, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
+        expert_start, expert_end, num_per_expert,
+        numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
+        WRITE_PAD=sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
+    return outs
+
+
+def get_fused_mapping(
+    topk_idx: torch.Tensor,
+    num_experts: int,
+    num_expanded_tokens: int,
+    alignment: int,
+    force_no_sync: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           List[int]]:
+    """Map token-major top-k slots to an expert-major ("fused") layout whose expert segments are aligned.
+
+    Args:
+        topk_idx: int64 ``(T, K)``, contiguous; expert ids in ``[0, num_experts)``, ``-1`` = no expert.
+            Other values are treated as ``-1`` by the kernel (never written out of bounds); with
+            ``TRITILE_CHECKS=1`` they raise ``ValueError`` instead (a host sync).
+        num_experts: ``E``, 1 to 1024.
+        num_expanded_tokens: ``N``.  ``0``: size the buffers from the data (with a host sync, unless
+            ``force_no_sync``).  ``> 0``: the exact buffer length, at least the sum of the aligned counts;
+            positions past the last segment are padding.  Slots that do not fit (``N`` too small, or
+            ``N == 0`` with ``force_no_sync=True``) are dropped: nothing is written for them and their
+            ``token_topk_to_pos`` is ``-1`` (with ``TRITILE_CHECKS=1`` a too-small ``N > 0`` raises).
+        alignment: ``A >= 1``; every expert's segment length is its slot count rounded up to ``A``.
+        force_no_sync: with ``num_expanded_tokens == 0``, skip the host sync (``N = 0``).
+
+    Returns:
+        ``(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+        num_tokens_per_expert, num_tokens_per_expert_list)``:
+
+        * ``pos_to_expert``, ``pos_to_token``, ``pos_to_token_topk``: int32 ``(N,)``; position ``p`` of a
+          valid slot ``(t, k)`` holds its expert, ``t`` and ``t*K + k``; padding holds ``-1`` in all three.
+          In the synchronising mode they are views sliced to ``N = sum(num_tokens_per_expert_list)``.
+        * ``token_topk_to_pos``: int32 ``(T, K)``, the position of each slot, ``-1`` where ``topk_idx`` is ``-1``.
+        * ``expert_start``, ``expert_end``, ``num_tokens_per_expert``: int32 ``(E,)``; the **aligned**
+          segment of expert ``e`` is ``[expert_start[e], expert_end[e])`` of length ``num_tokens_per_expert[e]``.
+        * ``num_tokens_per_expert_list``: ``num_tokens_per_expert.tolist()`` in the synchronising mode, else ``[]``.
+
+    Order: inside a segment the valid slots come first, in ascending ``t*K + k`` (a stable sort by expert),
+    independent of ``set_num_sms`` (TileKernels' order depends on the SM count).  All outputs are views of
+    one int32 allocation.
+    """
+    check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
+    check_contiguous("topk_idx", topk_idx)
+    check_device("topk_idx", topk_idx)
+    _check_int("num_experts", num_experts, 1, MAX_EXPERTS)
+    _check_int("num_expanded_tokens", num_expanded_tokens, 0)
+    _check_int("alignment", alignment, 1)
+    if not isinstance(force_no_sync, bool):
+        raise TypeError(f"force_no_sync must be a bool, got {type(force_no_sync).__name__}")
+    num_tokens, num_topk = topk_idx.shape
+    if num_tokens * num_topk + (alignment - 1) * num_experts >= 2**31 or num_expanded_tokens >= 2**31:
+        raise ValueError("positions must fit in int32: T*K + (alignment-1)*num_experts and num_expanded_tokens "
+                         f"must be < 2**31, got topk_idx of shape {(num_tokens, num_topk)}, alignment={alignment}, "
+                         f"num_experts={num_experts}, num_expanded_tokens={num_expanded_tokens}")
+    if checks_enabled() and topk_idx.numel() > 0:
+        lo, hi = int(topk_idx.min()), int(topk_idx.max())
+        if lo < -1 or hi >= num_experts:
+            raise ValueError(f"topk_idx values must be in [-1, num_experts={num_experts}), got values in [{lo}, {hi}]")
+
+    should_sync = num_expanded_tokens == 0 and not force_no_sync
+    if should_sync:
+        num_expanded = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
+    else:
+        num_expanded = num_expanded_tokens
+    outs = _launch(topk_idx, num_experts, num_expanded, alignment, sync_mode=should_sync)
+    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outs
+
+    per_expert_list: List[int] = []
+    if should_sync:
+        per_expert_list = per_expert.tolist()
+        n = sum(per_expert_list)
+        pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:n], pos_to_token[:n], pos_to_token_topk[:n]
+    elif checks_enabled() and num_expanded_tokens > 0:
+        need = int(per_expert.sum())
+        if need > num_expanded_tokens:
+            raise ValueError(f"num_expanded_tokens must be at least the sum of the aligned expert counts ({need}), "
+                             f"got {num_expanded_tokens}")
+    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert,
+            per_expert_list)
