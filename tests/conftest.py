@@ -25,6 +25,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import tritile  # noqa: E402,F401
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # The interpreter and the references run many small torch ops: one thread each is much faster when
+    # several workers (pytest -n) or processes share the cores.
+    torch.set_num_threads(1)
 from tritile.testing import get_device  # noqa: E402
 
 

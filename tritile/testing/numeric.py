@@ -18,8 +18,8 @@ def assert_equal(x: torch.Tensor, y: torch.Tensor, check_dtype: bool = True, che
         assert x.shape == y.shape, f"shape differs: {tuple(x.shape)} vs {tuple(y.shape)}"
     if check_stride and x.numel() > 0:
         assert x.stride() == y.stride(), f"stride differs: {x.stride()} vs {y.stride()}"
-    xb = x.contiguous().flatten().view(torch.uint8)
-    yb = y.contiguous().flatten().view(torch.uint8)
+    xb = _bytes(x)
+    yb = _bytes(y)
     if xb.numel() != yb.numel():
         raise AssertionError(f"byte count differs: {xb.numel()} vs {yb.numel()}")
     diff = xb != yb
@@ -32,6 +32,12 @@ def assert_equal(x: torch.Tensor, y: torch.Tensor, check_dtype: bool = True, che
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape)) if x.dim() else ()
         raise AssertionError(
             f"{n_bad} of {xb.numel()} bytes differ; first at element {idx}: {_show(xs, first)} vs {_show(ys, first)}")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements in row-major order, as bytes (copies when the layout needs it, e.g. a (1, 1)
+    tensor with strides (1, 4), which is "contiguous" but cannot be viewed as bytes)."""
+    return t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
 
 
 def _show(t: torch.Tensor, i: int) -> str:

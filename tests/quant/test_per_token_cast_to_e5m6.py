@@ -1,0 +1,175 @@
+"""per_token_cast_to_e5m6 vs the torch reference ``tritile.torch.cast_to_e5m6`` (bitwise)."""
+
+import pytest
+import torch
+
+from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
+from tritile.quant.per_token_cast_to_e5m6_kernel import _per_token_cast_to_e5m6_launch, per_token_cast_to_e5m6
+from tritile.testing import assert_equal, calc_diff, generate_hidden_sizes, generate_num_tokens
+from tritile.torch.cast_e5m6 import cast_back_from_e5m6, cast_to_e5m6
+
+CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed), as TileKernels tests
+EXTRA_CONFIGS = [(False, False, False), (True, False, False)]
+HIDDEN = generate_hidden_sizes(cpu=(256, 576))
+TOKENS = [t for t in generate_num_tokens(cpu=(1, 3, 130)) if t > 0]
+
+
+def _inputs(m, k, dtype, device):
+    """randn plus TileKernels' three 'special' tensors (last column 65024, so sf = 1)."""
+    out = {"randn": torch.randn(m, k, device=device).to(dtype)}
+    for name, v in (("2^-20", 2.0**-20), ("63*2^-20", 63 * 2.0**-20), ("2^-14", 2.0**-14)):
+        x = torch.full((m, k), v, device=device)
+        x[:, -1] = 65024.0
+        out[name] = x.to(dtype)
+    return out
+
+
+def _assert_sf_equal(a, b):
+    """assert_equal for sf tensors: strides compared first, then standard-stride copies (the shared
+    assert_equal cannot byte-view a (1, 1) int32 tensor with strides (1, 4))."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    if a.numel() > 0:
+        assert a.stride() == b.stride(), (a.stride(), b.stride())
+    assert_equal(a.clone(memory_format=torch.contiguous_format), b.clone(memory_format=torch.contiguous_format))
+
+
+def _check(x, k, flags):
+    out, sf = per_token_cast_to_e5m6(x, k, *flags)
+    ref_out, ref_sf = cast_to_e5m6(x, k, *flags)
+    assert_equal(out, ref_out)
+    # packed sf: the kernel writes whole words with zero unused bytes, so no clear_unused_sf is needed
+    _assert_sf_equal(sf, ref_sf)
+    return out, sf
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("flags", CONFIGS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+def test_per_token_cast_to_e5m6(num_tokens, hidden, flags, dtype, device):
+    for name, x in _inputs(num_tokens, hidden, dtype, device).items():
+        out, sf = _check(x, hidden, flags)
+        assert out.shape == (num_tokens, hidden * 3 // 2) and out.dtype == torch.uint8
+        back = cast_back_from_e5m6((out, sf), "fp32", (1, hidden))
+        if name == "randn":
+            assert calc_diff(back, x) < 1e-4
+        else:  # sf = 1 and every special value is an exact E5M6 code
+            assert torch.equal(back, x.float()), name
+
+
+@pytest.mark.parametrize("flags", EXTRA_CONFIGS)
+def test_per_token_cast_to_e5m6_unrounded_sf(flags, device):
+    """round_sf=False (not in TileKernels' grid): sf_inv is the second division 65024 / a."""
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(33, 576, device=device) * 3).to(dtype)
+        _check(x, 576, flags)
+
+
+@pytest.mark.parametrize("flags", CONFIGS + EXTRA_CONFIGS)
+def test_per_token_cast_to_e5m6_zero_tokens(flags, device):
+    x = torch.empty((0, 256), dtype=torch.bfloat16, device=device)
+    out, sf = per_token_cast_to_e5m6(x, 256, *flags)
+    assert out.shape == (0, 384) and out.dtype == torch.uint8
+    assert sf.shape == (0, 1) and sf.dtype == (torch.int32 if flags[2] else torch.float32)
+
+
+def test_per_token_cast_to_e5m6_strided_rows(device):
+    big = torch.randn(33, 2 * 576 + 8, device=device, dtype=torch.bfloat16)
+    x = big[:, 8:584]
+    assert x.stride(0) == big.stride(0) and not x.is_contiguous()
+    for flags in CONFIGS:
+        out, sf = _check(x, 576, flags)
+        out_c, sf_c = per_token_cast_to_e5m6(x.contiguous(), 576, *flags)
+        assert_equal(out, out_c)
+        _assert_sf_equal(sf, sf_c)
+
+
+def test_per_token_cast_to_e5m6_chunked_rows(device):
+    """Rows wider than one block take the two-pass path (forced here with a small block; K=576 leaves a
+    partial last chunk)."""
+    x = torch.randn(7, 576, device=device, dtype=torch.float32)
+    for flags in CONFIGS + EXTRA_CONFIGS:
+        out, sf = _per_token_cast_to_e5m6_launch(x, *flags, block_k=128)
+        ref_out, ref_sf = cast_to_e5m6(x, 576, *flags)
+        assert_equal(out, ref_out)
+        _assert_sf_equal(sf, ref_sf)
+    # a row too wide for one block without forcing (next power of two above the single-pass limit)
+    k = 16392
+    x = torch.randn(2, k, device=device, dtype=torch.bfloat16)
+    _check(x, k, CONFIGS[1])
+
+
+def _codes(out):
+    """uint8 (M, K*3/2) -> int codes (M, K)."""
+    b = out.cpu().to(torch.int64).reshape(out.shape[0], -1, 4)
+    w = (b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24).reshape(out.shape[0], -1, 3)
+    w0, w1, w2 = w.unbind(-1)
+    c = [w0 >> 20, (w0 >> 8) & 0xFFF, ((w0 & 0xFF) << 4) | (w1 >> 28), (w1 >> 16) & 0xFFF, (w1 >> 4) & 0xFFF,
+         ((w1 & 0xF) << 8) | (w2 >> 24), (w2 >> 12) & 0xFFF, w2 & 0xFFF]
+    return torch.stack(c, -1).reshape(out.shape[0], -1)
+
+
+def test_per_token_cast_to_e5m6_hand_picked(device):
+    """Row with last column 65024 (sf = 1, so x is encoded as is): ties, carries, signs, the fp16-subnormal
+    quirk; codes checked against values worked out by hand."""
+    cases = [
+        (1.0, 0x3C0), (-1.0, 0xBC0), (0.0, 0x000), (-0.0, 0x800),
+        (1.0 + 2.0**-7, 0x3C0),            # tie -> even (down)
+        (1.0 + 3 * 2.0**-7, 0x3C2),        # tie -> even (up)
+        (1.0 + 2.0**-7 + 2.0**-20, 0x3C1),  # just above the tie
+        (2.0 - 2.0**-10, 0x400),           # carry into the exponent: 2.0
+        (65024.0, 0x7BF), (-65024.0, 0xFBF),
+        (2.0**-14, 0x040),                 # smallest fp16 normal
+        (2.0**-20, 0x001),                 # smallest E5M6 subnormal
+        (63 * 2.0**-20, 0x03F),            # largest E5M6 subnormal
+        (-2.0**-26, 0x800),                # negative that rounds to zero
+        (2.0**-21, 0x000),                 # half the smallest subnormal: truncated by the fp16 RZ step
+        (1.75 * 2.0**-20, 0x001),          # quirk: true RNE would give 2; the float32 low bits are 0
+        (2.0**-20 * (1 + 0x10001 * 2.0**-23), 0x002),  # quirk: ~1.008 steps rounds up on the float32 bits
+    ]
+    vals = torch.tensor([v for v, _ in cases] + [0.0] * (31 - len(cases)) + [65024.0], device=device)
+    x = vals[None, :].repeat(3, 1)
+    for dtype_flags in CONFIGS + EXTRA_CONFIGS:
+        out, sf = _check(x, 32, dtype_flags)
+        got = _codes(out)[0, : len(cases)]
+        want = torch.tensor([c for _, c in cases])
+        assert torch.equal(got, want), [(hex(a), hex(b)) for a, b in zip(got.tolist(), want.tolist()) if a != b]
+
+
+def test_per_token_cast_to_e5m6_non_finite(device):
+    """NaN counts as +inf in amax; such rows get sf = +inf (0xFF), finite codes +-0, non-finite codes NaN."""
+    x = torch.randn(5, 64, device=device)
+    x[0, 3] = float("inf")
+    x[1, 10] = float("-inf")
+    x[2, 63] = float("nan")
+    for flags in CONFIGS + EXTRA_CONFIGS:
+        out, sf = _check(x, 64, flags)
+        back = cast_back_e5m6((out, sf), "fp32", (1, 64))
+        assert torch.isnan(back[:3]).all()
+        assert torch.isfinite(back[3:]).all()
+        c = _codes(out)
+        assert int(c[0, 3]) == 0x7E0 and int(c[1, 10]) == 0xFE0 and (int(c[2, 63]) & 0x7FF) == 0x7E0
+        finite = torch.isfinite(x[:3]).cpu()
+        assert ((c[:3] & 0x7FF)[finite] == 0).all()
+
+
+def test_per_token_cast_to_e5m6_bad_inputs(device):
+    x = torch.randn(4, 64, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_per_channels"):
+        per_token_cast_to_e5m6(x, 32)
+    with pytest.raises(TypeError, match="num_per_channels"):
+        per_token_cast_to_e5m6(x, 64.0)
+    with pytest.raises(ValueError, match="divisible by 8"):
+        per_token_cast_to_e5m6(torch.randn(4, 12, device=device), 12)
+    with pytest.raises(TypeError, match="x must be bfloat16 or float32"):
+        per_token_cast_to_e5m6(x.half(), 64)
+    with pytest.raises(ValueError, match="x must be 2D"):
+        per_token_cast_to_e5m6(x[0], 64)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        per_token_cast_to_e5m6(x.tolist(), 64)
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):
+        per_token_cast_to_e5m6(x, 64, False, True, True)
+    with pytest.raises(ValueError, match="round_sf"):
+        per_token_cast_to_e5m6(x, 64, True, False, True)
+    with pytest.raises(ValueError, match="x must have a unit stride"):
+        per_token_cast_to_e5m6(torch.randn(64, 8, device=device).T, 64)

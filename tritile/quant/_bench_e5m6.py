@@ -1,0 +1,103 @@
+"""Benchmark registrations: E5M6 cast / cast back and the lossless FP4 -> FP8 re-quantization.
+
+GPU: TileKernels' anchor shapes (8001 x 7168); CPU: small shapes (a correctness pass only)."""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes, generate_rand_float
+
+from .cast_back_e5m6_kernel import cast_back_e5m6
+from .per_block_cast_lossless_kernel import per_block_cast_lossless
+from .per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
+
+_M = "quant"
+_CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed)
+
+
+def _shape(device):
+    return (8001, 7168) if device.type == "cuda" else (33, 576)
+
+
+def _check_pair(out, ref):
+    assert_equal(out[0], ref[0])
+    assert_equal(out[1].clone(memory_format=torch.contiguous_format),
+                 ref[1].clone(memory_format=torch.contiguous_format))
+
+
+@register(_M, "per_token_cast_to_e5m6")
+def _e5m6_cases(device, quick):
+    from tritile.torch.cast_e5m6 import cast_to_e5m6
+
+    m, k = _shape(device)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    for col, rnd, packed in _CONFIGS[:1] if quick else _CONFIGS:
+        out = per_token_cast_to_e5m6(x, k, col, rnd, packed)
+        yield Case(
+            params=dict(num_tokens=m, hidden=k, in_dtype="bf16", col=col, round_sf=rnd, packed=packed),
+            fn=lambda col=col, rnd=rnd, packed=packed: per_token_cast_to_e5m6(x, k, col, rnd, packed),
+            ref=lambda col=col, rnd=rnd, packed=packed: cast_to_e5m6(x, k, col, rnd, packed),
+            check=_check_pair, nbytes=count_bytes(x, out),
+            anchor=("per_token_cast_to_e5m6", dict(hidden=k, in_dtype="bf16", num_per_channels=k, num_tokens=m,
+                                                   round_sf=rnd, use_packed_ue8m0=packed,
+                                                   use_tma_aligned_col_major_sf=col)))
+
+
+@register(_M, "cast_back_e5m6")
+def _cast_back_e5m6_cases(device, quick):
+    from tritile.torch.cast_e5m6 import cast_back_from_e5m6, cast_to_e5m6
+
+    m, k = _shape(device)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    for col, rnd, packed in _CONFIGS[:1] if quick else _CONFIGS:
+        q = cast_to_e5m6(x, k, col, rnd, packed)
+        for fmt in ("bf16",) if quick else ("bf16", "fp32"):
+            back = cast_back_e5m6(q, fmt, (1, k))
+            yield Case(
+                params=dict(num_tokens=m, hidden=k, out_dtype=fmt, col=col, round_sf=rnd, packed=packed),
+                fn=lambda q=q, fmt=fmt: cast_back_e5m6(q, fmt, (1, k)),
+                ref=lambda q=q, fmt=fmt: cast_back_from_e5m6(q, fmt, (1, k)),
+                check=assert_equal, nbytes=count_bytes(q, back),
+                anchor=("cast_back_e5m6", dict(hidden=k, num_per_channels=k, num_tokens=m, out_dtype=fmt,
+                                               round_sf=rnd, use_packed_ue8m0=packed,
+                                               use_tma_aligned_col_major_sf=col)))
+
+
+def _clamp_abs_ratio(t, max_ratio=2.0**9):
+    floor = t.abs().max() / max_ratio
+    return torch.sign(t) * torch.maximum(t.abs(), floor)
+
+
+@register(_M, "per_block_cast_lossless")
+def _lossless_cases(device, quick):
+    from tritile.torch.cast import cast, cast_back
+
+    m, k = _shape(device)
+    x = _clamp_abs_ratio(generate_rand_float((m, k), device=device))
+    in_block = (1, 32)
+    combos = [(_CONFIGS[0], _CONFIGS[0], (1, 128))] if quick else [
+        (i, o, ob) for i in _CONFIGS for o in _CONFIGS for ob in ((1, 128), (32, 32), (128, 128))]
+    cache = {}
+    for in_flags, out_flags, ob in combos:
+        if in_flags not in cache:
+            cache[in_flags] = cast(x, "e2m1", in_block, round_sf=in_flags[1],
+                                   use_tma_aligned_col_major_sf=in_flags[0], use_packed_ue8m0=in_flags[2])
+        x_fp4 = cache[in_flags]
+        out = per_block_cast_lossless(x_fp4, "e4m3", in_block, ob, *out_flags)
+
+        def check(got, ref, ob=ob):  # the round trip is exact (TileKernels' test)
+            assert_equal(cast_back(got, "fp32", ob), ref)
+
+        yield Case(
+            params=dict(num_tokens=m, hidden=k, in_flags=in_flags, out_flags=out_flags, out_block=ob),
+            fn=lambda x_fp4=x_fp4, ob=ob, f=out_flags: per_block_cast_lossless(x_fp4, "e4m3", in_block, ob, *f),
+            # the reference is the dequantized input (its time is a dequant, not a re-quantization)
+            ref=lambda x_fp4=x_fp4: cast_back(x_fp4, "fp32", in_block),
+            check=check, nbytes=count_bytes(x_fp4, out),
+            anchor=("per_block_cast_lossless", dict(
+                hidden=k, in_round_sf=in_flags[1], in_sf_block=list(in_block), in_use_packed_ue8m0=in_flags[2],
+                in_use_tma_aligned_col_major_sf=in_flags[0], num_tokens=m, out_round_sf=out_flags[1],
+                out_sf_block=list(ob), out_use_packed_ue8m0=out_flags[2],
+                out_use_tma_aligned_col_major_sf=out_flags[0])))

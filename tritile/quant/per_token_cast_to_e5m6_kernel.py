@@ -1,0 +1,200 @@
+"""Per-token cast to E5M6 (``tile_kernels.quant.per_token_cast_to_e5m6_kernel``).
+
+E5M6 keeps the top 12 bits of an fp16 pattern (sign, 5-bit exponent, 6-bit mantissa); 8 codes are
+packed into 3 little-endian uint32 words (96 bits), returned as ``uint8 (M, K*3/2)``.  One scale per
+row (``num_per_channels == K``).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
+from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, is_interpreter
+from ..utils import next_power_of_two
+from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
+from .types import QuantTensor
+
+__all__ = ["per_token_cast_to_e5m6"]
+
+_NAN_CODE = 0x7E0  # fp16 0x7E00 (quiet NaN): the code of a NaN ``x * sf_inv``, with x's sign
+
+
+@triton.jit
+def _split8(x):
+    """``[R, 8G]`` -> eight ``[R, G]`` tensors ``c0..c7`` with ``c_j[:, g] = x[:, 8g + j]``."""
+    R: tl.constexpr = x.shape[0]
+    N: tl.constexpr = x.shape[1]
+    x5 = tl.reshape(x, (R, N // 8, 2, 2, 2))
+    e, o = tl.split(x5)  # bit 0 of j
+    ee, eo = tl.split(e)  # bit 1
+    oe, oo = tl.split(o)
+    c0, c4 = tl.split(ee)  # bit 2
+    c2, c6 = tl.split(eo)
+    c1, c5 = tl.split(oe)
+    c3, c7 = tl.split(oo)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _load_f32(ptrs, mask, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        return bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _e5m6_codes(x, sf_inv):
+    """E5M6 codes (int32) of ``x * sf_inv``; a NaN product gives ``0x7E0 | sign(x) << 11``."""
+    v = x * sf_inv
+    code = f32_to_e5m6_code(v)
+    xsign = (x.to(tl.int32, bitcast=True) >> 20) & 0x800
+    return tl.where(v != v, _NAN_CODE | xsign, code)
+
+
+@triton.jit
+def _encode_store(x, sf_inv, o_row, row_ok, c, K, BLOCK_K: tl.constexpr):
+    """Encode chunk ``c`` (``[BLOCK_M, BLOCK_K]`` float32) and store its 3 words per 8 columns."""
+    codes = _e5m6_codes(x, sf_inv[:, None])
+    c0, c1, c2, c3, c4, c5, c6, c7 = _split8(codes)
+    w0 = (c0 << 20) | (c1 << 8) | (c2 >> 4)
+    w1 = ((c2 & 0xF) << 28) | (c3 << 16) | (c4 << 4) | (c5 >> 8)
+    w2 = ((c5 & 0xFF) << 24) | (c6 << 12) | c7
+    g = c * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    wmask = row_ok[:, None] & (g[None, :] < K // 8)
+    wp = o_row + 3 * g[None, :]
+    tl.store(wp, w0, mask=wmask)
+    tl.store(wp + 1, w1, mask=wmask)
+    tl.store(wp + 2, w2, mask=wmask)
+
+
+@triton.jit
+def _per_token_cast_to_e5m6_kernel(
+    x_ptr, out_ptr, sf_ptr,
+    M, K,
+    stride_xm, stride_om, stride_sfm,
+    IS_BF16: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
+    CLAMP: tl.constexpr, MAX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
+):
+    """Rows ``[pid*BLOCK_M, +BLOCK_M)``; the row is covered by NUM_K_CHUNKS chunks of BLOCK_K columns.
+
+    NUM_K_CHUNKS == 1: one pass (the whole row stays in registers).  Otherwise two passes: amax over
+    the chunks, then quantize, re-reading x (from L2).  out is addressed as int32 words (3 per 8 columns).
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < M
+    cols = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + rows[:, None] * stride_xm
+    o_row = out_ptr + rows[:, None] * stride_om
+
+    if NUM_K_CHUNKS == 1:
+        x = _load_f32(x_row + cols[None, :], row_ok[:, None] & (cols[None, :] < K), IS_BF16)
+        amax = tl.max(tl.where(x == x, tl.abs(x), float("inf")), axis=1)
+    else:
+        amax = tl.zeros((BLOCK_M,), tl.float32)
+        for c in range(NUM_K_CHUNKS):
+            kk = c * BLOCK_K + cols
+            xc = _load_f32(x_row + kk[None, :], row_ok[:, None] & (kk[None, :] < K), IS_BF16)
+            amax = tl.maximum(amax, tl.max(tl.where(xc == xc, tl.abs(xc), float("inf")), axis=1))
+
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
+    if PACKED:
+        # Ks = 1: one int32 word per row, byte 0 = UE8M0, bytes 1..3 = 0
+        tl.store(sf_ptr + rows * stride_sfm, sf_to_ue8m0(sf), mask=row_ok)
+    else:
+        tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
+
+    if NUM_K_CHUNKS == 1:
+        _encode_store(x, sf_inv, o_row, row_ok, 0, K, BLOCK_K)
+    else:
+        for c in range(NUM_K_CHUNKS):
+            kk = c * BLOCK_K + cols
+            xc = _load_f32(x_row + kk[None, :], row_ok[:, None] & (kk[None, :] < K), IS_BF16)
+            _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K)
+
+
+def _launch_config(num_tokens: int, hidden: int, block_k=None):
+    """(BLOCK_M, BLOCK_K, NUM_K_CHUNKS, num_warps): a whole row per pass up to 8192 columns."""
+    interp = is_interpreter()
+    if block_k is None:
+        kp = max(next_power_of_two(hidden), 8)
+        block_k = kp if kp <= (16384 if interp else 8192) else 4096
+    chunks = -(-hidden // block_k)
+    if interp:
+        block_m = max(1, min(128, 65536 // block_k))
+        return block_m, block_k, chunks, 4
+    block_m = max(1, 2048 // block_k)  # at least 2048 columns of work per program
+    num_warps = 8 if block_m * block_k >= 8192 else 4
+    return block_m, block_k, chunks, num_warps
+
+
+def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, block_k=None):
+    num_tokens, hidden = x.shape
+    out = empty((num_tokens, hidden // 8 * 3), torch.int32, x.device)
+    sf = alloc_sf(num_tokens, hidden, (1, hidden), use_tma_aligned_col_major_sf, use_packed_ue8m0, x.device)
+    if num_tokens > 0:
+        block_m, block_k, chunks, num_warps = _launch_config(num_tokens, hidden, block_k)
+        grid = (triton.cdiv(num_tokens, block_m),)
+        is_bf16 = x.dtype == torch.bfloat16
+        _per_token_cast_to_e5m6_kernel[grid](
+            x.view(torch.int16) if is_bf16 else x, out, sf,
+            num_tokens, hidden,
+            x.stride(0), out.stride(0), sf.stride(0),
+            IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
+            CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
+            BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks,
+            num_warps=num_warps,
+        )
+    return out.view(torch.uint8), sf
+
+
+def per_token_cast_to_e5m6(x: torch.Tensor, num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
+                           round_sf: bool = False, use_packed_ue8m0: bool = False) -> QuantTensor:
+    """Cast ``x`` to E5M6 (12-bit truncated fp16) with one scale per token.
+
+    Per row: ``amax = max |x|``, ``a = max(amax, 1e-4)``, ``sf = a / 65024`` (IEEE division; with
+    ``round_sf`` rounded up to a power of two, ``sf_inv = 1/sf``; else ``sf_inv = 65024 / a``), then each
+    ``v = f32(x * sf_inv)`` is encoded as TileKernels does: fp16 bits rounded toward zero, shifted right by
+    4, then rounded to nearest even on the float32 mantissa.  8 codes ``c0..c7`` are packed into 3
+    little-endian uint32 words: ``w0 = c0<<20 | c1<<8 | c2>>4``, ``w1 = (c2&0xF)<<28 | c3<<16 | c4<<4 |
+    c5>>8``, ``w2 = (c5&0xFF)<<24 | c6<<12 | c7``.
+
+    Non-finite input: NaN counts as +inf in amax; a row holding +-inf/NaN gets ``sf = +inf`` (UE8M0 byte
+    0xFF) and ``sf_inv = 0``: its finite elements encode as +-0, its non-finite ones as the E5M6 NaN
+    ``0x7E0 | sign << 11``, so the row dequantizes to NaN.
+
+    Args:
+        x: ``(M, K)`` bfloat16 or float32; rows may be strided (``x.stride(1) == 1``); ``K % 8 == 0``.
+        num_per_channels: must equal ``K`` (one scale per row).
+        use_tma_aligned_col_major_sf: sf in the TMA-aligned column-major layout (strides ``(1, A4(M))``).
+        round_sf: round scales up to powers of two.
+        use_packed_ue8m0: packed UE8M0 sf (requires the two flags above).
+
+    Returns:
+        ``(out, sf)``: ``out`` uint8 ``(M, K*3/2)``; ``sf`` float32 ``(M, 1)`` (row-major, or strides
+        ``(1, A4(M))`` when column-major), or int32 ``(M, 1)`` with strides ``(1, A4(M))`` when packed (byte 0
+        of each word is the UE8M0 exponent, bytes 1..3 are zero).
+    """
+    check_tensor("x", x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
+    check_device("x", x)
+    check_sf_flags(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    num_tokens, hidden = x.shape
+    if isinstance(num_per_channels, bool):
+        raise TypeError("num_per_channels must be an int, got bool")
+    try:
+        num_per_channels = operator.index(num_per_channels)
+    except TypeError:
+        raise TypeError(f"num_per_channels must be an int, got {type(num_per_channels).__name__}") from None
+    if num_per_channels != hidden:
+        raise ValueError(f"num_per_channels must equal the hidden size K={hidden} for E5M6, got {num_per_channels}")
+    if hidden % 8 != 0 or hidden == 0:
+        raise ValueError(f"x must have a positive number of columns divisible by 8 for E5M6, got K={hidden}")
+    check_inner_contiguous("x", x)
+    return _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
