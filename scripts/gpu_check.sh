@@ -12,6 +12,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"tests sanitizer bench"}
 TESTS=${TESTS:-tests}
 TEST_TIMEOUT=${TEST_TIMEOUT:-420}
+PYTEST_ARGS=${PYTEST_ARGS:-"-n 8"}  # several processes share the GPU; the Python side is the bottleneck
 SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/transpose tests/language"}
 BENCH=${BENCH:-}
 
@@ -25,7 +26,7 @@ status=0
 
 if [[ " $STAGES " == *" tests "* ]]; then
   echo "== GPU tests: $TESTS"
-  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/tests.log" | tail -n 40
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS $TESTS 2>&1 | tee "$OUT/tests.log" | tail -n 40
   rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
   echo "tests rc=$rc"
 fi
