@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"tests sanitizer bench"}
 TESTS=${TESTS:-tests}
 TEST_TIMEOUT=${TEST_TIMEOUT:-420}
-PYTEST_ARGS=${PYTEST_ARGS:-"-n 8"}  # several processes share the GPU; the Python side is the bottleneck
+PYTEST_ARGS=${PYTEST_ARGS:-"-n 4"}  # several processes share the GPU; the Python side is the bottleneck
 SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/transpose tests/language"}
 BENCH=${BENCH:-}
 

@@ -18,14 +18,14 @@ def main(paths):
     print(f"- Date: {meta['date']}; GPU: {meta['device']}; torch {meta['torch']}; Triton {meta['triton']}.")
     print(f"- Device-to-device copy bandwidth measured in the same run: **{meta.get('copy_bandwidth_gbs')} GB/s** "
           "(bytes read + written).")
-    print("- µs: median of CUDA-event-timed calls after warm-up; graph µs: per call under CUDA-graph replay; "
-          "host µs: Python + launch cost per call (back-to-back calls, one sync).")
+    print("- µs: kernel time per call, the median over CUDA-graph replays (no Python in the loop, as TileKernels' "
+          "CUPTI timer sees it); event µs: single calls timed with CUDA events, which include the host's launch "
+          "cost when that exceeds the kernel; host µs: Python + launch cost per call (back-to-back calls).")
     print("- GB/s counts bytes as TileKernels does (each input read once, each output written once); "
-          "× TK = TileKernels' µs / ours at the same shape (> 1 is faster; for latency-bound ops the better of "
-          "event and graph timing); × ref = the `tritile.torch` reference's µs / ours.\n")
-    cols = ["module", "op", "params", "us", "graph_us", "host_us", "gbs", "pct_copy", "tk_us", "vs_tk",
+          "× TK = TileKernels' µs / ours at the same shape (> 1 is faster); × ref = the `tritile.torch` reference's µs / ours.\n")
+    cols = ["module", "op", "params", "us", "event_us", "host_us", "gbs", "pct_copy", "tk_us", "vs_tk",
             "speedup_vs_ref", "status"]
-    heads = ["module", "op", "shape / flags", "µs", "graph µs", "host µs", "GB/s", "% copy", "TK µs", "× TK",
+    heads = ["module", "op", "shape / flags", "µs", "event µs", "host µs", "GB/s", "% copy", "TK µs", "× TK",
              "× ref", "check"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from tritile.testing.bench import copy_bandwidth_gbs, time_events
+from tritile.testing.bench import copy_bandwidth_gbs, time_graph
 from tritile.transpose.batched_transpose_kernel import batched_transpose_with_config
 
 copy = copy_bandwidth_gbs()
@@ -27,10 +27,10 @@ for name, shape in cases:
         for bm, bn, w in itertools.product([64, 128, 256], [32, 64, 128], [4, 8]):
             configs.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w))
     res = []
-    for rep in range(2):
+    for rep in range(1):
         for c in configs:
             try:
-                us = time_events(lambda: batched_transpose_with_config(x, c), warmup=3, rep=30, min_ms=20)
+                us = time_graph(lambda: batched_transpose_with_config(x, c), calls_per_graph=5, rep=10)
             except Exception as e:  # pragma: no cover
                 print("fail", c, type(e).__name__, str(e)[:200], file=sys.stderr)
                 continue

@@ -53,6 +53,14 @@ def _seed_from_node_id(request):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """Several pytest workers share one GPU: hand cached blocks back after each test."""
+    yield
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def device():
     return get_device()

@@ -61,7 +61,8 @@ def test_engram_gate_fwd_strided(device, H):
 
 def test_engram_gate_fwd_zero_rows(device):
     # s == 0: the gate is sigmoid(+-sqrt(clamp_value)) by the sign bit of s (TileKernels' kernel), and the
-    # clamp floors tiny |s|.  Row 0: x == 0; row 1: k == 0 with negative weights (s = -0.0).
+    # clamp floors tiny |s|.  Row 0: x == 0; row 1: k == 0 with negative weights: every product is -0.0, and
+    # their sum is +0.0 on every backend (as torch's sum gives), so the gate is sigmoid(+sqrt(clamp_value)).
     T, hc, H = 3, 2, 64
     x, k, v, wh, we = make_gate_data(T, hc, H, device)
     x[0, 0] = 0
@@ -73,6 +74,7 @@ def test_engram_gate_fwd_zero_rows(device):
     wf = fused_weight(wh, we)
     out, dot, gate, rx, rk = engram_gate_fwd(x, k, v, wf, EPS, clamp_value)
     assert float(dot[0, 0]) == 0.0 and float(dot[1, 1]) == 0.0
+    assert math.copysign(1.0, float(dot[1, 1])) == 1.0
     pos = torch.sigmoid(torch.tensor(math.sqrt(clamp_value))).item()
     assert gate[0, 0].item() == pytest.approx(pos, rel=1e-6)
     sign = math.copysign(1.0, float(dot[1, 1]))

@@ -31,7 +31,7 @@ class Case:
     ref: Optional[Callable[[], Any]] = None
     check: Optional[Callable[[Any, Any], None]] = None
     anchor: Optional[Tuple[str, Dict[str, Any]]] = None
-    latency_bound: bool = False  # judged by µs; also timed under CUDA-graph replay
+    latency_bound: bool = False  # judged by µs rather than GB/s
     label: str = ""
 
 

@@ -57,6 +57,9 @@ def _engram_gate_fwd_kernel(
     sum_xx = tl.sum(x * x, axis=1)
     sum_kk = tl.sum(k * k, axis=1)
     dot = tl.sum((x * w) * k, axis=1)
+    # a sum of signed zeros is +0 (as torch's sum and TileKernels' zero-initialised reduction give), whatever
+    # order the backend's tree reduction adds them in
+    dot = tl.where(dot == 0.0, 0.0, dot)
     rstd_x = tl.math.div_rn(tl.full(sum_xx.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_xx, hf) + eps))
     rstd_k = tl.math.div_rn(tl.full(sum_kk.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_kk, hf) + eps))
     s = dot * rstd_x * rstd_k * scale
