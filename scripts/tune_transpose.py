@@ -11,7 +11,7 @@ from tritile.transpose.batched_transpose_kernel import batched_transpose_with_co
 copy = copy_bandwidth_gbs()
 print(f"copy {copy:.0f} GB/s")
 which = sys.argv[1:] or ["bf16", "fp8"]
-cases = [(d, s) for d, s in [("bf16", (1, 8064, 7168)), ("fp8", (1, 8064, 7168)), ("bf16", (8, 8064, 7168)),
+cases = [(d, s) for d, s in [("bf16", (1, 8064, 7168)), ("fp8", (1, 8064, 7168)), ("bf16", (32, 8064, 7168)),
                              ("fp8", (8, 8064, 7168)), ("fp32", (32, 8064, 7168))] if d in which]
 dts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 for name, shape in cases:
@@ -24,8 +24,8 @@ for name, shape in cases:
         for bm, bn, w in [(64, 128, 4), (128, 128, 8), (128, 256, 8)]:
             configs.append(dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w))
     else:
-        for bm, bn, w in itertools.product([64, 128, 256], [32, 64, 128], [4, 8]):
-            configs.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w))
+        for bm, bn, w, st in itertools.product([64, 128, 256], [32, 64, 128], [4, 8], [False, True]):
+            configs.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st))
     res = []
     for rep in range(1):
         for c in configs:

@@ -25,7 +25,8 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+                              STREAM: tl.constexpr = False):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -36,7 +37,10 @@ def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride
     # output pointers are built directly in the transposed orientation: only the data goes through tl.trans
     o_ptrs = out_ptr + b * stride_ob + offs_n[:, None] * stride_on + offs_m[None, :]
     if EVEN:
-        tl.store(o_ptrs, tl.trans(tl.load(x_ptrs)))
+        if STREAM:  # every byte is touched once: keep it out of L2's way
+            tl.store(o_ptrs, tl.trans(tl.load(x_ptrs, eviction_policy="evict_first")), cache_modifier=".cs")
+        else:
+            tl.store(o_ptrs, tl.trans(tl.load(x_ptrs)))
     else:
         tile = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
         tl.store(o_ptrs, tl.trans(tile), mask=(offs_n[:, None] < N) & (offs_m[None, :] < M))
@@ -116,6 +120,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
         bm, bn, warps = config.get("BLOCK_M", bm), config.get("BLOCK_N", bn), config.get("num_warps", warps)
+    stream = bool(config.get("STREAM", False)) if config else False
     iv = _INT_VIEW[x.element_size()]
     xi, oi = x.view(iv), out.view(iv)
     for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
@@ -123,7 +128,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), xs.shape[0])
         _batched_transpose_kernel[grid](xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0),
                                         os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0),
-                                        num_warps=warps)
+                                        STREAM=stream, num_warps=warps)
 
 
 def _check(x, ndim: int) -> None:
