@@ -21,6 +21,12 @@ if os.environ.get("TRITON_INTERPRET") is None:
 
 os.environ.setdefault("TRITILE_POISON", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("TRITILE_RECORD_LAUNCHES"):
+    # note each kernel variant launched, for `python -m tritile.testing.compile_check` (sm_90, no GPU)
+    from tritile.testing.compile_check import install_recorder
+
+    install_recorder(os.environ["TRITILE_RECORD_LAUNCHES"])
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

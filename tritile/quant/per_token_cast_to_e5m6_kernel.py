@@ -21,7 +21,7 @@ from .types import QuantTensor
 
 __all__ = ["per_token_cast_to_e5m6"]
 
-_NAN_CODE = 0x7E0  # fp16 0x7E00 (quiet NaN): the code of a NaN ``x * sf_inv``, with x's sign
+_NAN_CODE = tl.constexpr(0x7E0)  # fp16 0x7E00 (quiet NaN): the code of a NaN ``x * sf_inv``, with x's sign
 
 
 @triton.jit

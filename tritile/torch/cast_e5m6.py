@@ -146,12 +146,14 @@ def cast_to_e5m6(x: torch.Tensor, num_per_channels: int, use_tma_aligned_col_maj
     ax = torch.where(xf == xf, xf.abs(), torch.full_like(xf, float("inf")))
     amax = ax.reshape(m, g, npc).amax(dim=-1) if m > 0 else torch.zeros((0, g), device=xf.device)
     a = amax.clamp_min(_CLAMP)
-    sf = a / _MAX
+    mx = torch.full_like(a, _MAX)  # tensor / tensor: IEEE on every device (a Python scalar is not, on CUDA)
+    sf = torch.div(a, mx)
     if round_sf:
-        sf = ((sf.view(torch.int32).to(torch.int64) + 0x7FFFFF) & 0x7F800000).to(torch.int32).view(torch.float32)
-        sf_inv = torch.where(sf == float("inf"), 0.0, 1.0 / sf)
+        up = ((sf.view(torch.int32).to(torch.int64) + 0x7FFFFF) & 0x7F800000).to(torch.int32).view(torch.float32)
+        sf = torch.where(sf == float("inf"), sf, up)  # non-finite rows keep sf = +inf
+        sf_inv = torch.where(sf == float("inf"), 0.0, torch.div(torch.ones_like(sf), sf))
     else:
-        sf_inv = _MAX / a
+        sf_inv = torch.div(mx, a)
     v = xf * sf_inv.repeat_interleave(npc, dim=1)
     out = _pack_codes(_e5m6_codes(v, xf))
     return out, _layout_sf(sf, use_tma_aligned_col_major_sf, use_packed_ue8m0)

@@ -1,0 +1,151 @@
+"""per_block_cast / _with_sf_only / _with_precomputed_sf: bitwise vs ``tritile.torch.cast`` ((bm, bk) blocks).
+
+GPU: TileKernels' matrix (M in {4001, 8001}, 7 hidden sizes).  CPU: M in {0, 33, 161} (partial 32- and
+128-row blocks), K in {256, 576} (partial 128-wide blocks), every dtype / fmt / block / sf-layout combination.
+"""
+
+import pytest
+import torch
+
+from tritile.quant import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
+from tritile.testing import assert_equal, check_bias, generate_hidden_sizes, pick
+from tritile.torch import cast, cast_back
+
+from _cast_utils import _one_torch_thread, assert_sf_equal, hand_picked  # noqa: F401 (autouse fixture)
+
+CONFIGS = [(False, True, False), (True, True, True)]
+CONFIG_IDS = ["rowmajor-round", "packed"]
+M_VALUES = pick(cpu=[33, 161], gpu=[4001, 8001])
+K_VALUES = generate_hidden_sizes(64)
+
+
+def _ref(x, fmt, bs, cfg):
+    col, rnd, packed = cfg
+    return cast(x, fmt, bs, round_sf=rnd, use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("block", [(128, 128), (32, 32)], ids=["b128", "b32"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("k", K_VALUES)
+@pytest.mark.parametrize("m", M_VALUES)
+def test_per_block_cast(m, k, in_dtype, fmt, block, cfg, device):
+    x = torch.randn(m, k, device=device).to(in_dtype)
+    out, sf = per_block_cast(x, fmt, block, *cfg)
+    ref_out, ref_sf = _ref(x, fmt, block, cfg)
+    assert_equal(out, ref_out)
+    assert_sf_equal(sf, ref_sf, k, block[1])
+    check_bias(cast_back((out, sf), "fp32", block), x)
+    assert_sf_equal(per_block_cast_with_sf_only(x, fmt, block, *cfg), ref_sf, k, block[1])
+    if not cfg[0]:
+        assert_equal(per_block_cast_with_precomputed_sf(x, fmt, block, sf), cast(x, fmt, block, sf=sf))
+
+
+@pytest.mark.parametrize("block", [(128, 128), (32, 32), (16, 64)], ids=["b128", "b32", "b16x64"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_block_cast_other_layouts(fmt, block, device):
+    """The sf layouts TileKernels does not test (plain column-major, no rounding), a non-square block,
+    non-power-of-two precomputed scales, and a row-strided input."""
+    m, k = pick(cpu=(161, 576), gpu=(4001, 7168))
+    base = torch.randn(m, 2 * k, device=device)
+    x = base[:, :k]
+    for cfg in [(False, False, False), (True, False, False)]:
+        out, sf = per_block_cast(x, fmt, block, *cfg)
+        ref_out, ref_sf = _ref(x, fmt, block, cfg)
+        assert_equal(out, ref_out)
+        assert_sf_equal(sf, ref_sf, k, block[1])
+    sf = torch.rand(ref_sf.shape, device=device) + 0.01  # not powers of two: 1/sf rounds
+    assert_equal(per_block_cast_with_precomputed_sf(x, fmt, block, sf), cast(x, fmt, block, sf=sf))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_block_cast_gpu_tiling(fmt, cfg, device):
+    """The GPU's tiling under the interpreter: several programs along K (4 blocks each, whole UE8M0 words),
+    masked tail chunks past K."""
+    from tritile.quant.per_token_cast_kernel import SF_QUANT, _launch_cast
+
+    m, k = 40, 576  # 18 k-blocks of 32: programs of 4 chunks, the last one has 2 past K
+    x = torch.randn(m, k, device=device)
+    out, sf = _launch_cast(x, None, fmt, 32, 32, False, SF_QUANT, None, cfg[1], cfg[0], cfg[2], chunks_per_prog=4)
+    ref_out, ref_sf = _ref(x, fmt, (32, 32), cfg)
+    assert_equal(out, ref_out)
+    assert_sf_equal(sf, ref_sf, k, 32)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_block_cast_hand_picked(fmt, device):
+    mx = 448.0 if fmt == "e4m3" else 6.0
+    x = hand_picked(32, 64, device, mx)
+    for cfg in CONFIGS + [(False, False, False)]:
+        out, sf = per_block_cast(x, fmt, (32, 32), *cfg)
+        ref_out, ref_sf = _ref(x, fmt, (32, 32), cfg)
+        assert_equal(out, ref_out)
+        assert_sf_equal(sf, ref_sf, 64, 32)
+    out, sf = per_block_cast(x, fmt, (32, 32))
+    assert bool((sf == 1.0).all())
+    if fmt == "e4m3":
+        assert [int(v) for v in out.view(torch.uint8)[0, :5]] == [0x58, 0x42, 0x28, 0x60, 0x80]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_block_cast_non_finite(fmt, device):
+    """A block holding inf/NaN: sf = +inf (0xFF when packed), the block dequantizes to NaN; others unaffected."""
+    x = torch.randn(40, 96, device=device)
+    x[3, 40] = float("nan")
+    x[35, 0] = float("-inf")
+    for cfg in CONFIGS + [(False, False, False)]:
+        out, sf = per_block_cast(x, fmt, (32, 32), *cfg)
+        ref_out, ref_sf = _ref(x, fmt, (32, 32), cfg)
+        assert_equal(out, ref_out)
+        assert_sf_equal(sf, ref_sf, 96, 32)
+    out, sf = per_block_cast(x, fmt, (32, 32))
+    assert sf[0, 1] == float("inf") and sf[1, 0] == float("inf") and int(torch.isinf(sf).sum()) == 2
+    back = cast_back((out, sf), "fp32", (32, 32))
+    assert bool(back[:32, 32:64].isnan().all()) and bool(back[:32, :32].isfinite().all())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS + [(False, False, False), (True, False, False)])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_block_cast_zero_rows(fmt, cfg, device):
+    x = torch.randn(0, 576, device=device)
+    for block in [(128, 128), (32, 32)]:
+        out, sf = per_block_cast(x, fmt, block, *cfg)
+        ref_out, ref_sf = _ref(x, fmt, block, cfg)
+        assert out.shape == ref_out.shape and out.dtype == ref_out.dtype
+        assert sf.shape == ref_sf.shape and sf.dtype == ref_sf.dtype
+        assert per_block_cast_with_sf_only(x, fmt, block, *cfg).shape == ref_sf.shape
+
+
+def test_per_block_cast_bad_input(device):
+    x = torch.randn(64, 256, device=device)
+    with pytest.raises(TypeError, match="x"):
+        per_block_cast(x.half(), "e4m3", (32, 32))
+    with pytest.raises(ValueError, match="x"):
+        per_block_cast(x[None], "e4m3", (32, 32))
+    with pytest.raises(TypeError, match="QuantTensor"):
+        per_block_cast(cast(x, "e4m3", (32, 32)), "e4m3", (32, 32))
+    with pytest.raises(ValueError, match="block_size"):
+        per_block_cast(x, "e4m3", (32, 48))
+    with pytest.raises(ValueError, match="block_size"):
+        per_block_cast(x, "e4m3", (1, 32))
+    with pytest.raises(TypeError, match="block_size"):
+        per_block_cast(x, "e4m3", 32)
+    with pytest.raises(ValueError, match="fmt"):
+        per_block_cast(x, "e5m6", (32, 32))
+    with pytest.raises(ValueError, match="K must be even"):
+        per_block_cast(torch.randn(4, 33, device=device), "e2m1", (32, 32))
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):
+        per_block_cast(x, "e4m3", (32, 32), False, True, True)
+    with pytest.raises(ValueError, match="round_sf"):
+        per_block_cast(x, "e4m3", (32, 32), True, False, True)
+    with pytest.raises(ValueError, match="stride"):
+        per_block_cast(x.T, "e4m3", (32, 32))
+    with pytest.raises(ValueError, match="sf"):
+        per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), torch.ones(2, 4, device=device))
+    with pytest.raises(TypeError, match="sf"):
+        per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), torch.ones(2, 8, device=device).double())
+    with pytest.raises(ValueError, match="use_tma_aligned_col_major_sf"):
+        per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), torch.ones(2, 8, device=device), True)

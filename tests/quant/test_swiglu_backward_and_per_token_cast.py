@@ -1,0 +1,181 @@
+"""swiglu_backward_and_per_token_cast vs ``swiglu_backward`` + ``cast`` (spec/quant.md §3.9).
+
+out, x_grad, dx_fp8 and dx_sf are compared bitwise (signed zeros included); weight_grad with
+TileKernels' tolerance (1e-4; a float sum in any order), and bitwise 0 where token_topk_to_pos is -1.
+The reference computes exp and the one fma the way the kernel does on each backend
+(``tritile.torch._numerics``).  GPU: TileKernels' grid (12 MoE configs x 6 H x npc x round x clamp);
+CPU: two small (MoE config, H) pairs, H = 384 giving a masked chunk under the interpreter.
+"""
+
+import pytest
+import torch
+
+from tritile.quant import swiglu_backward_and_per_token_cast
+from tritile.testing import assert_equal, pick
+from tritile.torch import cast, swiglu_backward
+
+try:
+    from ._swiglu_utils import MOE_CONFIGS, assert_codes_equal_nan_sign_free, moe_data
+except ImportError:
+    from _swiglu_utils import MOE_CONFIGS, assert_codes_equal_nan_sign_free, moe_data
+
+_CASES = pick(
+    cpu=[((9, 256, 64), 128), ((2, 72, 8), 384)],
+    gpu=[(moe, h) for moe in MOE_CONFIGS for h in (2048, 2560, 3072, 4096, 6144, 7168)],
+)
+
+
+def _params():
+    return [(moe, h, npc, rnd, clamp) for moe, h in _CASES for npc in (32, 128) for rnd in (False, True)
+            for clamp in (None, 10.0, 0.5)]
+
+
+def _id(p):
+    moe, h, npc, rnd, clamp = p
+    return f"k{moe[0]}-e{moe[1]}-ep{moe[2]}-h{h}-npc{npc}-r{int(rnd)}-clamp{clamp}"
+
+
+def _data(moe, hidden, npc, device, **kw):
+    d = moe_data(moe, hidden, npc, device, **kw)
+    x = cast(d["x"], "e4m3", (1, npc))
+    w = torch.rand((d["num_tokens"], d["num_topk"]), device=device)
+    g = torch.randn((d["x"].shape[0], hidden), dtype=torch.bfloat16, device=device)
+    return d, x, w, g
+
+
+def _check(res, x, g, w, d, npc, rnd, clamp, nan_sign_free=False):
+    out, (dq, dsf), xg, wg = res
+    r_out, r_xg, r_wg = swiglu_backward(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], npc, clamp)
+    r_dq, r_dsf = cast(r_xg, "e4m3", (1, npc), round_sf=rnd)
+    if nan_sign_free:  # NaN payloads: compare NaN positions, the rest bitwise
+        for a, b in ((out, r_out.bfloat16()), (xg, r_xg.bfloat16())):
+            assert torch.equal(torch.isnan(a), torch.isnan(b))
+            assert_equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0))
+        assert_codes_equal_nan_sign_free(dq, r_dq)
+    else:
+        assert_equal(out, r_out.bfloat16())
+        assert_equal(xg, r_xg.bfloat16())
+        assert_equal(dq, r_dq)
+    assert_equal(dsf, r_dsf)
+    assert wg.dtype == torch.float32 and wg.shape == w.shape
+    torch.testing.assert_close(wg, r_wg, atol=1e-4, rtol=1e-4)
+    missing = d["token_topk_to_pos"] < 0
+    assert_equal(wg[missing], torch.zeros_like(wg[missing]))
+
+
+@pytest.mark.parametrize("params", _params(), ids=_id)
+def test_swiglu_backward_and_per_token_cast(device, params):
+    moe, hidden, npc, rnd, clamp = params
+    d, x, w, g = _data(moe, hidden, npc, device)
+    res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
+                                             num_per_channels=npc, round_sf=rnd, swiglu_clamp_value=clamp)
+    _check(res, x, g, w, d, npc, rnd, clamp)
+
+
+def test_packed_sf_3d_and_strided(device):
+    """x with packed UE8M0 column-major sf, x given as 3D, grad_out with strided rows: same results."""
+    hidden, npc = pick(cpu=256, gpu=4096), 128
+    d = moe_data((9, 256, 64), hidden, npc, device)
+    xq = cast(d["x"], "e4m3", (1, npc), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    w = torch.rand((d["num_tokens"], d["num_topk"]), device=device)
+    n = d["x"].shape[0]
+    g_big = torch.randn((n, hidden + 64), dtype=torch.bfloat16, device=device)
+    g = g_big[:, :hidden]
+    args = (w, d["pos_to_token_topk"], d["token_topk_to_pos"])
+    res = swiglu_backward_and_per_token_cast(xq, g, *args, num_per_channels=npc, round_sf=True,
+                                             swiglu_clamp_value=0.5)
+    _check(res, xq, g, w, d, npc, True, 0.5)
+    # 3D data (2, n/2, 2H) with its sf (2, n/2, 2H/npc): the same bits as the 2D call
+    xf = cast(d["x"], "e4m3", (1, npc))
+    res2 = swiglu_backward_and_per_token_cast(xf, g.contiguous(), *args, num_per_channels=npc)
+    res3 = swiglu_backward_and_per_token_cast((xf[0].reshape(2, n // 2, -1), xf[1].reshape(2, n // 2, -1)),
+                                              g.reshape(2, n // 2, hidden), *args, num_per_channels=npc)
+    for a, b in zip((res2[0], res2[1][0], res2[1][1], res2[2], res2[3]),
+                    (res3[0], res3[1][0], res3[1][1], res3[2], res3[3])):
+        assert_equal(a, b)
+
+
+def test_zero_rows(device):
+    hidden, npc, T, K = 256, 128, 5, 3
+    x = (torch.empty((0, 2 * hidden), dtype=torch.float8_e4m3fn, device=device),
+         torch.empty((0, 2 * hidden // npc), device=device))
+    g = torch.empty((0, hidden), dtype=torch.bfloat16, device=device)
+    w = torch.rand((T, K), device=device)
+    ttp = torch.full((T, K), -1, dtype=torch.int32, device=device)
+    out, (dq, dsf), xg, wg = swiglu_backward_and_per_token_cast(
+        x, g, w, torch.empty(0, dtype=torch.int32, device=device), ttp, npc, round_sf=True, swiglu_clamp_value=0.5)
+    assert out.shape == (0, hidden) and out.dtype == torch.bfloat16
+    assert dq.shape == (0, 2 * hidden) and dq.dtype == torch.float8_e4m3fn
+    assert dsf.shape == (0, 2 * hidden // npc) and dsf.dtype == torch.float32
+    assert xg.shape == (0, 2 * hidden) and xg.dtype == torch.bfloat16
+    assert_equal(wg, torch.zeros((T, K), device=device))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_non_finite(device):
+    """A NaN code in x: the groups of dx it reaches get sf = +inf and NaN codes; the rest is bitwise."""
+    hidden, npc = 128, 32
+    d, x, w, g = _data((6, 72, 8), hidden, npc, device)
+    rows = (d["pos_to_token_topk"] >= 0).nonzero().flatten()[:3]
+    data = x[0].clone()
+    data.view(torch.uint8)[rows[0], 3] = 0x7F            # xf = NaN
+    data.view(torch.uint8)[rows[1], hidden + 40] = 0xFF  # yf = NaN
+    x = (data, x[1])
+    res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], npc)
+    out, (dq, dsf), xg, wg = res
+    # xf NaN at column 3 poisons dx[:, 3] (group 0) and dx[:, H + 3] (group H/npc); yf NaN at column 40
+    # poisons dx[:, 40] (group 1) only (dx[:, H + j] = gws * xf does not involve yf)
+    for r, gi in ((rows[0], 0), (rows[0], hidden // npc), (rows[1], 1)):
+        assert dsf[r, gi].item() == float("inf")
+    assert torch.isfinite(dsf[rows[1], hidden // npc:]).all()
+    r_out, r_xg, r_wg = swiglu_backward(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], npc)
+    r_dq, r_dsf = cast(r_xg, "e4m3", (1, npc))
+    assert_equal(dsf, r_dsf)
+    assert_codes_equal_nan_sign_free(dq, r_dq)
+    for a, b in ((out, r_out.bfloat16()), (xg, r_xg.bfloat16())):
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert_equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0))
+
+
+def test_bad_inputs(device):
+    H, npc, E, T, K = 128, 128, 8, 4, 2
+    data = torch.zeros((E, 2 * H), dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.ones((E, 2 * H // npc), device=device)
+    g = torch.zeros((E, H), dtype=torch.bfloat16, device=device)
+    w = torch.rand((T, K), device=device)
+    ptt = torch.full((E,), -1, dtype=torch.int32, device=device)
+    ttp = torch.full((T, K), -1, dtype=torch.int32, device=device)
+    f = swiglu_backward_and_per_token_cast
+    f((data, sf), g, w, ptt, ttp, npc)  # valid
+    with pytest.raises(TypeError, match="x"):
+        f(data, g, w, ptt, ttp, npc)
+    with pytest.raises(TypeError, match=r"x\[0\]"):
+        f((data.float(), sf), g, w, ptt, ttp, npc)
+    with pytest.raises(ValueError, match=r"x\[0\]"):
+        f((data[:, :200], sf), g, w, ptt, ttp, npc)
+    with pytest.raises(ValueError, match=r"x\[1\]"):
+        f((data, sf[:, :1]), g, w, ptt, ttp, npc)
+    with pytest.raises(TypeError, match=r"x\[1\]"):
+        f((data, sf.double()), g, w, ptt, ttp, npc)
+    with pytest.raises(ValueError, match="num_per_channels"):
+        f((data, sf), g, w, ptt, ttp, 64)
+    with pytest.raises(TypeError, match="grad_out"):
+        f((data, sf), g.float(), w, ptt, ttp, npc)
+    with pytest.raises(ValueError, match="grad_out"):
+        f((data, sf), g[:4], w, ptt, ttp, npc)
+    with pytest.raises(TypeError, match="weight"):
+        f((data, sf), g, w.half(), ptt, ttp, npc)
+    with pytest.raises(ValueError, match="weight"):
+        f((data, sf), g, w.T, ptt, ttp.T.contiguous(), npc)
+    with pytest.raises(TypeError, match="pos_to_token_topk"):
+        f((data, sf), g, w, ptt.long(), ttp, npc)
+    with pytest.raises(ValueError, match="pos_to_token_topk"):
+        f((data, sf), g, w, ptt[:3], ttp, npc)
+    with pytest.raises(ValueError, match="token_topk_to_pos"):
+        f((data, sf), g, w, ptt, ttp[:, :1], npc)
+    with pytest.raises(TypeError, match="token_topk_to_pos"):
+        f((data, sf), g, w, ptt, ttp.long(), npc)
+    with pytest.raises(ValueError, match="swiglu_clamp_value"):
+        f((data, sf), g, w, ptt, ttp, npc, swiglu_clamp_value=-0.5)
+    with pytest.raises(TypeError, match="round_sf"):
+        f((data, sf), g, w, ptt, ttp, npc, round_sf=None)

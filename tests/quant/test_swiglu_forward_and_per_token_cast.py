@@ -1,0 +1,257 @@
+"""swiglu_forward_and_per_token_cast vs ``cast(swiglu_forward(...))``, bitwise (spec/quant.md §3.8).
+
+The grid of TileKernels' test on the GPU (12 MoE configs x 6 H x pos_to_expert x weights x npc x
+sf configs x clamp, each for two num_sms values); on the CPU the same flag structure on two small
+(MoE config, H) pairs, H = 384 giving a masked chunk (packed) and a non-power-of-two npc = H.
+Differences from TileKernels' test, all stricter: padding rows (pos_to_expert < 0) are compared
+without masking (tritile defines them as all-zero activations) and hold random values in x, so a
+kernel that read them would fail; clamped_count starts non-zero (it must accumulate) and is checked
+for npc = H too; packed sf is compared without clearing unused bytes (tritile writes zeros there).
+"""
+
+import pytest
+import torch
+
+from tritile.config import get_num_sms, set_num_sms
+from tritile.quant import swiglu_forward_and_per_token_cast
+from tritile.testing import assert_equal, pick
+from tritile.torch import swiglu_forward
+
+try:
+    from ._swiglu_utils import (MOE_CONFIGS, assert_codes_equal_nan_sign_free, moe_data, num_sms_values,
+                                ref_per_token_cast)
+except ImportError:
+    from _swiglu_utils import (MOE_CONFIGS, assert_codes_equal_nan_sign_free, moe_data, num_sms_values,
+                               ref_per_token_cast)
+
+SF_CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed), as TileKernels
+
+_CASES = pick(
+    cpu=[((6, 72, 8), 256), ((9, 256, 64), 384)],
+    gpu=[(moe, h // 2) for moe in MOE_CONFIGS for h in (2048, 2560, 3072, 4096, 6144, 7168)],
+)
+
+
+def _params():
+    out = []
+    for moe, hidden in _CASES:
+        for p2e in (True, False):
+            for weights in (True, False):
+                for npc in (128, hidden):
+                    for col, rnd, packed in SF_CONFIGS:
+                        if (packed and weights) or (col and npc == hidden and npc != 128):
+                            continue
+                        for clamp in (None, 10.0, 0.5):
+                            out.append((moe, hidden, p2e, weights, npc, col, rnd, packed, clamp))
+    return out
+
+
+def _id(p):
+    moe, hidden, p2e, weights, npc, col, rnd, packed, clamp = p
+    return f"k{moe[0]}-e{moe[1]}-ep{moe[2]}-h{hidden}-p2e{int(p2e)}-w{int(weights)}-npc{npc}-" \
+           f"c{int(col)}r{int(rnd)}p{int(packed)}-clamp{clamp}"
+
+
+def _run_ref(x, npc, ptt, w, clamp, counts, col, rnd, packed, clamp_min=None):
+    act = swiglu_forward(x, ptt, w, clamp, counts)
+    return ref_per_token_cast(act, npc, rnd, col, packed, clamp_min)
+
+
+@pytest.mark.parametrize("params", _params(), ids=_id)
+def test_swiglu_forward_and_per_token_cast(device, params):
+    moe, hidden, p2e, weights, npc, col, rnd, packed, clamp = params
+    d = moe_data(moe, hidden, 16, device)
+    x = d["x"]
+    pad = d["pos_to_expert"] < 0
+    x_ref = x
+    if p2e:
+        # padding rows hold garbage the kernel must ignore; the reference sees them as zeros
+        x = x.clone()
+        x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
+    ptt = d["pos_to_token_topk"] if weights else None
+    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
+    counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
+    ref_counts = counts0.clone() if clamp is not None else None
+    ref_out, ref_sf = _run_ref(x_ref, npc, ptt, w, clamp, ref_counts, col, rnd, packed)
+    old = get_num_sms()
+    try:
+        for num_sms in (num_sms_values() if clamp is not None else [old]):
+            set_num_sms(num_sms)
+            counts = counts0.clone() if clamp is not None else None
+            out, sf = swiglu_forward_and_per_token_cast(
+                x, "e4m3", npc, pos_to_token_topk=ptt, topk_weights=w,
+                pos_to_expert=d["pos_to_expert"] if p2e else None, use_tma_aligned_col_major_sf=col,
+                round_sf=rnd, use_packed_ue8m0=packed, swiglu_clamp_value=clamp, clamped_count=counts)
+            assert_equal(out, ref_out)
+            assert_equal(sf, ref_sf)
+            if clamp is not None:
+                assert_equal(counts, ref_counts)
+    finally:
+        set_num_sms(old)
+
+
+@pytest.mark.parametrize("col,rnd,packed", [(False, False, False), (True, False, False), (True, True, False)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_other_layouts_and_fp32(device, col, rnd, packed, x_dtype):
+    """sf layouts and rounding outside TileKernels' two configs; float32 x; routing weights with
+    negative indices mixed in."""
+    hidden = pick(cpu=384, gpu=3584)
+    d = moe_data((8, 256, 8), hidden, 16, device)
+    x = d["x"].to(x_dtype)
+    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device)
+    ref_out, ref_sf = _run_ref(x, 128, d["pos_to_token_topk"], w, 0.5, None, col, rnd, packed)
+    out, sf = swiglu_forward_and_per_token_cast(
+        x, "e4m3", 128, d["pos_to_token_topk"], w, d["pos_to_expert"], col, rnd, packed, 0.5)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize("npc_is_h", [False, True])
+@pytest.mark.parametrize("rnd", [False, True])
+def test_sf_clamp_min(device, npc_is_h, rnd):
+    hidden = pick(cpu=256, gpu=2048)
+    npc = hidden if npc_is_h else 128
+    x = torch.randn((pick(cpu=70, gpu=4001), 2 * hidden), dtype=torch.bfloat16, device=device)
+    x[:7] *= 1e-3  # amax below the custom clamp on these rows
+    x[7:9] = 0
+    for clamp_min in (1e-2, 3e-6):
+        ref_out, ref_sf = _run_ref(x, npc, None, None, None, None, False, rnd, False, clamp_min)
+        out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", npc, round_sf=rnd, sf_clamp_min=clamp_min)
+        assert_equal(out, ref_out)
+        assert_equal(sf, ref_sf)
+
+
+def test_strided_rows(device):
+    hidden = pick(cpu=256, gpu=3584)
+    big = torch.randn((pick(cpu=67, gpu=4001), 2 * hidden + 128), dtype=torch.bfloat16, device=device)
+    x = big[:, : 2 * hidden]
+    assert not x.is_contiguous()
+    for col, rnd, packed in SF_CONFIGS:
+        out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=col,
+                                                    round_sf=rnd, use_packed_ue8m0=packed, swiglu_clamp_value=0.5)
+        ref_out, ref_sf = swiglu_forward_and_per_token_cast(
+            x.contiguous(), "e4m3", 128, use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed,
+            swiglu_clamp_value=0.5)
+        assert_equal(out, ref_out)
+        assert_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize("col,rnd,packed,npc_is_h", [(c, r, p, h) for c, r, p in SF_CONFIGS + [(False, False, False)]
+                                                     for h in (False, True) if not (c and h)])
+def test_zero_rows(device, col, rnd, packed, npc_is_h):
+    hidden = 384
+    npc = hidden if npc_is_h else 128
+    x = torch.empty((0, 2 * hidden), dtype=torch.bfloat16, device=device)
+    counts = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
+    out, sf = swiglu_forward_and_per_token_cast(
+        x, "e4m3", npc, pos_to_token_topk=torch.empty(0, dtype=torch.int32, device=device),
+        topk_weights=torch.empty((0, 4), device=device), pos_to_expert=torch.empty(0, dtype=torch.int32, device=device),
+        use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed, swiglu_clamp_value=0.5,
+        clamped_count=counts)
+    ref_out, ref_sf = ref_per_token_cast(torch.empty((0, hidden), device=device), npc, rnd, col, packed)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+    assert counts.tolist() == [1, 2, 3]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in the interpreter
+@pytest.mark.parametrize("clamp", [None, 0.5])
+def test_non_finite(device, clamp):
+    """A group holding inf/NaN gets sf = +inf (UE8M0 0xFF); its finite elements encode as +-0 and its
+    non-finite ones as NaN; other groups are untouched."""
+    hidden = 256
+    x = torch.randn((9, 2 * hidden), dtype=torch.bfloat16, device=device)
+    x[1, 5] = float("inf")            # l = +inf: act = +-inf without a clamp
+    x[2, hidden + 130] = float("-inf")  # r = -inf
+    x[3, 200] = float("nan")           # l = NaN: act NaN
+    x[4, hidden + 7] = float("nan")    # r = NaN
+    for col, rnd, packed in SF_CONFIGS + [(False, False, False)]:
+        counts = torch.zeros(3, dtype=torch.int64, device=device) if clamp is not None else None
+        ref_counts = torch.zeros(3, dtype=torch.int64, device=device) if clamp is not None else None
+        out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=col, round_sf=rnd,
+                                                    use_packed_ue8m0=packed, swiglu_clamp_value=clamp,
+                                                    clamped_count=counts)
+        ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, col, rnd, packed)
+        assert_codes_equal_nan_sign_free(out, ref_out)
+        assert_equal(sf, ref_sf)
+        if clamp is not None:
+            assert_equal(counts, ref_counts)
+    # the rule itself, in the float row-major layout
+    out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, swiglu_clamp_value=clamp)
+    # with a clamp the infinities are clamped away; NaN stays NaN
+    bad = {(3, 1), (4, 0)} if clamp is not None else {(1, 0), (2, 1), (3, 1), (4, 0)}
+    for r, g in bad:
+        assert sf[r, g].item() == float("inf")
+        codes = out[r, g * 128:(g + 1) * 128].view(torch.uint8)
+        assert bool((((codes & 0x7F) == 0) | ((codes & 0x7F) == 0x7F)).all())
+        assert bool(((codes & 0x7F) == 0x7F).any())
+    for r in range(sf.shape[0]):
+        for g in range(sf.shape[1]):
+            if (r, g) not in bad:
+                assert sf[r, g].item() != float("inf"), (r, g)
+
+
+def test_bad_inputs(device):
+    H = 128
+    x = torch.randn((8, 2 * H), dtype=torch.bfloat16, device=device)
+    i32 = torch.zeros(8, dtype=torch.int32, device=device)
+    w = torch.rand((4, 2), device=device)
+    f = swiglu_forward_and_per_token_cast
+    with pytest.raises(TypeError, match="x"):
+        f(x.half(), "e4m3", 128)
+    with pytest.raises(TypeError, match="x"):
+        f(x.tolist(), "e4m3", 128)
+    with pytest.raises(ValueError, match="x"):
+        f(x[:, :200], "e4m3", 128)
+    with pytest.raises(ValueError, match="x"):
+        f(x[0], "e4m3", 128)
+    with pytest.raises(ValueError, match="x"):
+        f(x[:, :0], "e4m3", 128)
+    with pytest.raises(ValueError, match="x"):
+        f(torch.randn((2 * H, 8), dtype=torch.bfloat16, device=device).T, "e4m3", 128)
+    with pytest.raises(ValueError, match="fmt"):
+        f(x, "e2m1", 128)
+    with pytest.raises(ValueError, match="num_per_channels"):
+        f(x, "e4m3", 64)
+    with pytest.raises(TypeError, match="num_per_channels"):
+        f(x, "e4m3", 128.0)
+    x2 = torch.randn((8, 512), dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="use_tma_aligned_col_major_sf"):
+        f(x2, "e4m3", 256, use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):
+        f(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True)
+    with pytest.raises(ValueError, match="round_sf"):
+        f(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    with pytest.raises(ValueError, match="topk_weights"):
+        f(x, "e4m3", 128, pos_to_token_topk=i32)
+    with pytest.raises(ValueError, match="pos_to_token_topk"):
+        f(x, "e4m3", 128, topk_weights=w)
+    with pytest.raises(TypeError, match="pos_to_token_topk"):
+        f(x, "e4m3", 128, pos_to_token_topk=i32.long(), topk_weights=w)
+    with pytest.raises(ValueError, match="pos_to_token_topk"):
+        f(x, "e4m3", 128, pos_to_token_topk=i32[:5], topk_weights=w)
+    with pytest.raises(TypeError, match="topk_weights"):
+        f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.double())
+    with pytest.raises(ValueError, match="topk_weights"):
+        f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.T)
+    with pytest.raises(TypeError, match="pos_to_expert"):
+        f(x, "e4m3", 128, pos_to_expert=i32.float())
+    with pytest.raises(ValueError, match="pos_to_expert"):
+        f(x, "e4m3", 128, pos_to_expert=i32[:3])
+    cnt = torch.zeros(3, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="clamped_count"):
+        f(x, "e4m3", 128, clamped_count=cnt)
+    with pytest.raises(TypeError, match="clamped_count"):
+        f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=cnt.int())
+    with pytest.raises(ValueError, match="clamped_count"):
+        f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=torch.zeros(4, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="swiglu_clamp_value"):
+        f(x, "e4m3", 128, swiglu_clamp_value=-1.0)
+    with pytest.raises(ValueError, match="swiglu_clamp_value"):
+        f(x, "e4m3", 128, swiglu_clamp_value=float("nan"))
+    with pytest.raises(TypeError, match="swiglu_clamp_value"):
+        f(x, "e4m3", 128, swiglu_clamp_value="1")
+    with pytest.raises(ValueError, match="sf_clamp_min"):
+        f(x, "e4m3", 128, sf_clamp_min=0.0)
+    with pytest.raises(TypeError, match="round_sf"):
+        f(x, "e4m3", 128, round_sf=1)

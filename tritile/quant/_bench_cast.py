@@ -1,0 +1,128 @@
+"""Benchmark registrations: per_token_cast, per_block_cast, cast_back (per-token and block).
+
+GPU: TileKernels' anchor shapes (8001 x 7168); CPU: small shapes (a correctness pass only).
+Bytes as TileKernels counts them: every input read once (a QuantTensor counts data + sf), every output
+written once, sf by its logical elements.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes
+
+from .cast_back_kernel import cast_back, per_token_cast_back
+from .per_block_cast_kernel import per_block_cast
+from .per_token_cast_kernel import per_token_cast
+
+_M = "quant"
+_PACKED = (True, True, True)  # (col_major, round_sf, packed)
+_ROUND = (False, True, False)
+
+
+def _shape(device):
+    return (8001, 7168) if device.type == "cuda" else (33, 576)
+
+
+def _dense(t):
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _check_pair(out, ref):
+    assert_equal(out[0], ref[0])
+    assert out[1].shape == ref[1].shape and out[1].stride() == ref[1].stride()
+    assert_equal(_dense(out[1]), _dense(ref[1]))  # tritile and the reference both zero unused UE8M0 bytes
+
+
+def _anchor(device, kernel, **params):
+    return (kernel, params) if device.type == "cuda" else None
+
+
+@register(_M, "per_token_cast")
+def _per_token_cases(device, quick):
+    from tritile.torch.cast import cast
+
+    m, k = _shape(device)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    col, rnd, packed = _PACKED
+    out = per_token_cast(x, "e4m3", 128, None, col, rnd, packed)
+    yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="bf16", fmt="e4m3", npc=128, packed=True),
+               fn=lambda: per_token_cast(x, "e4m3", 128, None, col, rnd, packed),
+               ref=lambda: cast(x, "e4m3", (1, 128), round_sf=rnd, use_tma_aligned_col_major_sf=col,
+                                use_packed_ue8m0=packed),
+               check=_check_pair, nbytes=count_bytes(x, out),
+               anchor=_anchor(device, "per_token_cast", fmt="e4m3", hidden=k, in_dtype="bf16", num_per_channels=128,
+                              num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
+                              x_block_size=None))
+    # FP4 QuantTensor input (32x32 packed UE8M0 scales) -> FP4 per-token packed
+    qx = cast(x, "e2m1", (32, 32), round_sf=rnd, use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed)
+    out = per_token_cast(qx, "e2m1", 128, (32, 32), col, rnd, packed)
+    yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="e2m1", fmt="e2m1", npc=128, x_block_size=(32, 32),
+                           packed=True),
+               fn=lambda: per_token_cast(qx, "e2m1", 128, (32, 32), col, rnd, packed),
+               ref=lambda: cast(qx, "e2m1", (1, 128), x_block_size=(32, 32), round_sf=rnd,
+                                use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed),
+               check=_check_pair, nbytes=count_bytes(qx, out),
+               anchor=_anchor(device, "per_token_cast", fmt="e2m1", hidden=k, in_dtype="e2m1", num_per_channels=128,
+                              num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
+                              x_block_size=[32, 32]))
+    if quick:
+        return
+    # not anchored: bf16 -> FP4 packed, and one group per row (npc == K)
+    for fmt, npc in (("e2m1", 128), ("e4m3", k)):
+        out = per_token_cast(x, fmt, npc, None, col, rnd, packed)
+        yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="bf16", fmt=fmt, npc=npc, packed=True),
+                   fn=lambda fmt=fmt, npc=npc: per_token_cast(x, fmt, npc, None, col, rnd, packed),
+                   ref=lambda fmt=fmt, npc=npc: cast(x, fmt, (1, npc), round_sf=rnd, use_tma_aligned_col_major_sf=col,
+                                                     use_packed_ue8m0=packed),
+                   check=_check_pair, nbytes=count_bytes(x, out))
+
+
+@register(_M, "per_block_cast")
+def _per_block_cases(device, quick):
+    from tritile.torch.cast import cast
+
+    m, k = _shape(device)
+    cases = [((128, 128), "e4m3", torch.bfloat16, _ROUND), ((32, 32), "e2m1", torch.float32, _PACKED)]
+    for block, fmt, dtype, (col, rnd, packed) in cases[:1] if quick else cases:
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        out = per_block_cast(x, fmt, block, col, rnd, packed)
+        dname = "bf16" if dtype == torch.bfloat16 else "fp32"
+        yield Case(params=dict(num_tokens=m, hidden=k, in_dtype=dname, fmt=fmt, block=block, packed=packed),
+                   fn=lambda x=x, block=block, fmt=fmt, c=(col, rnd, packed): per_block_cast(x, fmt, block, *c),
+                   ref=lambda x=x, block=block, fmt=fmt, c=(col, rnd, packed): cast(
+                       x, fmt, block, round_sf=c[1], use_tma_aligned_col_major_sf=c[0], use_packed_ue8m0=c[2]),
+                   check=_check_pair, nbytes=count_bytes(x, out),
+                   anchor=_anchor(device, "per_block_cast", block_size=list(block), fmt=fmt, hidden=k, in_dtype=dname,
+                                  num_tokens=m, round_sf=rnd, use_packed_ue8m0=packed,
+                                  use_tma_aligned_col_major_sf=col))
+        del out
+
+
+@register(_M, "per_token_cast_back")
+def _cast_back_per_token_cases(device, quick):
+    from tritile.torch.cast import cast
+    from tritile.torch.cast import cast_back as cast_back_ref
+
+    m, k = _shape(device)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    q = cast(x, "e4m3", (1, 128), round_sf=True)
+    back = per_token_cast_back(q, "bf16", 128)
+    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", npc=128, out="bf16"),
+               fn=lambda: per_token_cast_back(q, "bf16", 128), ref=lambda: cast_back_ref(q, "bf16", (1, 128)),
+               check=assert_equal, nbytes=count_bytes(back, q),
+               anchor=_anchor(device, "cast_back_per_token", fmt="e4m3", hidden=k, num_per_channels=128, num_tokens=m,
+                              out_dtype="bf16", round_sf=True, use_packed_ue8m0=False,
+                              use_tma_aligned_col_major_sf=False))
+    if quick:
+        return
+    # not anchored: FP4 packed per-token -> bf16, and 128x128 e4m3 blocks -> fp32
+    q4 = cast(x, "e2m1", (1, 32), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e2m1", npc=32, out="bf16", packed=True),
+               fn=lambda: per_token_cast_back(q4, "bf16", 32), ref=lambda: cast_back_ref(q4, "bf16", (1, 32)),
+               check=assert_equal, nbytes=count_bytes(back, q4))
+    qb = cast(x, "e4m3", (128, 128))
+    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", block=(128, 128), out="fp32"),
+               fn=lambda: cast_back(qb, "fp32", (128, 128)), ref=lambda: cast_back_ref(qb, "fp32", (128, 128)),
+               check=assert_equal, nbytes=count_bytes(back.float(), qb))

@@ -1,0 +1,105 @@
+"""Benchmark registrations of the per-channel casts: per_channel_cast, per_channel_cast_fused,
+per_channel_cast_and_transpose.
+
+GPU: TileKernels' anchor shapes (plus a gathered and an FP8-input case of the fused cast, without an
+anchor); CPU: small shapes (a correctness pass only).  Bytes as TileKernels counts them: every input
+read once (a QuantTensor counts data + sf), every output written once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes
+
+from .per_channel_cast_and_transpose_kernel import per_channel_cast_and_transpose
+from .per_channel_cast_fused_kernel import per_channel_cast_fused
+from .per_channel_cast_kernel import per_channel_cast
+
+_M = "quant"
+
+
+def _check_pair(out, ref):
+    assert_equal(out[0], ref[0])
+    assert_equal(out[1], ref[1])
+
+
+def _ref_fused(x, round_sf, npc=None, pos=None):
+    from tritile.torch.per_channel_cast_fused import per_channel_cast_fused as ref
+
+    return ref(x, 128, npc, round_sf, pos)
+
+
+@register(_M, "per_channel_cast")
+def _per_channel_cast_cases(device, quick):
+    gpu = device.type == "cuda"
+    m, k = (4096, 7168) if gpu else (256, 576)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    for rnd in (False,) if quick else (False, True):
+        out = per_channel_cast(x, "e4m3", 128, rnd)
+        yield Case(params=dict(num_tokens=m, hidden=k, dtype="bf16", round_sf=rnd),
+                   fn=lambda rnd=rnd: per_channel_cast(x, "e4m3", 128, rnd),
+                   ref=lambda rnd=rnd: _ref_fused(x, rnd), check=_check_pair, nbytes=count_bytes(x, out),
+                   anchor=("per_channel_cast", dict(dtype="bf16", hidden=k, num_per_tokens=128, num_tokens=m,
+                                                    round_sf=rnd)) if gpu else None)
+        del out
+
+
+@register(_M, "per_channel_cast_fused")
+def _per_channel_cast_fused_cases(device, quick):
+    gpu = device.type == "cuda"
+    n, k = (4096, 7168) if gpu else (256, 512)
+    g = torch.Generator(device=device)
+    g.manual_seed(0)
+    x = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    # anchor: plain input, no map
+    out = per_channel_cast_fused(x, "e4m3", 128)
+    yield Case(params=dict(num_tokens=n, hidden=k, fused_cast_back=False, gather=False, round_sf=False),
+               fn=lambda: per_channel_cast_fused(x, "e4m3", 128), ref=lambda: _ref_fused(x, False),
+               check=_check_pair, nbytes=count_bytes(x, out),
+               anchor=("per_channel_cast_fused", dict(hidden=k, is_fused_cast_back=False, num_ep_ranks=0,
+                                                      num_experts=0, num_per_channels=128, num_per_tokens=128,
+                                                      num_tokens=n, num_topk=0, round_sf=False)) if gpu else None)
+    del out
+    if quick:
+        return
+    # FP8 input with per-token (1 x 128) scales, gathered through a map with ~10% padding rows
+    amax = x.float().reshape(n, k // 128, 128).abs().amax(dim=2).clamp_min(1e-4)
+    sf_in = amax / torch.full_like(amax, 448.0)
+    q = (x.float() / sf_in.repeat_interleave(128, dim=1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    xq = (q, sf_in)
+    mo = 2 * n
+    pos = torch.randint(0, n, (mo,), device=device, generator=g, dtype=torch.int32)
+    pos[torch.rand(mo, device=device, generator=g) < 0.1] = -1
+    for inp, npc, name in ((x, None, False), (xq, 128, True)):
+        out = per_channel_cast_fused(inp, "e4m3", 128, False, npc, pos)
+        yield Case(params=dict(num_tokens=mo, hidden=k, fused_cast_back=name, gather=True, round_sf=False),
+                   fn=lambda inp=inp, npc=npc: per_channel_cast_fused(inp, "e4m3", 128, False, npc, pos),
+                   ref=lambda inp=inp, npc=npc: _ref_fused(inp, False, npc, pos), check=_check_pair,
+                   nbytes=count_bytes(inp, pos, out))
+        del out
+
+
+@register(_M, "per_channel_cast_and_transpose")
+def _per_channel_cast_and_transpose_cases(device, quick):
+    from tritile.torch.per_channel_cast_fused import per_channel_cast_values
+
+    gpu = device.type == "cuda"
+    m, k = (8064, 7168) if gpu else (256, 576)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+
+    def ref(npt, rnd):
+        o, s = per_channel_cast_values(x.float(), npt, rnd)
+        return o.T.contiguous(), s
+
+    for npt in (128,) if quick else (128, 32):
+        for rnd in (False,) if quick else (False, True):
+            out = per_channel_cast_and_transpose(x, "e4m3", npt, rnd)
+            yield Case(params=dict(num_tokens=m, hidden=k, dtype="bf16", num_per_tokens=npt, round_sf=rnd),
+                       fn=lambda npt=npt, rnd=rnd: per_channel_cast_and_transpose(x, "e4m3", npt, rnd),
+                       ref=lambda npt=npt, rnd=rnd: ref(npt, rnd), check=_check_pair, nbytes=count_bytes(x, out),
+                       anchor=("per_channel_cast_and_transpose",
+                               dict(dtype="bf16", hidden=k, num_per_channels=npt, num_tokens=m, round_sf=rnd))
+                       if gpu else None)
+            del out

@@ -1,0 +1,174 @@
+"""Benchmark registrations of the fused SwiGLU casts: swiglu_forward_and_per_token_cast,
+swiglu_backward_and_per_token_cast, swiglu_forward_and_per_channel_cast_and_transpose.
+
+GPU: TileKernels' anchor shapes; CPU: small shapes (a correctness pass only).  Bytes as TileKernels
+counts them: every input read once (a QuantTensor counts data + sf), every output written once.
+
+The MoE data is built as TileKernels' test generator does (bf16 ``rand`` scores of
+``num_send_tokens * ep`` rows, top-k, non-local experts -> -1, rows with no local expert dropped),
+then cut to the anchor's token count exactly, and mapped with a plain-torch fused mapping in the
+canonical order (stable by ``t*K + k`` inside each expert, segments aligned, padding rows -1/zero).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes
+
+from .swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
+from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
+    swiglu_forward_and_per_channel_cast_and_transpose
+from .swiglu_forward_and_per_token_cast_kernel import swiglu_forward_and_per_token_cast
+
+_M = "quant"
+
+
+def _topk_idx(num_tokens, num_topk, num_experts, num_ep_ranks, device):
+    """int64 ``(num_tokens, K)`` local expert ids (-1 = elsewhere), every row with one local id."""
+    total = num_experts * num_ep_ranks
+    rows = []
+    have = 0
+    g = torch.Generator(device=device)
+    g.manual_seed(0)
+    while have < num_tokens:
+        n = max(1024, 2 * (num_tokens - have) * max(1, total // (num_topk * num_experts)))
+        scores = torch.rand((n, total), device=device, generator=g).to(torch.bfloat16)
+        idx = scores.topk(num_topk, dim=1, sorted=False).indices
+        idx = torch.where(idx < num_experts, idx, torch.full_like(idx, -1))
+        idx = idx[(idx >= 0).any(dim=1)]
+        rows.append(idx)
+        have += idx.shape[0]
+    return torch.cat(rows)[:num_tokens].contiguous()
+
+
+def _fused_maps(topk_idx, num_experts, alignment):
+    """(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), canonical order."""
+    dev = topk_idx.device
+    T, K = topk_idx.shape
+    flat = topk_idx.reshape(-1)
+    slots = torch.nonzero(flat >= 0).flatten()
+    experts = flat[slots]
+    order = torch.sort(experts, stable=True).indices
+    slots, experts = slots[order], experts[order]
+    counts = torch.bincount(experts, minlength=num_experts)
+    aligned = (counts + alignment - 1) // alignment * alignment
+    start = torch.cumsum(aligned, 0) - aligned
+    first = torch.cumsum(counts, 0) - counts
+    pos = start[experts] + torch.arange(slots.numel(), device=dev) - first[experts]
+    n = int(aligned.sum())
+    p2e = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    p2t = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    p2tk = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    tk2p = torch.full((T * K,), -1, dtype=torch.int32, device=dev)
+    p2e[pos] = experts.to(torch.int32)
+    p2t[pos] = (slots // K).to(torch.int32)
+    p2tk[pos] = slots.to(torch.int32)
+    tk2p[slots] = pos.to(torch.int32)
+    return p2e, p2t, p2tk, tk2p.reshape(T, K)
+
+
+def _expand(x, p2t):
+    out = torch.zeros((p2t.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+    ok = p2t >= 0
+    out[ok] = x[p2t[ok].long()]
+    return out
+
+
+def _moe(device, num_tokens, num_topk, num_experts, num_ep_ranks, hidden, alignment):
+    topk_idx = _topk_idx(num_tokens, num_topk, num_experts, num_ep_ranks, device)
+    p2e, p2t, p2tk, tk2p = _fused_maps(topk_idx, num_experts, alignment)
+    x = _expand(torch.randn((num_tokens, 2 * hidden), dtype=torch.bfloat16, device=device), p2t)
+    return x, p2e, p2tk, tk2p
+
+
+def _check_pair(out, ref):
+    assert_equal(out[0], ref[0])
+    assert_equal(out[1], ref[1])
+
+
+@register(_M, "swiglu_forward_and_per_token_cast")
+def _fwd_cases(device, quick):
+    from tritile.torch import cast, swiglu_forward
+
+    gpu = device.type == "cuda"
+    T, K, E, ep, H = (36077, 9, 4, 64, 3584) if gpu else (37, 9, 4, 64, 256)
+    x, p2e, p2tk, tk2p = _moe(device, T, K, E, ep, H, 16)
+    counts = torch.zeros(3, dtype=torch.int64, device=device)
+    kw = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True, swiglu_clamp_value=0.5)
+
+    def fn():
+        return swiglu_forward_and_per_token_cast(x, "e4m3", 128, clamped_count=counts, **kw)
+
+    def ref():
+        return cast(swiglu_forward(x, swiglu_clamp_value=0.5), "e4m3", (1, 128), round_sf=True,
+                    use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+
+    out = fn()
+    params = dict(enable_pos_to_expert=False, hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=128,
+                  num_tokens=T, num_topk=K, round_sf=True, swiglu_clamp_value=0.5, use_packed_ue8m0=True,
+                  use_tma_aligned_col_major_sf=True, with_weights=False)
+    yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, ref=ref, check=_check_pair,
+               nbytes=count_bytes(x, out), anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None)
+    del out
+
+
+@register(_M, "swiglu_backward_and_per_token_cast")
+def _bwd_cases(device, quick):
+    from tritile.torch import cast, swiglu_backward
+
+    gpu = device.type == "cuda"
+    T, K, E, ep, H, npc = (36207, 9, 4, 64, 7168, 128) if gpu else (37, 9, 4, 64, 256, 128)
+    x, p2e, p2tk, tk2p = _moe(device, T, K, E, ep, H, npc)
+    xq = cast(x, "e4m3", (1, npc))
+    del x
+    w = torch.rand((T, K), device=device)
+    g = torch.randn((xq[0].shape[0], H), dtype=torch.bfloat16, device=device)
+
+    def fn():
+        return swiglu_backward_and_per_token_cast(xq, g, w, p2tk, tk2p, npc, round_sf=True, swiglu_clamp_value=0.5)
+
+    def ref():
+        out, xg, wg = swiglu_backward(xq, g, w, p2tk, tk2p, npc, swiglu_clamp_value=0.5)
+        return out.bfloat16(), cast(xg, "e4m3", (1, npc), round_sf=True), xg.bfloat16(), wg
+
+    def check(o, r):
+        assert_equal(o[0], r[0])
+        _check_pair(o[1], r[1])
+        assert_equal(o[2], r[2])
+        torch.testing.assert_close(o[3], r[3], atol=1e-4, rtol=1e-4)
+
+    res = fn()
+    params = dict(hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=npc, num_tokens=T, num_topk=K,
+                  round_sf=True, swiglu_clamp_value=0.5)
+    yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, ref=ref, check=check,
+               nbytes=count_bytes(xq, g, w, p2tk, tk2p, res),
+               anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None)
+    del res
+
+
+@register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")
+def _channel_cases(device, quick):
+    from tritile.torch import cast, swiglu_forward
+
+    gpu = device.type == "cuda"
+    M, H = (4096, 7168) if gpu else (256, 192)
+    x = torch.randn((M, 2 * H), dtype=torch.bfloat16, device=device)
+    for without_transpose in (True,) if quick else (True, False):
+        def fn(wt=without_transpose):
+            return swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 32, round_sf=True,
+                                                                     without_transpose=wt)
+
+        def ref(wt=without_transpose):
+            out, sf = cast(swiglu_forward(x).bfloat16(), "e4m3", (32, 1), round_sf=True)
+            return (out if wt else out.T.contiguous()), sf
+
+        out = fn()
+        params = dict(hidden=H, num_per_tokens=32, num_tokens=M, round_sf=True, swiglu_clamp_value=None,
+                      without_transpose=without_transpose)
+        yield Case(params=params, fn=fn, ref=ref, check=_check_pair, nbytes=count_bytes(x, out),
+                   label=f"without_transpose={without_transpose}",
+                   anchor=("swiglu_forward_and_per_channel_cast_and_transpose", params)
+                   if gpu and without_transpose else None)
+        del out

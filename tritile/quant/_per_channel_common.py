@@ -1,0 +1,126 @@
+"""Shared pieces of the per-channel e4m3 casts (scale blocks of ``NPT`` rows x 1 column).
+
+Used by ``per_channel_cast_fused_kernel`` (and its wrapper ``per_channel_cast_kernel``),
+``per_channel_cast_and_transpose_kernel`` and the SwiGLU per-channel cast.  A kernel loads a
+float32 tile ``x [BM, BK]`` (``BM`` rows, a multiple of ``NPT``; ``BK`` columns), with every element
+outside the tensor (rows past M, columns past K, padding rows) loaded as ``0``, then calls
+:func:`per_channel_quant_tile`, which returns the e4m3 codes of the tile and the scales of its
+``BM // NPT`` row groups::
+
+    codes, sf = per_channel_quant_tile(x, NPT, ROUND_SF)    # uint8 [BM, BK], float32 [BM // NPT, BK]
+    tl.store(out_u8 + ..., codes, mask=...)                 # or tl.trans(codes) for a transposed output
+    tl.store(sf_ptr + ..., sf, mask=...)
+
+Semantics (``spec/quant.md`` §2.2, e4m3, CLAMP 1e-4, MAX 448), per column ``k`` of each group::
+
+    amax   = max |x[:, k]|              (NaN counts as +inf; zero padding never raises it)
+    sf, sf_inv = quant_scale(amax, 1e-4, 448, ROUND_SF)
+    code   = e4m3(f32(x * sf_inv))       (RNE, saturating; one multiply, no FMA)
+
+A column group holding +-inf or NaN gets ``sf = +inf`` and ``sf_inv = 0``: finite elements encode
+as +-0, non-finite ones as NaN (``0x7F | sign(x)``; the sign is taken from ``x``, not from the NaN
+product, whose sign differs between backends), so the group dequantizes to NaN, loudly.
+
+GPU note (measured with ptxas for sm90): a tile with several row groups (``BM > NPT``) compiles its
+grouped reduction into very long code that spills; on GPUs use ``BM == NPT`` tiles (or stream one
+group in row chunks with :func:`column_amax` / :func:`per_channel_scale` / :func:`per_channel_encode`).
+A ``[NPT, BK]`` tile with about 64 elements per thread needs ~95 registers and no spills.
+
+The host helper :func:`per_channel_launch_config` is the deterministic launch rule shared by the
+per-channel kernels (bigger tiles under the interpreter).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import triton
+import triton.language as tl
+
+from ..language import f32_to_e4m3_bits, quant_scale
+from ..runtime import is_interpreter
+from ..utils import next_power_of_two
+
+__all__ = ["E4M3_MAX", "E4M3_CLAMP", "column_amax", "per_channel_scale", "per_channel_encode",
+           "per_channel_quant_tile", "TileConfig", "per_channel_launch_config"]
+
+#: e4m3 largest finite value and amax clamp (spec §2.2).
+E4M3_MAX = tl.constexpr(448.0)
+E4M3_CLAMP = tl.constexpr(1e-4)
+
+
+@triton.jit
+def column_amax(x, NPT: tl.constexpr):
+    """Max |x| per column over each group of ``NPT`` rows: ``[BM, BK] -> [BM // NPT, BK]`` (float32).
+
+    NaN counts as +inf (``tl.maximum`` would otherwise drop or keep it depending on the backend)."""
+    BM: tl.constexpr = x.shape[0]
+    BK: tl.constexpr = x.shape[1]
+    ax = tl.where(x == x, tl.abs(x), float("inf"))
+    if NPT == BM:
+        return tl.reshape(tl.max(ax, axis=0), (1, BK))
+    else:
+        return tl.max(tl.reshape(ax, (BM // NPT, NPT, BK)), axis=1)
+
+
+@triton.jit
+def per_channel_scale(amax, ROUND_SF: tl.constexpr):
+    """``(sf, sf_inv)`` of e4m3 blocks from their float32 ``amax`` (any shape; spec §2.2)."""
+    return quant_scale(amax, E4M3_CLAMP, E4M3_MAX, ROUND_SF)
+
+
+@triton.jit
+def per_channel_encode(x, sf_inv, NPT: tl.constexpr):
+    """e4m3 codes (uint8 ``[BM, BK]``) of ``x [BM, BK]`` scaled by ``sf_inv [BM // NPT, BK]`` (row group
+    ``g`` scales rows ``g*NPT .. g*NPT+NPT-1``); a NaN product takes x's sign."""
+    BM: tl.constexpr = x.shape[0]
+    BK: tl.constexpr = x.shape[1]
+    if NPT >= BM:
+        v = x * sf_inv  # [1, BK] broadcasts over the rows
+    else:
+        v = tl.reshape(tl.reshape(x, (BM // NPT, NPT, BK)) * tl.reshape(sf_inv, (BM // NPT, 1, BK)), (BM, BK))
+    # a NaN product takes x's sign (backends disagree on the sign of inf*0 and of NaN*y)
+    nan_code = (((x.to(tl.int32, bitcast=True) >> 24) & 0x80) | 0x7F).to(tl.uint8)
+    return tl.where(v != v, nan_code, f32_to_e4m3_bits(v))
+
+
+@triton.jit
+def per_channel_quant_tile(x, NPT: tl.constexpr, ROUND_SF: tl.constexpr):
+    """e4m3 per-channel cast of a float32 tile ``x [BM, BK]`` with scale blocks of ``NPT x 1``.
+
+    ``BM`` must be a multiple of ``NPT``; elements outside the tensor must be 0 in ``x``.
+    Returns ``(codes, sf)``: uint8 e4m3 codes ``[BM, BK]`` and float32 dequant scales
+    ``[BM // NPT, BK]`` (row ``g`` = rows ``g*NPT .. g*NPT+NPT-1`` of the tile).
+
+    A tile taller than a few dozen rows holds many registers; kernels may instead stream a block in
+    row chunks: ``amax = max(column_amax(chunk, CHUNK))`` over the chunks, then
+    ``per_channel_scale(amax)``, then ``per_channel_encode(chunk, sf_inv, CHUNK)`` per chunk (a second
+    read of the block, from L2)."""
+    amax = column_amax(x, NPT)
+    sf, sf_inv = per_channel_scale(amax, ROUND_SF)
+    return per_channel_encode(x, sf_inv, NPT), sf
+
+
+class TileConfig(NamedTuple):
+    block_m: int
+    block_k: int
+    num_warps: int
+    rows_per_step: int
+
+
+def per_channel_launch_config(num_rows: int, hidden: int, npt: int, *, k_multiple: int = 1) -> TileConfig:
+    """Tile ``[block_m, block_k]``, warps and rows per step for a per-channel cast of ``(num_rows, hidden)``.
+
+    ``block_m`` is a multiple of ``npt``; ``block_k`` a power of two and a multiple of ``k_multiple``
+    (128 when a tile must hold whole 128-column input-scale groups).  ``rows_per_step`` < ``block_m``
+    asks a kernel that supports it to stream the block in row chunks (two passes, few registers).
+    GPU (untuned first guess, see the kernels' ``config`` hooks): ``[128, 128]`` blocks streamed in
+    32-row steps by 4 warps.  Interpreter: one block as wide as the row (up to 1024 columns), one pass,
+    so a grid has few programs.
+    """
+    bm = max(128, npt)
+    if is_interpreter():
+        bk = min(max(next_power_of_two(hidden), 16), 1024)
+        return TileConfig(bm, max(bk, k_multiple), 4, bm)
+    bk = max(128, k_multiple)
+    return TileConfig(bm, bk, 4, 32)

@@ -1,0 +1,135 @@
+"""Dequantize e4m3 / FP4 QuantTensors to bf16 / fp32 (``tile_kernels.quant.cast_back_kernel``).
+
+``out[i, j] = cast_out(f32(decode(q[i, j]) * sf[i // bm, j // bk]))`` with bf16 rounded to nearest even.
+The sf may be in any layout: float32 of any strides, or packed UE8M0 int32 (the dtype decides; byte
+``k % 4`` of word ``k // 4``, ``2^(e-127)``, e = 0 decodes to 0.0).  The tile loader is the one the block
+casts use (``per_token_cast_kernel._load_tile``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import f32_to_bf16_bits
+from ..runtime import check_choice, custom_op, empty, is_interpreter
+from ..utils import ceil_div, next_power_of_two
+from .per_token_cast_kernel import _IN_KIND, _data_view, _load_tile, _parse_input
+from .types import QuantTensor
+
+__all__ = ["cast_back", "per_token_cast_back"]
+
+
+@triton.jit
+def _cast_back_kernel(
+    x_ptr, xsf_ptr, out_ptr,
+    M, K, num_xsf_k, stride_xm, stride_xsf_m, stride_xsf_k, stride_om,
+    IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
+):
+    """Program ``(pm, pk)``: rows ``pm*BLOCK_M ..``, chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K columns."""
+    pm = tl.program_id(0).to(tl.int64)
+    pk = tl.program_id(1).to(tl.int64)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < M
+    for i in range(0, CHUNKS_PER_PROG):
+        col0 = (pk * CHUNKS_PER_PROG + i) * BLOCK_K
+        v = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
+                       BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = row_ok[:, None] & (cols < K)[None, :]
+        ptr = out_ptr + rows[:, None] * stride_om + cols[None, :]
+        if OUT_BF16:
+            tl.store(ptr, f32_to_bf16_bits(v), mask=m)
+        else:
+            tl.store(ptr, v, mask=m)
+
+
+def _config(m: int, k: int):
+    """(BLOCK_M, BLOCK_K, chunks per program, num_warps).  GPU: 4 rows x 1024 columns per tile, every
+    chunk of a row block in one program; interpreter: big tiles, few programs."""
+    if is_interpreter():
+        bm, bk = min(next_power_of_two(m), 64), min(next_power_of_two(k), 2048)
+        return bm, bk, ceil_div(k, bk), 4
+    bm, bk = 4, 1024
+    return bm, bk, ceil_div(k, bk), 4
+
+
+def cast_back(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int],
+              x_special_fmt: Optional[str] = None) -> torch.Tensor:
+    """Dequantize ``x = (data, sf)`` to ``fmt``.
+
+    Args:
+        x: data float8_e4m3fn ``(M, K)`` or int8 FP4 ``(M, K/2)`` (two codes per byte, even element in the
+            low nibble; rows may be strided), and sf float32 ``(ceil(M/bm), ceil(K/bk))`` in any strides or
+            packed UE8M0 int32 ``(ceil(M/bm), ceil(ceil(K/bk)/4))``.  With ``x_special_fmt='e5m6'``: data
+            uint8 ``(M, K*3/2)`` (dispatches to ``cast_back_e5m6``).
+        fmt: ``'bf16'`` or ``'fp32'``: the output dtype.
+        x_block_size: ``(bm, bk)``, the scale block of sf.
+        x_special_fmt: None or ``'e5m6'``.
+
+    Returns:
+        ``(M, K)`` bfloat16 (RNE) or float32, contiguous.
+    """
+    check_choice("fmt", fmt, ("bf16", "fp32"))
+    check_choice("x_special_fmt", x_special_fmt, (None, "e5m6"))
+    if x_special_fmt == "e5m6":
+        from .cast_back_e5m6_kernel import cast_back_e5m6
+
+        return cast_back_e5m6(x, fmt, x_block_size)
+    if not isinstance(x, (tuple, list)):
+        raise TypeError(f"x must be a QuantTensor (data, sf), got {type(x).__name__}")
+    data, info, in_kind, m, k, xbs = _parse_input("x", x, x_block_size)
+    return _cast_back_op(data, info.tensor, fmt, xbs[0], xbs[1])
+
+
+def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xbk: int) -> torch.Tensor:
+    m = data.shape[0]
+    k = data.shape[1] * 2 if data.dtype == torch.int8 else data.shape[1]
+    out = empty((m, k), torch.bfloat16 if fmt == "bf16" else torch.float32, data.device)
+    if m == 0 or k == 0:
+        return out
+    BLOCK_M, BLOCK_K, cpp, warps = _config(m, k)
+    xv = _data_view(data)
+    outv = out.view(torch.int16) if fmt == "bf16" else out
+    grid = (ceil_div(m, BLOCK_M), ceil_div(ceil_div(k, BLOCK_K), cpp))
+    _cast_back_kernel[grid](
+        xv, sf, outv, m, k, ceil_div(k, xbk), xv.stride(0), sf.stride(0), sf.stride(1), outv.stride(0),
+        IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
+        BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, num_warps=warps,
+    )
+    return out
+
+
+def _cast_back_fake(data, sf, fmt, xbm, xbk):
+    k = data.shape[1] * 2 if data.dtype == torch.int8 else data.shape[1]
+    return torch.empty((data.shape[0], k), dtype=torch.bfloat16 if fmt == "bf16" else torch.float32,
+                       device=data.device)
+
+
+@custom_op("cast_back", fake=_cast_back_fake)
+def _cast_back_op(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xbk: int) -> torch.Tensor:
+    """``torch.library`` op ``tritile::cast_back`` (works under torch.compile)."""
+    return _cast_back_impl(data, sf, fmt, xbm, xbk)
+
+
+def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int,
+                        x_special_fmt: Optional[str] = None) -> torch.Tensor:
+    """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: dequantize per-token scaled data.
+
+    Args:
+        x: ``(data, sf)`` as in :func:`cast_back` with sf of ``(1, num_per_channels)`` blocks.
+        fmt: ``'bf16'`` or ``'fp32'``.  num_per_channels: group width (any positive int, e.g. 32, 128 or K).
+        x_special_fmt: None or ``'e5m6'``.
+
+    Returns:
+        ``(M, K)`` bfloat16 or float32.
+    """
+    if not isinstance(num_per_channels, int) or isinstance(num_per_channels, bool):
+        raise TypeError(f"num_per_channels must be an int, got {type(num_per_channels).__name__}")
+    if num_per_channels < 1:
+        raise ValueError(f"num_per_channels must be positive, got {num_per_channels}")
+    return cast_back(x, fmt, (1, num_per_channels), x_special_fmt)

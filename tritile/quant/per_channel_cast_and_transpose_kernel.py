@@ -1,0 +1,127 @@
+"""``per_channel_cast_and_transpose``: e4m3 cast with one scale per (npt rows x 1 column) block whose
+codes are written transposed (``tile_kernels.quant.per_channel_cast_and_transpose``)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import bf16_bits_to_f32
+from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty, is_interpreter
+from ..utils import ceil_div
+from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile
+from .types import QuantTensor
+
+__all__ = ["per_channel_cast_and_transpose"]
+
+
+@triton.jit
+def _per_channel_cast_and_transpose_kernel(
+        x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
+        NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr):
+    """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
+    output (``stride_om`` in words) and four codes of consecutive rows are packed into one
+    little-endian word before the transpose, so the tile is transposed as 32-bit elements."""
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_k = tl.program_id(1).to(tl.int64)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_k * BK + tl.arange(0, BK)
+    row_ok = rows < num_rows
+    col_ok = cols < hidden
+    bits = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                   other=0)
+    codes, sf = per_channel_quant_tile(bf16_bits_to_f32(bits), NPT, ROUND_SF)
+    # out[k, m] = codes[m, k]: the tile is transposed in registers/shared memory, then stored row-wise
+    if PACK_WORDS:
+        # byte j of word w = row 4w + j (num_rows % 4 == 0, so a word is all in or all out)
+        c4 = tl.reshape(codes.to(tl.int32), (BM // 4, 4, BK))
+        words = tl.sum(c4 << (tl.arange(0, 4) * 8)[None, :, None], axis=1)
+        wrows = pid_m * (BM // 4) + tl.arange(0, BM // 4)
+        tl.store(out_ptr + cols[:, None] * stride_om + wrows[None, :], tl.trans(words),
+                 mask=col_ok[:, None] & (wrows < num_rows // 4)[None, :])
+    else:
+        tl.store(out_ptr + cols[:, None] * stride_om + rows[None, :], tl.trans(codes),
+                 mask=col_ok[:, None] & row_ok[None, :])
+    groups = pid_m * (BM // NPT) + tl.arange(0, BM // NPT)
+    tl.store(sf_ptr + groups[:, None] * stride_sm + cols[None, :], sf,
+             mask=(groups < num_rows // NPT)[:, None] & col_ok[None, :])
+
+
+def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Optional[dict] = None):
+    """``config`` (tuning only): ``BLOCK_M`` (a multiple of npt and 4), ``BLOCK_K``, ``num_warps``,
+    ``PACK_WORDS``; missing keys come from the default rule."""
+    m, k = x.shape
+    out = empty((k, m), torch.float8_e4m3fn, x.device)
+    sf = empty((m // num_per_tokens, k), torch.float32, x.device)
+    if out.numel() == 0:
+        return out, sf
+    cfg = per_channel_launch_config(m, k, num_per_tokens)
+    if not is_interpreter():
+        # untuned first guess: one scale block of rows per tile (a taller tile's grouped reduction
+        # compiles to very long code on sm90), ~64 elements per thread: [128, 64] x 8 warps (128-byte
+        # rows in and out) or [32, 128] x 4 warps
+        cfg = cfg._replace(block_m=num_per_tokens, block_k=64 if num_per_tokens == 128 else 128,
+                           num_warps=8 if num_per_tokens == 128 else 4)
+    config = config or {}
+    bm, bk = config.get("BLOCK_M", cfg.block_m), config.get("BLOCK_K", cfg.block_k)
+    warps, words = config.get("num_warps", cfg.num_warps), config.get("PACK_WORDS", True)
+    if bm % num_per_tokens != 0:
+        raise ValueError(f"config BLOCK_M must be a multiple of num_per_tokens={num_per_tokens}, got {bm}")
+    out_arg = out.view(torch.uint8).view(torch.int32) if words else out.view(torch.uint8)
+    grid = (ceil_div(m, bm), ceil_div(k, bk))
+    _per_channel_cast_and_transpose_kernel[grid](
+        x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),
+        NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words, num_warps=warps)
+    return out, sf
+
+
+@custom_op("per_channel_cast_and_transpose",
+           fake=lambda x, npt, round_sf: (x.new_empty((x.shape[1], x.shape[0]), dtype=torch.float8_e4m3fn),
+                                          x.new_empty((x.shape[0] // npt, x.shape[1]), dtype=torch.float32)))
+def _per_channel_cast_and_transpose_op(x: torch.Tensor, npt: int, round_sf: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _launch(x, npt, round_sf)
+
+
+def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int,
+                                   round_sf: bool = False) -> QuantTensor:
+    """Cast ``x`` to FP8 e4m3 with one scale per (num_per_tokens rows x 1 column) block and return the
+    codes transposed.
+
+    Per column ``k`` of each block of ``npt`` rows: ``amax = max |x|``, ``sf = max(amax, 1e-4) / 448``
+    (IEEE), ``sf_inv = 448 / max(amax, 1e-4)``, or with ``round_sf`` ``sf = 2^ceil(log2 sf)`` and
+    ``sf_inv = 1 / sf``; ``out[k, m] = e4m3(x[m, k] * sf_inv)`` (RNE, saturating).  A block holding
+    +-inf or NaN gets ``sf = +inf``, its finite elements ``+-0`` and its non-finite ones NaN
+    (``0x7F | sign``), so it dequantizes to NaN.
+
+    Args:
+        x: bfloat16 ``(M, K)`` with ``M % 128 == 0`` and ``K % 64 == 0``, unit column stride (rows
+            may be strided).
+        fmt: must be ``'e4m3'``.
+        num_per_tokens: rows per scale block, 32 or 128.
+        round_sf: round the scales up to powers of two.
+
+    Returns:
+        ``(out, sf)``: float8_e4m3fn ``(K, M)`` contiguous (the transposed codes) and float32
+        ``(M / npt, K)`` contiguous (not transposed).  ``M = 0`` gives ``(K, 0)`` and ``(0, K)``
+        without a launch.
+    """
+    check_choice("fmt", fmt, ["e4m3"])
+    if isinstance(num_per_tokens, bool) or not isinstance(num_per_tokens, int):
+        raise TypeError(f"num_per_tokens must be an int, got {type(num_per_tokens).__name__}")
+    check_choice("num_per_tokens", num_per_tokens, [32, 128])
+    if not isinstance(round_sf, bool):
+        raise TypeError(f"round_sf must be a bool, got {type(round_sf).__name__}")
+    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+    check_inner_contiguous("x", x)
+    check_device("x", x)
+    m, k = x.shape
+    if m % 128 != 0:
+        raise ValueError(f"x must have a multiple of 128 rows, got {m}")
+    if k % 64 != 0:
+        raise ValueError(f"x must have a multiple of 64 columns, got {k}")
+    if torch.compiler.is_compiling():  # traced as the opaque op ``torch.ops.tritile.per_channel_cast_and_transpose``
+        return _per_channel_cast_and_transpose_op(x, num_per_tokens, round_sf)
+    return _launch(x, num_per_tokens, round_sf)

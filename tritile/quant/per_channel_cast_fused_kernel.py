@@ -1,0 +1,244 @@
+"""``per_channel_cast_fused``: e4m3 cast with per-channel scales (128 rows x 1 column), optionally
+fused with a row gather (``pos_to_token``) and the dequantization of an FP8 input
+(``tile_kernels.quant.per_channel_cast_fused``)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
+from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
+                       custom_op, empty)
+from ..utils import ceil_div
+from ._per_channel_common import (column_amax, per_channel_encode, per_channel_launch_config,
+                                  per_channel_quant_tile, per_channel_scale)
+from .common import sf_info
+from .types import QuantTensor
+
+__all__ = ["per_channel_cast_fused"]
+
+# x element kinds
+_IN_F32, _IN_BF16, _IN_E4M3 = 0, 1, 2
+_IN_KIND = {torch.float32: _IN_F32, torch.bfloat16: _IN_BF16, torch.float8_e4m3fn: _IN_E4M3}
+
+
+@triton.jit
+def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
+               stride_xm, stride_xsm, stride_xsk, stride_pos,
+               IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
+               HAS_MAP: tl.constexpr, BK: tl.constexpr):
+    """float32 logical rows ``rows`` x columns ``cols`` (gathered, dequantized; 0 outside / on padding)."""
+    BM: tl.constexpr = rows.shape[0]
+    out_row_ok = rows < num_rows_out
+    col_ok = cols < hidden
+    if HAS_MAP:
+        src = tl.load(pos_ptr + rows * stride_pos, mask=out_row_ok, other=-1).to(tl.int64)
+        # -1 = padding row; out-of-range entries (rejected under TRITILE_CHECKS=1) never read memory
+        row_ok = (src >= 0) & (src < num_rows_in)
+    else:
+        src = rows
+        row_ok = out_row_ok
+    mask = row_ok[:, None] & col_ok[None, :]
+    ptrs = x_ptr + src[:, None] * stride_xm + cols[None, :]
+    if IN_KIND == 0:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    elif IN_KIND == 1:
+        x = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        x = e4m3_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    if HAS_SF:
+        # dequantize first: f32(q * sf_in); padding rows read q = 0 and sf_in = 0, giving +0
+        G: tl.constexpr = BK // NPC
+        if G == 1:  # one input-scale group per tile (the GPU's shape): one scale per row
+            if SF_PACKED:
+                w = tl.load(x_sf_ptr + src * stride_xsm + (pid_k // 4) * stride_xsk, mask=row_ok, other=0)
+                s = tl.where(row_ok, ue8m0_to_f32(w >> ((pid_k % 4) * 8).to(tl.int32)), 0.0)
+            else:
+                s = tl.load(x_sf_ptr + src * stride_xsm + pid_k * stride_xsk, mask=row_ok, other=0.0)
+            x = x * s[:, None]
+        else:
+            grp = pid_k * G + tl.arange(0, G)
+            smask = row_ok[:, None] & (grp < num_groups)[None, :]
+            if SF_PACKED:
+                w = tl.load(x_sf_ptr + src[:, None] * stride_xsm + (grp // 4)[None, :] * stride_xsk, mask=smask,
+                            other=0)
+                s = tl.where(smask, ue8m0_to_f32(w >> ((grp % 4) * 8)[None, :].to(tl.int32)), 0.0)
+            else:
+                s = tl.load(x_sf_ptr + src[:, None] * stride_xsm + grp[None, :] * stride_xsk, mask=smask, other=0.0)
+            x = tl.reshape(tl.reshape(x, (BM, G, NPC)) * tl.reshape(s, (BM, G, 1)), (BM, BK))
+    return x
+
+
+@triton.jit
+def _per_channel_cast_fused_kernel(
+        x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_ptr,
+        num_rows_in, num_rows_out, hidden, num_groups,
+        stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om, stride_sm,
+        IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
+        HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr):
+    """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
+    (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
+    read mostly hits L2), which needs far fewer registers per thread."""
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_k = tl.program_id(1).to(tl.int64)
+    cols = pid_k * BK + tl.arange(0, BK)
+    col_ok = cols < hidden
+    if RB >= BM:
+        rows = pid_m * BM + tl.arange(0, BM)
+        x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
+                       stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
+        codes, sf = per_channel_quant_tile(x, BM, ROUND_SF)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
+                 mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
+    else:
+        amax = tl.zeros((1, BK), tl.float32)
+        for r in tl.range(0, BM, RB):
+            rows = pid_m * BM + r + tl.arange(0, RB)
+            x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                           num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
+                           HAS_MAP, BK)
+            amax = tl.maximum(amax, column_amax(x, RB))
+        sf, sf_inv = per_channel_scale(amax, ROUND_SF)
+        for r in tl.range(0, BM, RB):
+            rows = pid_m * BM + r + tl.arange(0, RB)
+            x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                           num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
+                           HAS_MAP, BK)
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], per_channel_encode(x, sf_inv, RB),
+                     mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
+    tl.store(sf_ptr + pid_m * stride_sm + cols[None, :], sf, mask=col_ok[None, :])
+
+
+def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_to_token: Optional[torch.Tensor],
+            num_rows_out: int, round_sf: bool, config: Optional[dict] = None):
+    """``config`` (tuning only): ``BLOCK_K`` (a power of two; a multiple of 128 with an input sf),
+    ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two streamed passes) and ``num_warps``;
+    missing keys come from the default rule.  Rows per block are always 128."""
+    num_rows_in, hidden = x.shape
+    dev = x.device
+    num_per_tokens = 128
+    out = empty((num_rows_out, hidden), torch.float8_e4m3fn, dev)
+    sf = empty((ceil_div(num_rows_out, num_per_tokens), hidden), torch.float32, dev)
+    if out.numel() == 0:
+        return out, sf
+    has_sf = x_sf is not None
+    cfg = per_channel_launch_config(num_rows_out, hidden, num_per_tokens, k_multiple=128 if has_sf else 1)
+    config = config or {}
+    bk, warps = config.get("BLOCK_K", cfg.block_k), config.get("num_warps", cfg.num_warps)
+    rb = config.get("ROWS_PER_STEP", cfg.rows_per_step)
+    x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else (x.view(torch.uint8) if x.element_size() == 1
+                                                                    else x)
+    grid = (ceil_div(num_rows_out, cfg.block_m), ceil_div(hidden, bk))
+    _per_channel_cast_fused_kernel[grid](
+        x_arg, x_sf if has_sf else x_arg, pos_to_token if pos_to_token is not None else x_arg,
+        out.view(torch.uint8), sf,
+        num_rows_in, num_rows_out, hidden, ceil_div(hidden, 128),
+        x.stride(0), x_sf.stride(0) if has_sf else 0, x_sf.stride(1) if has_sf else 0,
+        pos_to_token.stride(0) if pos_to_token is not None else 0, out.stride(0), sf.stride(0),
+        IN_KIND=_IN_KIND[x.dtype], HAS_SF=has_sf, SF_PACKED=sf_packed, NPC=128,
+        HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb, num_warps=warps)
+    return out, sf
+
+
+def _fake(x, x_sf, pos_to_token, round_sf):
+    rows = x.shape[0] if pos_to_token is None else pos_to_token.shape[0]
+    return (x.new_empty((rows, x.shape[1]), dtype=torch.float8_e4m3fn),
+            x.new_empty((ceil_div(rows, 128), x.shape[1]), dtype=torch.float32))
+
+
+@custom_op("per_channel_cast_fused", fake=_fake)
+def _per_channel_cast_fused_op(x: torch.Tensor, x_sf: Optional[torch.Tensor], pos_to_token: Optional[torch.Tensor],
+                               round_sf: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    rows = x.shape[0] if pos_to_token is None else pos_to_token.shape[0]
+    packed = x_sf is not None and x_sf.dtype == torch.int32
+    return _launch(x, x_sf, packed, pos_to_token, rows, round_sf)
+
+
+def _check_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+
+
+def per_channel_cast_fused(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_tokens: int,
+                           round_sf: bool = False, num_per_channels: Optional[int] = None,
+                           pos_to_token: Optional[torch.Tensor] = None) -> QuantTensor:
+    """Cast to FP8 e4m3 with one scale per (128 rows x 1 column) block, fusing an optional row gather
+    and an optional FP8 re-quantization.
+
+    Row ``i`` of the logical input is ``x[pos_to_token[i]]`` (or ``x[i]`` without a map; ``-1`` is a
+    padding row of zeros).  For a QuantTensor the logical value is ``f32(f32(q * sf_in) * sf_inv)``, in
+    that order.  Then, per column ``k`` of each 128-row block (a partial last block takes only the
+    existing rows): ``amax = max |x|``, ``sf = max(amax, 1e-4) / 448`` (IEEE), ``sf_inv = 448 / max(amax,
+    1e-4)``, or with ``round_sf`` ``sf = 2^ceil(log2 sf)``, ``sf_inv = 1 / sf``; ``out = e4m3(x * sf_inv)``
+    (RNE, saturating).  A block holding +-inf or NaN gets ``sf = +inf``, its finite elements ``+-0`` and
+    its non-finite ones NaN (``0x7F | sign``), so it dequantizes to NaN.  For a QuantTensor the rule
+    applies to the dequantized values (an e4m3 NaN code or a non-finite ``sf_in`` makes them
+    non-finite; the sign of such a NaN follows the backend's NaN propagation, as in the reference).
+
+    Args:
+        x: bfloat16 or float32 ``(N, K)`` with a unit column stride (rows may be strided), or a
+            QuantTensor ``(data, sf_in)``: data float8_e4m3fn ``(N, K)`` with a unit column stride and
+            ``K % 128 == 0``; sf_in float32 ``(N, K/128)`` of any strides (or packed UE8M0 int32
+            ``(N, ceil(K/512))``, a tritile extension).
+        fmt: must be ``'e4m3'``.
+        num_per_tokens: rows per scale block; must be 128.
+        round_sf: round the scales up to powers of two.
+        num_per_channels: columns per input-scale block: must be 128 for a QuantTensor, None otherwise.
+        pos_to_token: optional int32 ``(Mo,)`` gather map into x's rows, ``Mo % 16 == 0``; ``-1`` marks a
+            padding row.  Without it ``Mo = N`` and ``N % 128 == 0``.  Entries must lie in
+            ``[-1, N)`` (checked when ``TRITILE_CHECKS=1``; otherwise an out-of-range entry reads as a
+            padding row).
+
+    Returns:
+        ``(out, sf)``: float8_e4m3fn ``(Mo, K)`` contiguous and float32 ``(ceil(Mo/128), K)`` contiguous.
+        ``Mo = 0`` gives empty ``(0, K)`` tensors and launches nothing.
+    """
+    check_choice("fmt", fmt, ["e4m3"])
+    _check_int("num_per_tokens", num_per_tokens)
+    check_choice("num_per_tokens", num_per_tokens, [128])
+    if not isinstance(round_sf, bool):
+        raise TypeError(f"round_sf must be a bool, got {type(round_sf).__name__}")
+    x_sf, sf_packed = None, False
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"x as a QuantTensor must be a (data, sf) pair, got {len(x)} items")
+        data, x_sf = x
+        check_tensor("x[0] (data)", data, dtypes=(torch.float8_e4m3fn,), ndim=2)
+        check_inner_contiguous("x[0] (data)", data)
+        if num_per_channels is None:
+            raise ValueError("num_per_channels is required (128) when x is a QuantTensor")
+        _check_int("num_per_channels", num_per_channels)
+        check_choice("num_per_channels", num_per_channels, [128])
+        if data.shape[1] % 128 != 0:
+            raise ValueError(f"x[0] (data) must have a multiple of 128 columns, got {data.shape[1]}")
+        info = sf_info("x[1] (sf)", x_sf, data.shape[0], data.shape[1] // 128)
+        x_sf, sf_packed = info.tensor, info.packed
+        x = data
+    else:
+        check_tensor("x", x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
+        check_inner_contiguous("x", x)
+        if num_per_channels is not None:
+            raise ValueError(f"num_per_channels must be None for a plain tensor x, got {num_per_channels!r}")
+    if pos_to_token is not None:
+        check_tensor("pos_to_token", pos_to_token, dtypes=(torch.int32,), ndim=1)
+    check_same_device(x=x, x_sf=x_sf, pos_to_token=pos_to_token)
+    num_rows_in = x.shape[0]
+    if pos_to_token is not None:
+        num_rows_out = pos_to_token.shape[0]
+        if num_rows_out % 16 != 0:
+            raise ValueError(f"pos_to_token must have a multiple of 16 entries, got {num_rows_out}")
+        if checks_enabled() and num_rows_out > 0:
+            lo, hi = int(pos_to_token.min()), int(pos_to_token.max())
+            if lo < -1 or hi >= num_rows_in:
+                raise ValueError(f"pos_to_token entries must lie in [-1, {num_rows_in}), got [{lo}, {hi}]")
+    else:
+        num_rows_out = num_rows_in
+        if num_rows_out % 128 != 0:
+            raise ValueError(f"x must have a multiple of 128 rows without pos_to_token, got {num_rows_out}")
+    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.per_channel_cast_fused``
+        return _per_channel_cast_fused_op(x, x_sf, pos_to_token, round_sf)
+    return _launch(x, x_sf, sf_packed, pos_to_token, num_rows_out, round_sf)

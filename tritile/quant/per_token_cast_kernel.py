@@ -1,0 +1,586 @@
+"""Per-token (1 x npc) casts to FP8 e4m3 / FP4 e2m1 (``tile_kernels.quant.per_token_cast_kernel``).
+
+This file also holds the generic block-cast machinery that ``per_block_cast_kernel`` and
+``cast_back_kernel`` reuse: one ``@triton.jit`` body that loads an ``[BLOCK_M, BLOCK_K]`` tile (bf16,
+fp32, or a dequantized e4m3 / FP4 QuantTensor with scales in any layout), reduces amax per
+``(BM, BK)`` scale block, computes the scales (``tritile.language.quant_scale``), stores them in one of
+the three sf layouts, and encodes the tile.
+
+Scale math (``spec/quant.md`` §2.2): per block ``a = max(amax, CLAMP)``, ``sf = a / MAX``,
+``sf_inv = MAX / a`` (two IEEE divisions), or with ``round_sf`` ``sf = 2^ceil(log2(a / MAX))`` and
+``sf_inv = 1 / sf``; ``q = encode(f32(x * sf_inv))`` with RNE and saturation.  QuantTensor input is
+dequantized first, ``f32(q_in * sf_in)``.
+
+Non-finite input: NaN counts as +inf in amax; a block holding +-inf/NaN gets ``sf = +inf`` (UE8M0
+byte 0xFF) and ``sf_inv = 0``; its finite elements encode as +-0 and its non-finite ones as NaN
+(e4m3 ``0x7F | sign``; e2m1: +-0), so it dequantizes to NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import (
+    bf16_bits_to_f32,
+    e4m3_bits_to_f32,
+    f32_to_e2m1_code,
+    f32_to_e4m3_bits,
+    pack_e2m1,
+    quant_scale,
+    sf_to_ue8m0,
+    ue8m0_to_f32,
+    unpack_e2m1,
+)
+from ..runtime import (
+    check_choice,
+    check_inner_contiguous,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    custom_op,
+    empty,
+    is_interpreter,
+)
+from ..utils import ceil_div, next_power_of_two
+from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
+from .types import QuantTensor
+
+__all__ = ["per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf"]
+
+# input kinds (constexpr IN_KIND)
+IN_BF16, IN_FP32, IN_E4M3, IN_E2M1 = 0, 1, 2, 3
+# sf modes (constexpr SF_MODE)
+SF_QUANT, SF_ONLY, SF_PRECOMPUTED = 0, 1, 2
+
+_IN_KIND = {torch.bfloat16: IN_BF16, torch.float32: IN_FP32, torch.float8_e4m3fn: IN_E4M3, torch.int8: IN_E2M1}
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared @triton.jit building blocks
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_block_sf(sf_ptr, r, kb, mask, stride_m, stride_k, PACKED: tl.constexpr):
+    """float32 scales of blocks ``(r, kb)`` (broadcastable int64 index tensors); masked -> 0."""
+    if PACKED:
+        w = tl.load(sf_ptr + r * stride_m + (kb // 4) * stride_k, mask=mask, other=0)
+        return ue8m0_to_f32(w >> ((kb % 4) * 8).to(tl.int32))
+    else:
+        return tl.load(sf_ptr + r * stride_m + kb * stride_k, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IN_KIND: tl.constexpr, XBM: tl.constexpr,
+               XBK: tl.constexpr, XSF_PACKED: tl.constexpr):
+    """float32 tile ``[BLOCK_M, BLOCK_K]`` of logical columns ``col0 ..``; 0 outside the tensor.
+
+    IN_KIND 0/1: bf16/fp32 x.  IN_KIND 2/3: e4m3 / packed FP4 data dequantized as ``f32(q * sf)``
+    with sf blocks ``(XBM, XBK)`` (float32 or packed UE8M0)."""
+    if IN_KIND == 3:
+        pc = col0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
+        m = row_ok[:, None] & (pc < K // 2)[None, :]
+        b = tl.load(x_ptr + rows[:, None] * stride_xm + pc[None, :], mask=m, other=0)
+        q = unpack_e2m1(b)
+    else:
+        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = row_ok[:, None] & (cols < K)[None, :]
+        ptr = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+        if IN_KIND == 0:
+            q = bf16_bits_to_f32(tl.load(ptr, mask=m, other=0))
+        elif IN_KIND == 1:
+            q = tl.load(ptr, mask=m, other=0.0)
+        else:
+            q = e4m3_bits_to_f32(tl.load(ptr, mask=m, other=0))
+    if IN_KIND >= 2:
+        sr = rows // XBM
+        if BLOCK_K % XBK == 0:
+            # one scale per XBK columns: load [BLOCK_M, BLOCK_K // XBK] and broadcast
+            NB: tl.constexpr = BLOCK_K // XBK
+            kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
+            sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
+            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
+            q = tl.reshape(tl.reshape(q, (BLOCK_M, NB, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
+        else:
+            cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+            kb = cols // XBK
+            sm = row_ok[:, None] & (cols < K)[None, :]
+            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
+            q = q * s
+    return q
+
+
+@triton.jit
+def _block_amax(x, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """max |x| per ``(BM, BK)`` block of an ``[MB*BM, G*BK]`` tile -> ``[MB, G]``; NaN counts as +inf.
+
+    Only shapes the GPU compiler handles well: per-token rows (BM == 1) reshaped to ``[MB, G, BK]``, a
+    whole-row group (G == 1), or a tile that is exactly one 2D block (MB == G == 1)."""
+    ax = tl.where(x == x, tl.abs(x), float("inf"))
+    if BM == 1:
+        if G == 1:
+            return tl.max(ax, axis=1, keep_dims=True)
+        else:
+            return tl.max(tl.reshape(ax, (MB, G, BK)), axis=2)
+    else:
+        tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
+        return tl.max(tl.max(ax, axis=1, keep_dims=True), axis=0, keep_dims=True)
+
+
+@triton.jit
+def _scale_tile(x, sf_inv, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """``f32(x * sf_inv[block])`` for an ``[MB*BM, G*BK]`` tile and ``[MB, G]`` multipliers."""
+    if BM == 1 and G > 1:
+        return tl.reshape(tl.reshape(x, (MB, G, BK)) * sf_inv[:, :, None], (MB, G * BK))
+    else:
+        return x * sf_inv  # [MB, 1] per row, or [1, 1] for the whole tile
+
+
+@triton.jit
+def _store_codes(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 OUT_E2M1: tl.constexpr):
+    """Encode ``v = x * sf_inv`` and store: e4m3 bytes, or packed FP4 (even element in the low nibble).
+
+    Where ``v`` is NaN (non-finite x in a block with sf_inv = 0) the code is NaN (e4m3) or 0 (e2m1)
+    with x's sign, the same on every backend."""
+    xs = x.to(tl.int32, bitcast=True)
+    nan = v != v
+    if OUT_E2M1:
+        code = f32_to_e2m1_code(v)
+        code = tl.where(nan, (xs >> 28) & 8, code)
+        pc = col0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
+        m = row_ok[:, None] & (pc < K // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + pc[None, :], pack_e2m1(code), mask=m)
+    else:
+        byte = f32_to_e4m3_bits(v)
+        byte = tl.where(nan, (((xs >> 24) & 0x80) | 0x7F).to(tl.uint8), byte)
+        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = row_ok[:, None] & (cols < K)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], byte, mask=m)
+
+
+@triton.jit
+def _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB: tl.constexpr, G: tl.constexpr,
+              PACKED: tl.constexpr):
+    """Store ``[MB, G]`` scales of row blocks ``mblk`` and k-blocks ``kb0 ..``: float32, or UE8M0 bytes
+    packed four per int32 word (bytes of k-blocks past ``num_ks`` are 0; ``kb0 % 4 == 0``)."""
+    kb = kb0 + tl.arange(0, G).to(tl.int64)
+    if PACKED:
+        e = tl.where((kb < num_ks)[None, :], sf_to_ue8m0(sf), 0)
+        if G >= 4:
+            words = pack_ue8m0_words(e)
+            wi = kb0 // 4 + tl.arange(0, G // 4).to(tl.int64)
+        else:  # one group per row (num_ks == 1): the word is the byte
+            words = e
+            wi = kb0 // 4 + tl.arange(0, G).to(tl.int64)
+        m = (mblk < num_ms)[:, None] & (wi < (num_ks + 3) // 4)[None, :]
+        tl.store(sf_ptr + mblk[:, None] * stride_sm + wi[None, :] * stride_sk, words, mask=m)
+    else:
+        m = (mblk < num_ms)[:, None] & (kb < num_ks)[None, :]
+        tl.store(sf_ptr + mblk[:, None] * stride_sm + kb[None, :] * stride_sk, sf, mask=m)
+
+
+@triton.jit
+def _block_cast_kernel(
+    x_ptr, xsf_ptr, out_ptr, sf_ptr, psf_ptr,
+    M, K, num_xsf_k, num_ms, num_ks,
+    stride_xm, stride_xsf_m, stride_xsf_k, stride_om, stride_sm, stride_sk, stride_pm,
+    IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, ROW_GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    OUT_E2M1: tl.constexpr, SF_MODE: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
+    CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
+):
+    """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
+
+    Program ``(pm, pk)`` owns rows ``pm*BLOCK_M ..`` and chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K
+    logical columns.  ROW_GROUP: one scale group spans the whole row (npc == K); the program owns every
+    chunk, reduces amax across them, then quantizes (one pass when a single chunk covers K)."""
+    MB: tl.constexpr = BLOCK_M // BM
+    G: tl.constexpr = BLOCK_K // BK
+    pm = tl.program_id(0).to(tl.int64)
+    pk = tl.program_id(1).to(tl.int64)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < M
+    mblk = pm * MB + tl.arange(0, MB).to(tl.int64)
+    if ROW_GROUP and NUM_CHUNKS == 1 and SF_MODE == 0:
+        # the whole row fits one tile: load once, reduce, quantize
+        x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, 0, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                       num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+        sf, sf_inv = quant_scale(_block_amax(x, MB, BM, 1, BLOCK_K), CLAMP, MAX, ROUND_SF)
+        _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
+        _store_codes(out_ptr, x, _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K), rows, row_ok, 0, K, stride_om,
+                     BLOCK_M, BLOCK_K, OUT_E2M1)
+    elif ROW_GROUP:
+        if SF_MODE == 2:
+            p = tl.load(psf_ptr + mblk[:, None] * stride_pm + tl.zeros((MB, 1), tl.int64),
+                        mask=(mblk < num_ms)[:, None], other=1.0)
+            sf_inv = tl.math.div_rn(tl.full((MB, 1), 1.0, tl.float32), p)
+        else:
+            amax = tl.zeros((MB, 1), tl.float32)
+            for c in range(0, NUM_CHUNKS):
+                x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                amax = tl.maximum(amax, _block_amax(x, MB, BM, 1, BLOCK_K))
+            sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
+            _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
+        if SF_MODE != 1:
+            for c in range(0, NUM_CHUNKS):
+                x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                v = _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K)
+                _store_codes(out_ptr, x, v, rows, row_ok, c * BLOCK_K, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+    else:
+        # CHUNKS_PER_PROG is a multiple of 4 when 2D blocks pack UE8M0 (one chunk = one k-block, four
+        # chunks = one int32 word); chunks past NUM_CHUNKS are fully masked.
+        c0 = pk * CHUNKS_PER_PROG
+        for i in tl.static_range(CHUNKS_PER_PROG):
+            c = c0 + i
+            col0 = c * BLOCK_K
+            x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                           num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+            kb0 = c * G
+            if SF_MODE == 2:
+                kb = kb0 + tl.arange(0, G).to(tl.int64)
+                pmask = (mblk < num_ms)[:, None] & (kb < num_ks)[None, :]
+                p = tl.load(psf_ptr + mblk[:, None] * stride_pm + kb[None, :], mask=pmask, other=1.0)
+                sf_inv = tl.math.div_rn(tl.full((MB, G), 1.0, tl.float32), p)
+            else:
+                sf, sf_inv = quant_scale(_block_amax(x, MB, BM, G, BK), CLAMP, MAX, ROUND_SF)
+                if PACKED and G == 1:
+                    # one k-block per chunk: assemble the word from four consecutive chunks
+                    e = tl.where(c < num_ks, sf_to_ue8m0(sf), 0)
+                    if i % 4 == 0:
+                        word = e
+                    else:
+                        word = word | (e << (8 * (i % 4)))
+                    if i % 4 == 3:
+                        wi = c // 4 + tl.zeros((MB, 1), tl.int64)
+                        wm = (mblk < num_ms)[:, None] & (wi < (num_ks + 3) // 4)
+                        tl.store(sf_ptr + mblk[:, None] * stride_sm + wi * stride_sk, word, mask=wm)
+                else:
+                    _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB, G, PACKED)
+            if SF_MODE != 1:
+                v = _scale_tile(x, sf_inv, MB, BM, G, BK)
+                _store_codes(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side (shared with per_block_cast_kernel / cast_back_kernel)
+# ------------------------------------------------------------------------------------------------
+def _parse_input(name: str, x, x_block_size, allow_quant: bool = True):
+    """-> (data, xsf_info or None, in_kind, M, K logical, (xbm, xbk))."""
+    if isinstance(x, (tuple, list)):
+        if not allow_quant:
+            raise TypeError(f"{name} must be a bfloat16/float32 tensor here, got a QuantTensor")
+        if len(x) != 2:
+            raise ValueError(f"{name} as a QuantTensor must be (data, sf), got a sequence of length {len(x)}")
+        data, xsf = x
+        check_tensor(f"{name}[0] (data)", data, dtypes=(torch.float8_e4m3fn, torch.int8), ndim=2)
+        check_inner_contiguous(f"{name}[0] (data)", data)
+        if x_block_size is None:
+            raise ValueError(f"x_block_size is required when {name} is a QuantTensor, got None")
+        xbs = _check_block("x_block_size", x_block_size)
+        m = data.shape[0]
+        k = data.shape[1] * 2 if data.dtype == torch.int8 else data.shape[1]
+        info = sf_info(f"{name}[1] (sf)", xsf, ceil_div(m, xbs[0]), ceil_div(k, xbs[1]))
+        check_same_device(**{f"{name}[0]": data, f"{name}[1]": xsf})
+        return data, info, _IN_KIND[data.dtype], m, k, xbs
+    check_tensor(name, x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
+    check_inner_contiguous(name, x)
+    check_same_device(**{name: x})
+    if x_block_size is not None:
+        raise ValueError(f"x_block_size must be None when {name} is a plain tensor, got {x_block_size!r}")
+    return x, None, _IN_KIND[x.dtype], x.shape[0], x.shape[1], (1, 1)
+
+
+def _check_block(name: str, bs) -> Tuple[int, int]:
+    if not isinstance(bs, (tuple, list)) or len(bs) != 2 or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                                    for b in bs):
+        raise TypeError(f"{name} must be a pair of ints (rows, cols), got {bs!r}")
+    if bs[0] < 1 or bs[1] < 1:
+        raise ValueError(f"{name} must be positive, got {tuple(bs)}")
+    return int(bs[0]), int(bs[1])
+
+
+def _check_fmt(fmt, allowed=("e4m3", "e2m1")) -> str:
+    check_choice("fmt", fmt, allowed)
+    return fmt
+
+
+def _data_view(t: torch.Tensor) -> torch.Tensor:
+    """Integer view a kernel loads raw bits through (bf16 -> int16, fp8 -> uint8)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8)
+    return t
+
+
+def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, block_m: Optional[int],
+            block_k: Optional[int]):
+    """(BLOCK_M, BLOCK_K, BK for the reshape, num_chunks, chunks_per_prog, num_warps): deterministic by shape.
+
+    * per-token (bm == 1): ``[BLOCK_M, BLOCK_K]`` tiles (GPU: 2 rows x 1024 columns, 2 warps), up to 8
+      chunks of a row pair per program (a static loop);
+    * one group per row (npc == K): a whole row per tile when it fits (GPU: up to 8192 columns), else a
+      two-pass loop over chunks;
+    * 2D blocks: one ``(bm, bk)`` block per tile, ``chunks_per_prog`` blocks along K per program (a multiple
+      of 4 when packed, so a program writes whole UE8M0 words).
+    Under the interpreter: bigger tiles and fewer programs."""
+    interp = is_interpreter()
+    if row_group:
+        BLOCK_K = block_k or min(next_power_of_two(k), 2048 if interp else 8192)
+        BK = BLOCK_K
+        BLOCK_M = block_m or (min(next_power_of_two(m), 32) if interp else 1)
+        warps = 4 if BLOCK_K * BLOCK_M <= 4096 else 8
+        num_chunks = ceil_div(k, BLOCK_K)
+        return BLOCK_M, BLOCK_K, BK, num_chunks, num_chunks, warps
+    if bm == 1:
+        BLOCK_M = block_m or (min(next_power_of_two(m), 64) if interp else 2)
+        BLOCK_K = block_k or max(min(next_power_of_two(k), 2048 if interp else 1024), bk)
+        if packed:
+            BLOCK_K = max(BLOCK_K, 4 * bk)
+        warps = 2 if BLOCK_M * BLOCK_K <= 2048 else 4
+        num_chunks = ceil_div(k, BLOCK_K)
+        # at most 8 chunks (a static, unrolled loop) per program; wider rows spread over grid dim 1
+        cpp = num_chunks if interp else min(num_chunks, 8)
+        return BLOCK_M, BLOCK_K, bk, num_chunks, cpp, warps
+    num_chunks = ceil_div(k, bk)
+    if interp:
+        cpp = num_chunks
+    else:
+        cpp = max(1, min(num_chunks, 16384 // (bm * bk), 16))  # ~16K elements per program, <= 16 unrolled
+    if packed:
+        cpp = ceil_div(cpp, 4) * 4
+    warps = 8 if bm * bk >= 16384 else (4 if bm * bk >= 4096 else 2)
+    return bm, bk, bk, num_chunks, cpp, warps
+
+
+def _sf_layout(m: int, k: int, bm: int, bk: int, col_major: bool, packed: bool):
+    """(shape, strides, dtype) of the §2.3 sf that ``alloc_sf`` returns (for the fake kernel)."""
+    ms, ks = ceil_div(m, bm), ceil_div(k, bk)
+    if packed:
+        kc = ceil_div(ks, 4)
+        return (ms, kc), ((kc, 1) if ms == 0 else (1, ceil_div(ms, 4) * 4)), torch.int32
+    if col_major and ms > 0:
+        return (ms, ks), (1, ceil_div(ms, 4) * 4), torch.float32
+    return (ms, ks), (ks, 1), torch.float32
+
+
+def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Optional[torch.Tensor], fmt: str,
+                     xbm: int, xbk: int, bm: int, bk: int, row_group: bool, sf_mode: int, round_sf: bool,
+                     col_major: bool, packed: bool, block_m: Optional[int] = None, block_k: Optional[int] = None,
+                     chunks_per_prog: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Allocate and launch; inputs already validated.  Returns ``(out, sf)``; an output the mode does not
+    produce is an empty ``(0,)`` placeholder (custom ops cannot return None)."""
+    device = data.device
+    in_kind = _IN_KIND[data.dtype]
+    m = data.shape[0]
+    k = data.shape[1] * 2 if in_kind == IN_E2M1 else data.shape[1]
+    out_e2m1 = fmt == "e2m1"
+    bk_eff = max(k, 1) if row_group else bk
+    ms, ks = ceil_div(m, bm), ceil_div(k, bk_eff)
+    if sf_mode != SF_ONLY:
+        out = empty((m, k // 2) if out_e2m1 else (m, k), torch.int8 if out_e2m1 else torch.float8_e4m3fn, device)
+    else:
+        out = torch.empty((0,), dtype=torch.float8_e4m3fn, device=device)
+    if sf_mode != SF_PRECOMPUTED:
+        sf = alloc_sf(m, k, (bm, bk_eff), col_major, packed, device)
+    else:
+        sf = torch.empty((0,), dtype=torch.float32, device=device)
+    if m == 0 or k == 0:
+        return out, sf
+    BLOCK_M, BLOCK_K, BK, num_chunks, cpp, warps = _config(m, k, bm, bk, row_group, packed, block_m, block_k)
+    if chunks_per_prog is not None and not row_group:
+        cpp = chunks_per_prog
+    grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
+    xv = _data_view(data)
+    outv = out.view(torch.uint8) if out.dtype == torch.float8_e4m3fn else out
+    has_out, has_sf = sf_mode != SF_ONLY, sf_mode != SF_PRECOMPUTED
+    _block_cast_kernel[grid](
+        xv, x_sf if x_sf is not None else xv, outv if has_out else xv, sf if has_sf else xv,
+        psf if psf is not None else xv,
+        m, k, ceil_div(k, xbk), ms, ks,
+        xv.stride(0), x_sf.stride(0) if x_sf is not None else 0, x_sf.stride(1) if x_sf is not None else 0,
+        outv.stride(0) if has_out else 0, sf.stride(0) if has_sf else 0, sf.stride(1) if has_sf else 0,
+        psf.stride(0) if psf is not None else 0,
+        IN_KIND=in_kind, XBM=xbm, XBK=xbk, XSF_PACKED=x_sf is not None and x_sf.dtype == torch.int32,
+        BM=bm, BK=BK, ROW_GROUP=row_group, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
+        OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
+        CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, num_warps=warps,
+    )
+    return out, sf
+
+
+def _block_cast_fake(data, x_sf, psf, fmt, xbm, xbk, bm, bk, row_group, sf_mode, round_sf, col_major, packed):
+    m = data.shape[0]
+    k = data.shape[1] * 2 if data.dtype == torch.int8 else data.shape[1]
+    dev = data.device
+    if sf_mode != SF_ONLY:
+        out = torch.empty((m, k // 2) if fmt == "e2m1" else (m, k),
+                          dtype=torch.int8 if fmt == "e2m1" else torch.float8_e4m3fn, device=dev)
+    else:
+        out = torch.empty((0,), dtype=torch.float8_e4m3fn, device=dev)
+    if sf_mode != SF_PRECOMPUTED:
+        shape, stride, dtype = _sf_layout(m, k, bm, max(k, 1) if row_group else bk, col_major, packed)
+        sf = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+    else:
+        sf = torch.empty((0,), dtype=torch.float32, device=dev)
+    return out, sf
+
+
+@custom_op("block_cast", fake=_block_cast_fake)
+def _block_cast_op(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Optional[torch.Tensor], fmt: str,
+                   xbm: int, xbk: int, bm: int, bk: int, row_group: bool, sf_mode: int, round_sf: bool,
+                   col_major: bool, packed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.library`` op ``tritile::block_cast`` behind every block cast (works under torch.compile)."""
+    return _block_cast_impl(data, x_sf, psf, fmt, xbm, xbk, bm, bk, row_group, sf_mode, round_sf, col_major, packed)
+
+
+def _launch_cast(x, x_block_size, fmt: str, bm: int, bk: int, row_group: bool, sf_mode: int,
+                 psf: Optional[torch.Tensor], round_sf: bool, col_major: bool, packed: bool,
+                 block_m: Optional[int] = None, block_k: Optional[int] = None, chunks_per_prog: Optional[int] = None):
+    """Validate ``x`` (plain tensor or QuantTensor) -> (out or None, sf or None).
+
+    ``block_m`` / ``block_k`` / ``chunks_per_prog`` override the launch rule (tests use them to run the
+    GPU tilings, e.g. several K-programs with masked tail chunks, under the interpreter)."""
+    data, xinfo, in_kind, m, k, xbs = _parse_input("x", x, x_block_size)
+    if fmt == "e2m1" and k % 2:
+        raise ValueError(f"fmt='e2m1' packs two values per byte, so K must be even, got K={k}")
+    x_sf = xinfo.tensor if xinfo is not None else None
+    args = (data, x_sf, psf, fmt, xbs[0], xbs[1], bm, bk, bool(row_group), int(sf_mode), bool(round_sf),
+            bool(col_major), bool(packed))
+    if block_m is None and block_k is None and chunks_per_prog is None:
+        out, sf = _block_cast_op(*args)
+    else:
+        out, sf = _block_cast_impl(*args, block_m=block_m, block_k=block_k, chunks_per_prog=chunks_per_prog)
+    return (None if sf_mode == SF_ONLY else out), (None if sf_mode == SF_PRECOMPUTED else sf)
+
+
+def _check_precomputed_sf(sf, m: int, k: int, bm: int, bk: int, device) -> torch.Tensor:
+    check_tensor("sf", sf, dtypes=(torch.float32,), ndim=2)
+    check_shape("sf", sf, (ceil_div(m, bm), ceil_div(k, bk)))
+    check_inner_contiguous("sf", sf)
+    if sf.device != device:
+        raise ValueError(f"sf must be on the same device as x ({device}), got {sf.device}")
+    return sf
+
+
+def _logical_shape(x):
+    if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], torch.Tensor):
+        d = x[0]
+        if d.dim() == 2:
+            return d.shape[0], (d.shape[1] * 2 if d.dtype == torch.int8 else d.shape[1])
+        return None
+    if isinstance(x, torch.Tensor) and x.dim() == 2:
+        return x.shape[0], x.shape[1]
+    return None
+
+
+def _check_npc(num_per_channels, k: int) -> bool:
+    """Validate npc; returns True when one group spans the whole row (npc == K, not a listed width)."""
+    if not isinstance(num_per_channels, int) or isinstance(num_per_channels, bool):
+        raise TypeError(f"num_per_channels must be an int, got {type(num_per_channels).__name__}")
+    if num_per_channels in (16, 32, 64, 128):
+        return False
+    if num_per_channels == k:
+        if k % 64 != 0:
+            raise ValueError(f"num_per_channels == K (one group per row) requires K % 64 == 0, got K={k}")
+        return True
+    raise ValueError(f"num_per_channels must be 16, 32, 64, 128 or K={k}, got {num_per_channels}")
+
+
+def _per_token(x, fmt, num_per_channels, x_block_size, col_major, round_sf, packed, sf_mode, psf=None):
+    check_sf_flags(col_major, round_sf, packed)
+    shape = _logical_shape(x)
+    # full validation of x happens in _launch_cast; npc needs K first
+    if shape is None:
+        _parse_input("x", x, x_block_size)  # raises the right TypeError/ValueError
+    m, k = shape
+    row_group = _check_npc(num_per_channels, k)
+    if psf is not None:
+        dev = x[0].device if isinstance(x, (tuple, list)) else x.device
+        _check_precomputed_sf(psf, m, k, 1, num_per_channels, dev)
+    return _launch_cast(x, x_block_size, fmt, 1, num_per_channels, row_group, sf_mode, psf, round_sf, col_major,
+                        packed)
+
+
+def per_token_cast(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_channels: int,
+                   x_block_size: Optional[Tuple[int, int]] = None, use_tma_aligned_col_major_sf: bool = False,
+                   round_sf: bool = False, use_packed_ue8m0: bool = False) -> QuantTensor:
+    """Quantize each row in groups of ``num_per_channels`` columns (scale block ``(1, npc)``).
+
+    Args:
+        x: ``(M, K)`` bfloat16/float32 (rows may be strided, ``stride(1) == 1``), or a QuantTensor
+            ``(data, sf_in)``: data float8_e4m3fn ``(M, K)`` or int8 FP4 ``(M, K/2)``, sf_in float32
+            ``(ceil(M/bm), ceil(K/bk))`` (any strides) or packed UE8M0 int32 ``(ceil(M/bm), ceil(Ks/4))``
+            for ``x_block_size = (bm, bk)``; it is dequantized first, ``f32(q * sf_in)``.
+        fmt: ``'e4m3'``, ``'e2m1'`` or ``'e5m6'`` (dispatches to ``per_token_cast_to_e5m6``; npc == K).
+        num_per_channels: group width npc: 16, 32, 64, 128, or K (K % 64 == 0). The last group may be partial.
+        x_block_size: ``(bm, bk)`` of a QuantTensor input's scales; None for a plain tensor.
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0: sf layout and rounding (packed UE8M0
+            requires column-major and round_sf).
+
+    Returns:
+        ``(out, sf)``: out float8_e4m3fn ``(M, K)`` or int8 ``(M, K/2)`` (two FP4 codes per byte, even
+        element in the low nibble); sf float32 ``(M, ceil(K/npc))`` row-major or column-major with
+        strides ``(1, A4(M))``, or packed UE8M0 int32 ``(M, ceil(Ks/4))`` with strides ``(1, A4(M))``.
+
+    Scales per group: ``sf = max(amax, clamp) / MAX`` (rounded up to a power of two with round_sf),
+    codes ``encode(x * sf_inv)`` with RNE and saturation.  A group holding inf/NaN gets sf = +inf and
+    dequantizes to NaN (codes: NaN/0 for the non-finite elements, +-0 for the others).
+    """
+    if fmt == "e5m6":
+        if x_block_size is not None:
+            raise ValueError(f"x_block_size must be None for fmt='e5m6', got {x_block_size!r}")
+        from .per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
+
+        return per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    _check_fmt(fmt, ("e4m3", "e2m1", "e5m6"))
+    return _per_token(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, SF_QUANT)
+
+
+def per_token_cast_with_sf_only(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_channels: int,
+                                x_block_size: Optional[Tuple[int, int]] = None,
+                                use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                use_packed_ue8m0: bool = False) -> torch.Tensor:
+    """Only the scale factors of :func:`per_token_cast` (identical bits and layout); no codes are written.
+
+    Arguments as :func:`per_token_cast` (fmt ``'e4m3'`` or ``'e2m1'``).  Returns sf: float32
+    ``(M, ceil(K/npc))`` (row- or column-major) or packed UE8M0 int32 ``(M, ceil(Ks/4))``.
+    """
+    _check_fmt(fmt)
+    return _per_token(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, SF_ONLY)[1]
+
+
+def per_token_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, num_per_channels: int, sf: torch.Tensor,
+                                       x_block_size: Optional[Tuple[int, int]] = None,
+                                       use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                       use_packed_ue8m0: bool = False) -> torch.Tensor:
+    """Quantize with given scales: ``out = encode(f32(x * (1 / sf[row, group])))``.
+
+    Args:
+        x: ``(M, K)`` bfloat16/float32, ``stride(1) == 1``.
+        fmt: ``'e4m3'`` or ``'e2m1'``.
+        num_per_channels: group width (16, 32, 64, 128 or K).
+        sf: float32 ``(M, ceil(K/npc))`` dequant scales, ``stride(1) == 1``; read only.
+        x_block_size: must be None.  use_tma_aligned_col_major_sf / use_packed_ue8m0 must be False;
+            round_sf is ignored.
+
+    Returns:
+        out float8_e4m3fn ``(M, K)`` or int8 ``(M, K/2)``.
+    """
+    _check_fmt(fmt)
+    if use_tma_aligned_col_major_sf or use_packed_ue8m0:
+        raise ValueError("per_token_cast_with_precomputed_sf takes a row-major float32 sf: "
+                         "use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False, got "
+                         f"{use_tma_aligned_col_major_sf} and {use_packed_ue8m0}")
+    if isinstance(x, (tuple, list)):
+        raise TypeError("x must be a bfloat16/float32 tensor for per_token_cast_with_precomputed_sf, got a QuantTensor")
+    return _per_token(x, fmt, num_per_channels, x_block_size, False, False, False, SF_PRECOMPUTED, psf=sf)[0]

@@ -1,0 +1,321 @@
+"""``swiglu_forward_and_per_token_cast``: SwiGLU (clamp, routing weight) fused with a per-token FP8 cast.
+
+``tile_kernels.quant.swiglu_forward_and_per_token_cast`` (``spec/quant.md`` §3.8).  One pass over x:
+each program loads ``[BLOCK_R, CH]`` tiles of the gate half ``l`` and the up half ``r`` of its rows,
+computes ``act`` in float32, takes the amax of each ``npc``-wide group, and stores the e4m3 codes and
+the scales (any §2.3 layout).  With ``clamped_count`` the grid is persistent (``get_num_sms() * 8``
+programs) so each program adds its three counts with one integer atomic each; integer atomics make
+the counts independent of the grid.
+
+Exactness on GPUs: every SwiGLU kernel here launches with ``enable_fp_fusion=False``.  libdevice's
+``expf`` ends with a multiply (``ex2.approx(..) * scale``), and with fusion on the following
+``1 + exp(-l)`` is contracted into one FMA (checked in the sm_90a PTX), which rounds differently from
+torch's separate exp and add.  With fusion off the PTX keeps only the explicit FMAs (inside expf, and
+the ``tl.fma`` of the backward), so the kernels compute exactly what the references compute.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import config
+from ..language import bf16_bits_to_f32, exp_f32, f32_to_e4m3_bits, quant_scale, sf_to_ue8m0
+from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, check_same_device, check_shape,
+                       check_tensor, empty, is_interpreter)
+from ..utils import ceil_div, next_power_of_two
+from .common import FMT_CLAMP, alloc_sf, check_sf_flags, pack_ue8m0_words
+from .types import QuantTensor
+
+__all__ = ["swiglu_forward_and_per_token_cast"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared jit pieces (also used by the backward and per-channel SwiGLU kernels)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_f32(ptr, offs, mask, X_BF16: tl.constexpr):
+    """Load float32 values from a bf16 (given as an int16 pointer, exact for every code) or fp32 tensor."""
+    if X_BF16:
+        return bf16_bits_to_f32(tl.load(ptr + offs, mask=mask, other=0))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _swiglu_clamp(l, r, c):
+    """``l = min(l, c)``, ``r`` into ``[-c, c]``, by comparisons so that NaN stays NaN on every backend."""
+    l = tl.where(l > c, c, l)
+    r = tl.where(r > c, c, tl.where(r < -c, -c, r))
+    return l, r
+
+
+@triton.jit
+def _swiglu_act(l, r):
+    """``(l / (1 + exp(-l))) * r`` with IEEE division and torch's exp (no product feeds an add)."""
+    t = 1.0 + exp_f32(-l)
+    return tl.math.div_rn(l, t) * r
+
+
+@triton.jit
+def _nan_as_inf_abs(v):
+    """|v| with NaN mapped to +inf, so the amax of a block holding NaN is +inf on every backend."""
+    return tl.where(v == v, tl.abs(v), float("inf"))
+
+
+@triton.jit
+def _encode_e4m3(x, sf_inv):
+    """e4m3 code of ``f32(x * sf_inv)``; where that product is NaN the code is ``0x7F | sign(x)``
+    (backends disagree on the sign of ``inf * 0``, so it is taken from x, as the reference does)."""
+    v = x * sf_inv
+    nan_code = (((x.to(tl.int32, bitcast=True) >> 24) & 0x80) | 0x7F).to(tl.uint8)
+    return tl.where(v != v, nan_code, f32_to_e4m3_bits(v))
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _swiglu_forward_and_per_token_cast_kernel(
+        x_ptr, out_ptr, sf_ptr, ptt_ptr, w_ptr, p2e_ptr, cnt_ptr,
+        num_rows, num_weights, num_groups, num_words,
+        stride_xm, stride_om, stride_sm, stride_sk,
+        clamp_value, sf_clamp_min,
+        H: tl.constexpr, X_BF16: tl.constexpr, HAS_WEIGHTS: tl.constexpr, HAS_P2E: tl.constexpr,
+        HAS_CLAMP: tl.constexpr, COUNT: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
+        BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr):
+    G: tl.constexpr = CH // GB  # groups per chunk
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
+    acc_l = tl.zeros([BLOCK_R], tl.int64)
+    acc_rp = tl.zeros([BLOCK_R], tl.int64)
+    acc_rn = tl.zeros([BLOCK_R], tl.int64)
+    rb = pid
+    while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
+        rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        row_ok = rows < num_rows
+        active = row_ok
+        if HAS_P2E:
+            p2e = tl.load(p2e_ptr + rows, mask=row_ok, other=-1)
+            active = row_ok & (p2e >= 0)
+        if HAS_WEIGHTS:
+            idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
+            w_ok = row_ok & (idx >= 0) & (idx < num_weights)
+            w = tl.load(w_ptr + idx, mask=w_ok, other=0.0)
+            w = tl.where(w_ok, w, 0.0)
+        x_row = x_ptr + rows[:, None] * stride_xm
+        for c0 in range(0, H, CH):
+            cols = c0 + tl.arange(0, CH)
+            col_ok = cols < H
+            m = active[:, None] & col_ok[None, :]
+            l = _load_f32(x_row, cols[None, :], m, X_BF16)
+            r = _load_f32(x_row, cols[None, :] + H, m, X_BF16)
+            if HAS_CLAMP:
+                if COUNT:
+                    # masked elements load as 0 and c >= 0, so they never count: no mask needed
+                    acc_l += tl.sum((l > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                    acc_rp += tl.sum((r > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                    acc_rn += tl.sum((r < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                l, r = _swiglu_clamp(l, r, clamp_value)
+            act = _swiglu_act(l, r)
+            if HAS_WEIGHTS:
+                act = act * w[:, None]
+            # padding rows (pos_to_expert < 0) are all-zero activations
+            act = tl.where(active[:, None], act, 0.0)
+            act3 = tl.reshape(act, (BLOCK_R, G, GB))
+            amax = tl.max(_nan_as_inf_abs(act3), axis=2)
+            sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+            q = tl.reshape(_encode_e4m3(act3, sf_inv[:, :, None]), (BLOCK_R, CH))
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], q,
+                     mask=row_ok[:, None] & col_ok[None, :])
+            g0 = c0 // GB
+            if PACKED:
+                gidx = g0 + tl.arange(0, G)
+                e = tl.where(gidx[None, :] < num_groups, sf_to_ue8m0(sf), 0)
+                words = pack_ue8m0_words(e)
+                widx = g0 // 4 + tl.arange(0, G // 4)
+                tl.store(sf_ptr + rows[:, None] * stride_sm + widx[None, :] * stride_sk, words,
+                         mask=row_ok[:, None] & (widx[None, :] < num_words))
+            else:
+                gidx = g0 + tl.arange(0, G)
+                tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :] * stride_sk, sf,
+                         mask=row_ok[:, None] & (gidx[None, :] < num_groups))
+        rb += nprog
+    if COUNT:
+        tl.atomic_add(cnt_ptr + 0, tl.sum(acc_l))
+        tl.atomic_add(cnt_ptr + 1, tl.sum(acc_rp))
+        tl.atomic_add(cnt_ptr + 2, tl.sum(acc_rn))
+
+
+# ------------------------------------------------------------------------------------------------
+# Host
+# ------------------------------------------------------------------------------------------------
+def _check_clamp_value(name: str, value) -> Optional[float]:
+    """None, or a finite real number >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def _check_positive(name: str, value) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+def _check_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _chunk_width(H: int, packed: bool) -> int:
+    """Largest of 1024/512/256/128 dividing H (packed sf needs >= 512: 4 groups per int32 word)."""
+    for ch in (1024, 512) if packed else (1024, 512, 256, 128):
+        if H % ch == 0:
+            return ch
+    return 512 if packed else 128
+
+
+def _config(H: int, npc: int, packed: bool):
+    """(BLOCK_R, CH, GB, num_warps) for one row block.
+
+    The kernel is instruction-heavy (two IEEE divisions, exp, e4m3 encode per element): 16 elements
+    per thread amortize the per-step work best (sm_90a SASS: ~65 instructions per element against
+    ~82 with 8 per thread).  GPU: ``[BLOCK_R, CH]`` = 1024 elements of each half per step with 2 warps
+    (80 registers at H = 3584); npc = H keeps the whole row (CH = next_pow2(H)) in registers, with
+    CH / 512 warps.  Interpreter: 64 (32) rows per program."""
+    if npc == H:
+        ch = next_power_of_two(H)
+        block_r = 32 if is_interpreter() else 1
+        return block_r, ch, ch, max(2, min(16, ch // 512))
+    ch = _chunk_width(H, packed)
+    block_r = 64 if is_interpreter() else max(1, 1024 // ch)
+    return block_r, ch, 128, 2
+
+
+_PROGRAMS_PER_SM = 8
+
+
+def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamped_count, sf_clamp_min):
+    num_rows, two_h = x.shape
+    H = two_h // 2
+    dev = x.device
+    out = empty((num_rows, H), torch.float8_e4m3fn, dev)
+    sf = alloc_sf(num_rows, H, (1, npc), col_major, packed, dev)
+    if num_rows == 0:
+        return out, sf
+    block_r, ch, gb, num_warps = _config(H, npc, packed)
+    num_rb = ceil_div(num_rows, block_r)
+    count = clamped_count is not None
+    # counting: a persistent grid (8 programs per SM) so the counts take 3 atomics per program
+    grid = (min(num_rb, config.get_num_sms() * _PROGRAMS_PER_SM),) if count else (num_rb,)
+    num_groups = ceil_div(H, npc)
+    x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    dummy = out  # never read when its flag is off
+    _swiglu_forward_and_per_token_cast_kernel[grid](
+        x_arg, out.view(torch.uint8), sf,
+        ptt if ptt is not None else dummy, weights if weights is not None else dummy,
+        p2e if p2e is not None else dummy, clamped_count if count else dummy,
+        num_rows, weights.numel() if weights is not None else 0, num_groups, ceil_div(num_groups, 4),
+        x.stride(0), out.stride(0), sf.stride(0), sf.stride(1),
+        clamp if clamp is not None else 0.0,
+        sf_clamp_min if sf_clamp_min is not None else FMT_CLAMP["e4m3"],
+        H=H, X_BF16=x.dtype == torch.bfloat16, HAS_WEIGHTS=ptt is not None, HAS_P2E=p2e is not None,
+        HAS_CLAMP=clamp is not None, COUNT=count, ROUND_SF=round_sf, PACKED=packed,
+        BLOCK_R=block_r, CH=ch, GB=gb, num_warps=num_warps,
+        enable_fp_fusion=False)  # see the module docstring
+    return out, sf
+
+
+def swiglu_forward_and_per_token_cast(
+        x: torch.Tensor, fmt: str, num_per_channels: int, pos_to_token_topk: Optional[torch.Tensor] = None,
+        topk_weights: Optional[torch.Tensor] = None, pos_to_expert: Optional[torch.Tensor] = None,
+        use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False, use_packed_ue8m0: bool = False,
+        swiglu_clamp_value: Optional[float] = None, clamped_count: Optional[torch.Tensor] = None,
+        sf_clamp_min: Optional[float] = None) -> QuantTensor:
+    """SwiGLU of the fused MoE rows, then a per-token FP8 e4m3 cast with ``npc``-wide scale groups.
+
+    Per row e and column j < H: ``l = x[e, j]``, ``r = x[e, j + H]`` (float32); with a clamp c,
+    ``l = min(l, c)`` and ``r`` clamped to ``[-c, c]``; ``act = (l / (1 + exp(-l))) * r``, then
+    ``act * w_e`` with routing weights.  The float32 act is quantized per (row, group of npc columns)
+    as ``spec/quant.md`` §2.2 says (amax clamped below by ``sf_clamp_min`` or 1e-4; sf = a/448).
+
+    Args:
+        x: bf16 or float32 ``(E, 2H)``, H % 128 == 0, unit column stride (rows may be strided).
+        fmt: ``'e4m3'`` (the only format).
+        num_per_channels: npc, 128 or H.
+        pos_to_token_topk: optional int32 ``(E,)`` flat index ``t*K + k`` into ``topk_weights``; a negative
+            index (or one past ``topk_weights``) gives weight 0.  Requires ``topk_weights``.
+        topk_weights: float32 ``(T, K)`` contiguous, read as ``topk_weights.flat[index]``.
+        pos_to_expert: optional int32 ``(E,)``; rows with a negative entry are padding: they are treated
+            as all-zero activations (codes +0, sf = the clamp-minimum scale) and are not counted.
+        use_tma_aligned_col_major_sf / round_sf / use_packed_ue8m0: the sf layout and rounding of §2.3
+            (column-major needs npc == 128; packed needs column-major and round_sf).
+        swiglu_clamp_value: optional clamp c >= 0.
+        clamped_count: optional int64 ``(3,)``, requires a clamp; updated in place with ``+=`` of
+            ``#(l > c)``, ``#(r > c)``, ``#(r < -c)`` over the non-padding rows, before clamping.
+        sf_clamp_min: optional lower clamp of the amax (> 0) instead of 1e-4.
+
+    Returns:
+        ``(out, sf)``: out float8_e4m3fn ``(E, H)``; sf float32 ``(E, ceil(H/npc))`` (row-major or
+        column-major ``(1, A4(E))`` strides), or int32 ``(E, ceil(H/npc/4))`` packed UE8M0.
+
+    Non-finite values: a group holding inf or NaN in act gets sf = +inf (UE8M0 0xFF) and its codes are
+    ``e4m3(act * 0)``: +-0 for finite elements, NaN for non-finite ones, so it dequantizes to NaN.
+    """
+    check_tensor("x", x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
+    check_choice("fmt", fmt, ("e4m3",))
+    if x.shape[1] % 256 != 0 or x.shape[1] == 0:
+        raise ValueError(f"x must have 2*H columns with H a positive multiple of 128, got shape {tuple(x.shape)}")
+    num_rows, H = x.shape[0], x.shape[1] // 2
+    check_inner_contiguous("x", x)
+    npc = _check_int("num_per_channels", num_per_channels)
+    if npc not in (128, H):
+        raise ValueError(f"num_per_channels must be 128 or H={H}, got {npc}")
+    check_sf_flags(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    if use_tma_aligned_col_major_sf and npc != 128:
+        raise ValueError(f"use_tma_aligned_col_major_sf=True requires num_per_channels=128, got {npc}")
+    if (pos_to_token_topk is None) != (topk_weights is None):
+        raise ValueError("pos_to_token_topk and topk_weights must be given together, got "
+                         f"pos_to_token_topk={'a tensor' if pos_to_token_topk is not None else 'None'} and "
+                         f"topk_weights={'a tensor' if topk_weights is not None else 'None'}")
+    if pos_to_token_topk is not None:
+        check_tensor("pos_to_token_topk", pos_to_token_topk, dtypes=(torch.int32,), ndim=1)
+        check_shape("pos_to_token_topk", pos_to_token_topk, (num_rows,))
+        check_contiguous("pos_to_token_topk", pos_to_token_topk)
+        check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+        check_contiguous("topk_weights", topk_weights)
+    if pos_to_expert is not None:
+        check_tensor("pos_to_expert", pos_to_expert, dtypes=(torch.int32,), ndim=1)
+        check_shape("pos_to_expert", pos_to_expert, (num_rows,))
+        check_contiguous("pos_to_expert", pos_to_expert)
+    clamp = _check_clamp_value("swiglu_clamp_value", swiglu_clamp_value)
+    if clamped_count is not None:
+        if clamp is None:
+            raise ValueError("clamped_count requires swiglu_clamp_value, got swiglu_clamp_value=None")
+        check_tensor("clamped_count", clamped_count, dtypes=(torch.int64,), ndim=1)
+        check_shape("clamped_count", clamped_count, (3,))
+        check_contiguous("clamped_count", clamped_count)
+    sf_clamp_min = _check_positive("sf_clamp_min", sf_clamp_min)
+    check_same_device(x=x, pos_to_token_topk=pos_to_token_topk, topk_weights=topk_weights,
+                      pos_to_expert=pos_to_expert, clamped_count=clamped_count)
+    return _launch(x, npc, pos_to_token_topk, topk_weights, pos_to_expert, use_tma_aligned_col_major_sf,
+                   round_sf, use_packed_ue8m0, clamp, clamped_count, sf_clamp_min)
+

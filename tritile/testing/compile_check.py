@@ -1,0 +1,133 @@
+"""Compile, for a GPU target, every kernel variant that an interpreter run launched (no GPU needed).
+
+The CPU test-suite runs kernels in Triton's interpreter, which accepts code the GPU compiler rejects
+(Python lists, some reshapes, ...).  This closes the gap:
+
+1. Under ``TRITON_INTERPRET=1`` with ``TRITILE_RECORD_LAUNCHES=<file>``, ``tests/conftest.py`` calls
+   :func:`install_recorder`, which notes each launch: the kernel, its argument types, its constexpr
+   values and ``num_warps``/``num_stages`` (one line of JSON per distinct variant).
+2. ``python -m tritile.testing.compile_check <file>`` (without the interpreter) compiles every recorded
+   variant for sm_90 with Triton's bundled ptxas and reports those that fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import sys
+import time
+from typing import Any, Dict
+
+_DTYPE_SIG = {
+    "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
+    "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5", "torch.int8": "i8", "torch.uint8": "u8",
+    "torch.int16": "i16", "torch.int32": "i32", "torch.int64": "i64", "torch.bool": "i1", "torch.uint32": "u32",
+}
+
+
+def _is_constexpr(param: inspect.Parameter) -> bool:
+    ann = param.annotation
+    return ann is not inspect.Parameter.empty and ("constexpr" in str(ann))
+
+
+def _arg_type(v: Any) -> str:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return "*" + _DTYPE_SIG[str(v.dtype)]
+    if isinstance(v, bool):
+        return "i1"
+    if isinstance(v, int):
+        return "i32" if -(2**31) <= v < 2**31 else "i64"
+    if isinstance(v, float):
+        return "fp32"
+    if v is None:
+        return "constexpr"
+    raise TypeError(f"cannot type {type(v).__name__}")
+
+
+def install_recorder(path: str) -> None:
+    """Record every interpreter launch's variant to ``path`` (JSON lines, deduplicated per process)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen = set()
+    orig_run = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        try:
+            fn = self.fn
+            params = inspect.signature(fn).parameters
+            bound = dict(zip(params, args))
+            bound.update({k: v for k, v in kwargs.items() if k in params})
+            sig, consts = {}, {}
+            for name, p in params.items():
+                if name not in bound:
+                    if _is_constexpr(p) and p.default is not inspect.Parameter.empty:
+                        consts[name] = p.default
+                        sig[name] = "constexpr"
+                    continue
+                v = bound[name]
+                if _is_constexpr(p) or v is None:
+                    consts[name] = v
+                    sig[name] = "constexpr"
+                else:
+                    sig[name] = _arg_type(v)
+            rec = {"module": fn.__module__, "name": fn.__name__, "signature": sig,
+                   "constexprs": {k: _jsonable(v) for k, v in consts.items()},
+                   "num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages", 3)}
+            key = json.dumps(rec, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                with open(path, "a") as f:
+                    f.write(key + "\n")
+        except Exception:  # recording must never break a test
+            pass
+        return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+
+
+def _jsonable(v):
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0) -> int:
+    """Compile each recorded variant for ``sm_<arch>``; print failures; return their number."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("run the compile check without TRITON_INTERPRET=1")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile as tcompile
+
+    recs = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                recs[line] = json.loads(line)
+    target = GPUTarget("cuda", arch, 32)
+    failures, t0 = 0, time.time()
+    for i, rec in enumerate(recs.values()):
+        if time.time() - t0 > limit_s:
+            print(f"compile check stopped after {limit_s:.0f} s: {i} of {len(recs)} variants compiled")
+            break
+        fn = getattr(importlib.import_module(rec["module"]), rec["name"])
+        consts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rec["constexprs"].items()}
+        try:
+            src = ASTSource(fn, rec["signature"], constexprs=consts)
+            tcompile(src, target=target, options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
+        except Exception as e:  # report every failing variant, not just the first
+            failures += 1
+            msg = str(e).strip().splitlines()
+            print(f"FAIL {rec['module']}.{rec['name']} constexprs={rec['constexprs']}\n    " + "\n    ".join(msg[-12:]))
+    print(f"{len(recs) - failures} passed, {failures} failed")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if compile_all(sys.argv[1]) else 0)
