@@ -124,6 +124,9 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
                     else:
                         row["vs_tk"] = "no anchor"
             rows.append(row)
+            if json_path:  # written as we go, so a run cut short still leaves its rows
+                with open(json_path, "w") as f:
+                    json.dump(dict(meta=meta, rows=rows), f, indent=1)
             torch.cuda.empty_cache() if on_gpu else None
         del cases
 
