@@ -5,6 +5,7 @@ Nothing here queries a GPU driver at import time.
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 from typing import Iterable, Optional, Sequence
@@ -167,14 +168,25 @@ def check_choice(name: str, value, choices) -> None:
 def custom_op(name: str, *, mutates_args=(), fake=None):
     """Register ``fn`` as ``torch.library.custom_op('tritile::<name>')`` with an optional fake kernel.
 
-    Returns the custom op object (callable like the function).  Use it for the tensor-only core
-    of an op; the public Python wrapper keeps TileKernels' signature (tuples, strings, None).
+    Returns a callable that runs ``fn`` directly in eager mode (the dispatcher round trip costs tens of
+    µs per call, which latency-bound ops cannot afford) and the registered op while ``torch.compile``
+    traces, so graphs see an opaque op with a fake kernel.  The op itself is ``.op`` /
+    ``torch.ops.tritile.<name>``.  Use it for the tensor-only core of an op; the public Python wrapper
+    keeps TileKernels' signature (tuples, strings, None).
     """
 
     def deco(fn):
         op = torch.library.custom_op(f"tritile::{name}", mutates_args=mutates_args)(fn)
         if fake is not None:
             op.register_fake(fake)
-        return op
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return op(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        call.op = op
+        return call
 
     return deco

@@ -72,4 +72,4 @@ def test_fused_weight_opcheck(device):
     import tritile.engram.engram_fused_weight_kernel as fm
 
     wh = torch.randn(4, 64, dtype=torch.bfloat16, device=device)
-    torch.library.opcheck(fm._fused_weight_op, (wh, torch.randn_like(wh)))
+    torch.library.opcheck(fm._fused_weight_op.op, (wh, torch.randn_like(wh)))

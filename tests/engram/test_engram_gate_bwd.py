@@ -157,4 +157,4 @@ def test_engram_gate_bwd_opcheck(device):
     x, k, v, wh, we = make_gate_data(5, 4, 64, device)
     grad_out = torch.randn_like(x)
     saved, _ = _reference(x, k, v, wh, we, grad_out)
-    torch.library.opcheck(gk._engram_gate_bwd_op, (grad_out, x, k, v, wh.float() * we.float(), *saved, CLAMP))
+    torch.library.opcheck(gk._engram_gate_bwd_op.op, (grad_out, x, k, v, wh.float() * we.float(), *saved, CLAMP))

@@ -152,7 +152,7 @@ def test_engram_gate_fwd_opcheck(device):
     x, k, v, wh, we = make_gate_data(5, 4, 64, device)
     wf = fused_weight(wh, we)
     for save in (True, False):
-        torch.library.opcheck(gk._engram_gate_fwd_op, (x, k, v, wf, EPS, CLAMP, save))
+        torch.library.opcheck(gk._engram_gate_fwd_op.op, (x, k, v, wf, EPS, CLAMP, save))
     f = torch.compile(engram_gate_fwd, backend="eager", fullgraph=True)
     res = f(x, k, v, wf, EPS, CLAMP, False)
     assert all(r is None for r in res[1:])

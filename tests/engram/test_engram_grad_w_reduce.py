@@ -97,4 +97,4 @@ def test_grad_w_reduce_opcheck(device):
     w = torch.randn(4, 64, dtype=torch.bfloat16, device=device)
     args = (torch.randn(3, 4, 64, device=device), w, w.clone(), torch.zeros(4, 64, device=device),
             torch.zeros(4, 64, device=device))
-    torch.library.opcheck(gm._grad_w_reduce_op, args)
+    torch.library.opcheck(gm._grad_w_reduce_op.op, args)

@@ -105,6 +105,6 @@ def test_engram_hash_opcheck_and_compile(device):
     import tritile.engram.engram_hash_kernel as hm
 
     ids, mult, vocab, offsets = _data(20, 3, 2, 8, device, wide=True)
-    torch.library.opcheck(hm._engram_hash_op, (ids, mult, vocab, offsets))
+    torch.library.opcheck(hm._engram_hash_op.op, (ids, mult, vocab, offsets))
     f = torch.compile(engram_hash, backend="eager", fullgraph=True)
     assert_equal(f(ids, mult, vocab, offsets), engram_hash_ref(ids, mult, vocab, offsets))

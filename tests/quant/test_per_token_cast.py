@@ -276,7 +276,7 @@ def test_per_token_cast_torch_library(device):
                                               ("e4m3", 1, 256, True, 0, (False, True, False)),
                                               ("e2m1", 1, 32, False, 1, (True, True, True))]:
         args = (x, None, None, fmt, 1, 1, bm, bk, row_group, mode, cfg[1], cfg[0], cfg[2])
-        torch.library.opcheck(_block_cast_op, args)
+        torch.library.opcheck(_block_cast_op.op, args)
     f = torch.compile(lambda x: per_token_cast(x, "e4m3", 128, None, True, True, True), backend="eager",
                       fullgraph=True)
     out, sf = f(x)
