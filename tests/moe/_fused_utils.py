@@ -13,44 +13,16 @@ from typing import Dict, List
 
 import torch
 
-from tritile.config import get_device_num_sms
-from tritile.testing import full_test, is_gpu_run
+from tritile.testing.generator import generate_moe_params as _generate_moe_params
+from tritile.testing.generator import generate_num_sms, generate_topk_idx  # noqa: F401
 
 
 def generate_moe_params(is_benchmark: bool = False) -> List[Dict[str, int]]:
-    send = 4001 if is_gpu_run() else 29
-    topks = [2, 6, 8, 9]
-    pairs = [(72, 8), (256, 8), (256, 64)]
-    params = [dict(num_send_tokens=send, num_topk=k, num_experts=e // ep, num_ep_ranks=ep)
-              for k in topks for e, ep in pairs]
-    if full_test() and not is_benchmark:
-        params.insert(0, dict(num_send_tokens=0, num_topk=1, num_experts=1, num_ep_ranks=1))
-    return params
+    return _generate_moe_params(is_benchmark, cpu_num_send_tokens=29, cpu_topks=(2, 6, 8, 9))
 
 
 def moe_param_id(p: Dict[str, int]) -> str:
     return f"K{p['num_topk']}-E{p['num_experts']}-ep{p['num_ep_ranks']}"
-
-
-def generate_topk_idx(params: Dict[str, int], device=None) -> torch.Tensor:
-    """int64 ``(T', K)``: distinct local expert ids per row, -1 elsewhere, every row with >= 1 valid slot."""
-    from tritile.testing import get_device
-
-    device = device if device is not None else get_device()
-    ep = params["num_ep_ranks"]
-    e_local = params["num_experts"]
-    k = params["num_topk"]
-    senders = params["num_send_tokens"] * ep
-    scores = torch.rand((senders, e_local * ep), device=device).to(torch.bfloat16)
-    idx = scores.float().topk(k, dim=1, sorted=False).indices
-    idx = torch.where(idx < e_local, idx, torch.full_like(idx, -1))
-    return idx[(idx >= 0).any(dim=1)].contiguous()
-
-
-def generate_num_sms() -> List[int]:
-    """Two launch hints (TileKernels: device - 20 and device); results must not depend on them."""
-    n = get_device_num_sms()
-    return [max(1, n - 20), n] if is_gpu_run() else [1, 3]
 
 
 def ref_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int,

@@ -152,9 +152,9 @@ def test_cast_back_torch_library(device):
 
     x = torch.randn(33, 256, device=device)
     q = cast(x, "e4m3", (32, 32))
-    torch.library.opcheck(_cast_back_op, (q[0], q[1], "bf16", 32, 32),
+    torch.library.opcheck(_cast_back_op.op, (q[0], q[1], "bf16", 32, 32),
                           test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
     q4 = cast(x, "e2m1", (1, 32), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
-    torch.library.opcheck(_cast_back_op, (q4[0], q4[1], "fp32", 1, 32))
+    torch.library.opcheck(_cast_back_op.op, (q4[0], q4[1], "fp32", 1, 32))
     f = torch.compile(lambda d, s: cast_back((d, s), "bf16", (1, 32)), backend="eager", fullgraph=True)
     assert_equal(f(*q4), cast_back_ref(q4, "bf16", (1, 32)))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-import os
 import sys
 import time
 from importlib import resources

@@ -9,6 +9,7 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
+from tritile.testing.generator import generate_topk_idx_rows
 from ..utils import ceil_div
 from .expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
 from .get_fused_mapping_kernel import get_fused_mapping
@@ -18,16 +19,7 @@ _M = "moe"
 
 
 def _topk_idx(device, num_experts, num_ep_ranks, num_topk, num_tokens):
-    """TileKernels' EP-receive routing (local ids, -1 elsewhere, rows without a local expert dropped),
-    trimmed or tiled to exactly ``num_tokens`` rows so the anchor's token count is met."""
-    keep = 1.0 - (1.0 - 1.0 / num_ep_ranks) ** num_topk  # about the share of rows with a local expert
-    senders = 64 + int(num_tokens * 1.2 / keep)
-    scores = torch.rand(senders, num_experts * num_ep_ranks, device=device).to(torch.bfloat16)
-    idx = scores.float().topk(num_topk, dim=1, sorted=False).indices
-    idx = torch.where(idx < num_experts, idx, torch.full_like(idx, -1))
-    idx = idx[(idx >= 0).any(dim=1)]
-    reps = ceil_div(num_tokens, max(1, idx.size(0)))
-    return idx.repeat(reps, 1)[:num_tokens].contiguous()
+    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
 
 
 def _ref_mapping(topk_idx, num_experts, alignment):

@@ -8,6 +8,7 @@ import torch
 
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
+from tritile.testing.generator import generate_topk_idx_rows
 
 from . import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight,
                top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
@@ -17,15 +18,7 @@ _M = "moe"
 
 
 def _topk_idx(device, num_experts, num_ep_ranks, num_topk, num_tokens):
-    """TileKernels' EP-receive generator (local ids, -1 elsewhere, all--1 rows dropped), trimmed or
-    tiled to exactly ``num_tokens`` rows so the anchor's token count is met."""
-    rows = max(64, (num_tokens * 3) // 2)
-    scores = torch.rand(rows, num_experts * num_ep_ranks, device=device).to(torch.bfloat16)
-    idx = scores.topk(num_topk, dim=1, sorted=False).indices
-    idx = torch.where(idx < num_experts, idx, -1)
-    idx = idx[(idx >= 0).any(dim=1)]
-    reps = -(-num_tokens // max(1, idx.size(0)))
-    return idx.repeat(reps, 1)[:num_tokens].contiguous()
+    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
 
 
 @register(_M, "topk_gate")

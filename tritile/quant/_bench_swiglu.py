@@ -16,6 +16,7 @@ import torch
 
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
+from tritile.testing.generator import generate_topk_idx_rows
 
 from .swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
 from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
@@ -26,21 +27,7 @@ _M = "quant"
 
 
 def _topk_idx(num_tokens, num_topk, num_experts, num_ep_ranks, device):
-    """int64 ``(num_tokens, K)`` local expert ids (-1 = elsewhere), every row with one local id."""
-    total = num_experts * num_ep_ranks
-    rows = []
-    have = 0
-    g = torch.Generator(device=device)
-    g.manual_seed(0)
-    while have < num_tokens:
-        n = max(1024, 2 * (num_tokens - have) * max(1, total // (num_topk * num_experts)))
-        scores = torch.rand((n, total), device=device, generator=g).to(torch.bfloat16)
-        idx = scores.topk(num_topk, dim=1, sorted=False).indices
-        idx = torch.where(idx < num_experts, idx, torch.full_like(idx, -1))
-        idx = idx[(idx >= 0).any(dim=1)]
-        rows.append(idx)
-        have += idx.shape[0]
-    return torch.cat(rows)[:num_tokens].contiguous()
+    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
 
 
 def _fused_maps(topk_idx, num_experts, alignment):

@@ -19,7 +19,7 @@ tritile writes whole words, so bytes past ``Ks`` are zero.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton

@@ -62,3 +62,76 @@ def generate_rand_float(shape, device=None, min_exp: int = -110, max_exp: int = 
     exp = torch.randint(min_exp, max_exp + 1, shape, device=device).float()
     sign = torch.where(torch.rand(shape, device=device) < 0.5, -1.0, 1.0)
     return (sign * mant * torch.exp2(exp)).float()
+
+
+def generate_moe_params(is_benchmark: bool = False, cpu_num_send_tokens: int = 33,
+                        cpu_topks=(1, 6, 9)) -> List[dict]:
+    """TileKernels' MoE grid: dicts ``{num_send_tokens, num_topk, num_experts (local), num_ep_ranks}``.
+
+    GPU: 4001 senders per rank, K in {2, 6, 8, 9}, (E_total, ep) in {(72, 8), (256, 8), (256, 64)}
+    (+ TileKernels' full-test extras).  CPU: the same structure with ``cpu_num_send_tokens`` senders (odd, so
+    tails are partial) and ``cpu_topks``, which keeps the interpreter fast.  Full test (``TRITILE_FULL_TEST=1``)
+    also adds the empty case unless benchmarking."""
+    gpu = is_gpu_run()
+    send = 4001 if gpu else cpu_num_send_tokens
+    topks = [2, 6, 8, 9] if gpu else list(cpu_topks)
+    experts_ep = [(72, 8), (256, 8), (256, 64)]
+    if full_test() and gpu:
+        topks += [1, 7]
+        experts_ep = [(e, ep) for e in (72, 256, 288, 384) for ep in (1, 8, 64, 72, 256) if e % ep == 0]
+    params = []
+    if full_test() and not is_benchmark:
+        params.append(dict(num_send_tokens=0, num_topk=1, num_experts=1, num_ep_ranks=1))
+    for k in topks:
+        for e_total, ep in experts_ep:
+            params.append(dict(num_send_tokens=send, num_topk=k, num_experts=e_total // ep, num_ep_ranks=ep))
+    return params
+
+
+def generate_topk_idx(params: dict, device=None) -> torch.Tensor:
+    """The receiving side of an EP dispatch, as TileKernels generates it (without ``torch.compile``).
+
+    ``num_send_tokens * ep`` senders draw distinct experts among ``E_local * ep``; ids outside the local range
+    become -1 and rows with no local expert are dropped.  Returns int64 ``(T', K)``; every row keeps at least
+    one valid slot."""
+    device = device if device is not None else get_device()
+    e_local, ep, k = params["num_experts"], params["num_ep_ranks"], params["num_topk"]
+    rows = params["num_send_tokens"] * ep
+    if rows == 0 or e_local * ep < k:
+        return torch.empty((0, k), dtype=torch.int64, device=device)
+    scores = torch.rand((rows, e_local * ep), device=device).to(torch.bfloat16)
+    idx = scores.topk(k, dim=1, sorted=False).indices
+    idx = torch.where(idx < e_local, idx, -1)
+    return idx[(idx >= 0).any(dim=1)].contiguous()
+
+
+def generate_num_sms() -> List[int]:
+    """Two persistent-grid sizes (TileKernels: device - 20 and device; [1, 3] on the CPU)."""
+    from ..config import get_device_num_sms
+
+    if is_gpu_run():
+        dev = get_device_num_sms()
+        return [max(1, dev - 20), dev]
+    return [1, 3]
+
+
+def generate_topk_idx_rows(num_tokens: int, num_topk: int, num_experts: int, num_ep_ranks: int,
+                           device=None, seed: int = 0) -> torch.Tensor:
+    """``generate_topk_idx``'s EP-receive routing, drawn until exactly ``num_tokens`` rows are kept (the
+    benchmarks' anchor shapes give the received token count).  Reproducible: its own generator, ``seed``."""
+    device = device if device is not None else get_device()
+    total = num_experts * num_ep_ranks
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    rows, have = [], 0
+    while have < num_tokens:
+        n = max(1024, 2 * (num_tokens - have) * max(1, total // (num_topk * num_experts)))
+        idx = torch.rand((n, total), device=device, generator=g).to(torch.bfloat16).topk(num_topk, dim=1,
+                                                                                          sorted=False).indices
+        idx = torch.where(idx < num_experts, idx, -1)
+        idx = idx[(idx >= 0).any(dim=1)]
+        rows.append(idx)
+        have += idx.shape[0]
+    if not rows:
+        return torch.empty((0, num_topk), dtype=torch.int64, device=device)
+    return torch.cat(rows)[:num_tokens].contiguous()
