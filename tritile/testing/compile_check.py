@@ -118,13 +118,20 @@ def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0) -> int:
             break
         fn = getattr(importlib.import_module(rec["module"]), rec["name"])
         consts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rec["constexprs"].items()}
+        t1 = time.time()
         try:
             src = ASTSource(fn, rec["signature"], constexprs=consts)
             tcompile(src, target=target, options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
+            if time.time() - t1 > 20:
+                print(f"slow ({time.time() - t1:.0f} s): {rec['module']}.{rec['name']} constexprs={rec['constexprs']}",
+                      flush=True)
         except Exception as e:  # report every failing variant, not just the first
             failures += 1
             msg = str(e).strip().splitlines()
-            print(f"FAIL {rec['module']}.{rec['name']} constexprs={rec['constexprs']}\n    " + "\n    ".join(msg[-12:]))
+            print(f"FAIL {rec['module']}.{rec['name']} constexprs={rec['constexprs']}\n    " + "\n    ".join(msg[-12:]),
+                  flush=True)
+        if (i + 1) % 100 == 0:
+            print(f"[{i + 1}/{len(recs)}] {time.time() - t0:.0f} s", flush=True)
     print(f"{len(recs) - failures} passed, {failures} failed")
     return failures
 

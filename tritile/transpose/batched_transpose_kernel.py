@@ -105,7 +105,7 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
-        bm4, bn4, warps = (16, 16, 4) if is_interpreter() else (32, 16, 4)
+        bm4, bn4, warps = (16, 16, 4) if is_interpreter() else (64, 32, 4)  # H200 sweep: 256x128-byte tiles
         if config:
             bm4, bn4, warps = config.get("BLOCK_M4", bm4), config.get("BLOCK_N4", bn4), config.get("num_warps", warps)
         xw = x.view(torch.uint8).view(torch.int32)
