@@ -15,9 +15,13 @@ import torch
 _TRUE = ("1", "true", "yes", "on")
 
 
+# Read once: Triton itself decides interpreter or GPU when the @triton.jit decorators run (at import).
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
+
+
 def is_interpreter() -> bool:
-    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
+    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1`` at import time)."""
+    return _INTERPRET
 
 
 def checks_enabled() -> bool:
