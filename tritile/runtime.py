@@ -24,6 +24,18 @@ def is_interpreter() -> bool:
     return _INTERPRET
 
 
+# Launch configs: the interpreter costs ~1 ms per program instance, so under it kernels take bigger blocks
+# and fewer programs.  ``TRITILE_GPU_CONFIGS=1`` keeps the GPU's launch configs in the interpreter: slower,
+# but it runs the GPU's code paths on the CPU and lets `tritile.testing.compile_check` compile exactly the
+# variants a GPU would.
+_INTERPRETER_CONFIGS = _INTERPRET and os.environ.get("TRITILE_GPU_CONFIGS", "0").lower() not in _TRUE
+
+
+def interpreter_configs() -> bool:
+    """True when launch configs should be sized for the interpreter (see ``TRITILE_GPU_CONFIGS``)."""
+    return _INTERPRETER_CONFIGS
+
+
 def checks_enabled() -> bool:
     """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host)."""
     return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE

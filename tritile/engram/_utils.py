@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import check_inner_contiguous, check_tensor, empty_strided, is_interpreter
+from ..runtime import check_inner_contiguous, check_tensor, empty_strided, interpreter_configs
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:
@@ -35,4 +35,4 @@ def bits16(t: torch.Tensor) -> torch.Tensor:
 
 
 def interp() -> bool:
-    return is_interpreter()
+    return interpreter_configs()

@@ -7,12 +7,12 @@ import triton
 import triton.language as tl
 
 from tritile.config import get_num_sms
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, is_interpreter
+from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
 
 from .group_count_kernel import check_index_range, count_chunks, grid_config
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
-_INTERPRET = is_interpreter()
+_INTERPRET = interpreter_configs()
 
 __all__ = ["aux_fi"]
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..quant.types import QuantTensor
 from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
-                       is_interpreter)
+                       interpreter_configs)
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
@@ -118,7 +118,7 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
     xw = _word_view("x", data)
     ow = _word_view("out", out)
     hidden_w = xw.shape[1]
-    interp = is_interpreter()
+    interp = interpreter_configs()
     budget = 65536 if interp else 4096  # words per [BT, BH] tile
     bh = max(16, min(next_power_of_two(max(hidden_w, 1)), 8192 if interp else 2048))
     bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))

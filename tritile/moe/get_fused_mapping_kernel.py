@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..config import get_num_sms
-from ..runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, is_interpreter
+from ..runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["get_fused_mapping"]
@@ -38,10 +38,10 @@ __all__ = ["get_fused_mapping"]
 #: Largest ``num_experts`` (TileKernels' limit; the one-hot tiles grow with it).
 MAX_EXPERTS = 1024
 #: Inputs with at most this many slots (``T*K``) take the single-program, single-launch path.
-_SINGLE_PROGRAM_MAX_SLOTS = 512 if is_interpreter() else 16384
+_SINGLE_PROGRAM_MAX_SLOTS = 512 if interpreter_configs() else 16384
 #: Padding is written as one ``[BLOCK_E, PAD_BLOCK]`` tile per step when it has at most this many elements,
 #: else expert by expert.
-_PAD_TILE_MAX = (1 << 20) if is_interpreter() else 8192
+_PAD_TILE_MAX = (1 << 20) if interpreter_configs() else 8192
 
 
 @triton.jit
@@ -197,7 +197,7 @@ def _plan(numel: int, num_experts: int, alignment: int, num_sms: int, interp: bo
 def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
     num_tokens, num_topk = topk_idx.shape
     numel = num_tokens * num_topk
-    cfg = _plan(numel, num_experts, alignment, get_num_sms(), is_interpreter(), _SINGLE_PROGRAM_MAX_SLOTS,
+    cfg = _plan(numel, num_experts, alignment, get_num_sms(), interpreter_configs(), _SINGLE_PROGRAM_MAX_SLOTS,
                 _PAD_TILE_MAX)
     num_chunks = cfg["num_chunks"]
     # One int32 allocation cut by one split; every part starts on a 128-byte boundary.

@@ -9,11 +9,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, is_interpreter
+from tritile.runtime import check_contiguous, check_device, check_tensor, interpreter_configs
 from tritile.utils import next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
-_INTERPRET = is_interpreter()
+_INTERPRET = interpreter_configs()
 
 __all__ = ["inplace_unique_group_indices"]
 

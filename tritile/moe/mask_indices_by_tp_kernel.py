@@ -6,10 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, is_interpreter
+from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
-_INTERPRET = is_interpreter()
+_INTERPRET = interpreter_configs()
 
 __all__ = ["mask_indices_by_tp"]
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_bf16_bits, f32_to_e4m3_bits
 from ..runtime import check_inner_contiguous, check_same_device, check_shape, check_tensor, checks_enabled, empty, \
-    is_interpreter
+    interpreter_configs
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["reduce_fused"]
@@ -138,7 +138,7 @@ def reduce_fused(
     if num_tokens == 0 or hidden == 0:
         return out
 
-    interp = is_interpreter()
+    interp = interpreter_configs()
     bh = max(16, min(next_power_of_two(hidden), 4096 if interp else 1024))
     bt = max(1, min((131072 if interp else 2048) // bh, next_power_of_two(num_tokens)))
     num_col_blocks = ceil_div(hidden, bh)

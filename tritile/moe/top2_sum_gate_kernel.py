@@ -12,7 +12,7 @@ import triton.language as tl
 
 from tritile.language import exp_f32
 from tritile.runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, empty,
-                             is_interpreter)
+                             interpreter_configs)
 from tritile.utils import next_power_of_two
 
 from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack_key, sigmoid_f32, softplus_f32,
@@ -20,7 +20,7 @@ from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack
 from .scoring import ScoringFunc
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
-_INTERPRET = is_interpreter()
+_INTERPRET = interpreter_configs()
 
 __all__ = ["top2_sum_gate"]
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_e4m3_bits, quant_scale
-from ..runtime import is_interpreter
+from ..runtime import interpreter_configs
 from ..utils import next_power_of_two
 
 __all__ = ["E4M3_MAX", "E4M3_CLAMP", "column_amax", "per_channel_scale", "per_channel_encode",
@@ -119,7 +119,7 @@ def per_channel_launch_config(num_rows: int, hidden: int, npt: int, *, k_multipl
     so a grid has few programs.
     """
     bm = max(128, npt)
-    if is_interpreter():
+    if interpreter_configs():
         bk = min(max(next_power_of_two(hidden), 16), 1024)
         return TileConfig(bm, max(bk, k_multiple), 4, bm)
     bk = max(128, k_multiple)

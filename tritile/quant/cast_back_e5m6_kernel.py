@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16, ue8m0_to_f32
-from ..runtime import check_choice, check_same_device, check_tensor, empty, is_interpreter
+from ..runtime import check_choice, check_same_device, check_tensor, empty, interpreter_configs
 from ..utils import ceil_div, next_power_of_two
 from .common import sf_info
 from .types import QuantTensor
@@ -95,7 +95,7 @@ def _cast_back_e5m6_kernel(
 def _launch_config(num_tokens: int, hidden: int):
     """(BLOCK_M, BLOCK_G, num_warps): ~8192 elements per program on GPU, bigger tiles in the interpreter."""
     groups = hidden // 8
-    target = 65536 if is_interpreter() else 8192
+    target = 65536 if interpreter_configs() else 8192
     block_g = min(next_power_of_two(groups), target // 8, 512)
     block_m = max(1, min(target // (block_g * 8), next_power_of_two(num_tokens)))
     num_warps = 4 if block_m * block_g * 8 <= 4096 else 8

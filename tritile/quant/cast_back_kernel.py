@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16_bits
-from ..runtime import check_choice, custom_op, empty, is_interpreter
+from ..runtime import check_choice, custom_op, empty, interpreter_configs
 from ..utils import ceil_div, next_power_of_two
 from .per_token_cast_kernel import _IN_KIND, _data_view, _load_tile, _parse_input
 from .types import QuantTensor
@@ -51,7 +51,7 @@ def _cast_back_kernel(
 def _config(m: int, k: int):
     """(BLOCK_M, BLOCK_K, chunks per program, num_warps).  GPU: 4 rows x 1024 columns per tile, every
     chunk of a row block in one program; interpreter: big tiles, few programs."""
-    if is_interpreter():
+    if interpreter_configs():
         bm, bk = min(next_power_of_two(m), 64), min(next_power_of_two(k), 2048)
         return bm, bk, ceil_div(k, bk), 4
     bm, bk = 4, 1024

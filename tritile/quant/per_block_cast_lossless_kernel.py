@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..language import f32_to_e4m3_bits, unpack_e2m1
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
-                       checks_enabled, empty, is_interpreter)
+                       checks_enabled, empty, interpreter_configs)
 from ..utils import align, ceil_div, is_power_of_two
 from .common import alloc_sf, check_sf_flags, sf_info
 from .types import QuantTensor
@@ -97,7 +97,7 @@ def _per_block_cast_lossless_kernel(
 
 def _tile(bmo: int, bko: int):
     """(TM, TK, num_warps): whole output blocks, ~8K elements per program on GPU, bigger in the interpreter."""
-    if is_interpreter():
+    if interpreter_configs():
         tm = max(bmo, 64)
         tk = max(bko, 65536 // tm)
         return tm, tk, 4

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32
-from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty, is_interpreter
+from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty, interpreter_configs
 from ..utils import ceil_div
 from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile
 from .types import QuantTensor
@@ -59,7 +59,7 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     if out.numel() == 0:
         return out, sf
     cfg = per_channel_launch_config(m, k, num_per_tokens)
-    if not is_interpreter():
+    if not interpreter_configs():
         # untuned first guess: one scale block of rows per tile (a taller tile's grouped reduction
         # compiles to very long code on sm90), ~64 elements per thread: [128, 64] x 8 warps (128-byte
         # rows in and out) or [32, 128] x 4 warps

@@ -43,7 +43,7 @@ from ..runtime import (
     check_tensor,
     custom_op,
     empty,
-    is_interpreter,
+    interpreter_configs,
 )
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
@@ -331,7 +331,7 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
     * 2D blocks: one ``(bm, bk)`` block per tile, ``chunks_per_prog`` blocks along K per program (a multiple
       of 4 when packed, so a program writes whole UE8M0 words).
     Under the interpreter: bigger tiles and fewer programs."""
-    interp = is_interpreter()
+    interp = interpreter_configs()
     if row_group:
         BLOCK_K = block_k or min(next_power_of_two(k), 2048 if interp else 8192)
         BK = BLOCK_K

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
-from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, is_interpreter
+from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs
 from ..utils import next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
 from .types import QuantTensor
@@ -122,7 +122,7 @@ def _per_token_cast_to_e5m6_kernel(
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
     """(BLOCK_M, BLOCK_K, NUM_K_CHUNKS, num_warps): a whole row per pass up to 8192 columns."""
-    interp = is_interpreter()
+    interp = interpreter_configs()
     if block_k is None:
         kp = max(next_power_of_two(hidden), 8)
         block_k = kp if kp <= (16384 if interp else 8192) else 4096

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..language import EMULATE, e4m3_bits_to_f32, exp_f32, f32_to_bf16_bits, quant_scale, ue8m0_to_f32
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
-                       empty, is_interpreter)
+                       empty, interpreter_configs)
 from ..utils import ceil_div, next_power_of_two
 from .common import alloc_sf, sf_info
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3,
@@ -134,7 +134,7 @@ def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, BLOCK: 
 def _chunk(H: int, npc: int) -> int:
     """Chunk width: on GPUs the largest of 1024..32 dividing H (no masked lanes); under the
     interpreter one masked chunk as wide as the row (up to 1024), so a row block runs few steps."""
-    if is_interpreter():
+    if interpreter_configs():
         return max(npc, min(1024, next_power_of_two(H)))
     for ch in (1024, 512, 256, 128, 64, 32):
         if ch >= npc and H % ch == 0:
@@ -154,7 +154,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     rowsum = empty((max(num_rows, 1),), torch.float32, dev)
     if num_rows > 0:
         ch = _chunk(H, npc)
-        block_r = 64 if is_interpreter() else 1
+        block_r = 64 if interpreter_configs() else 1
         # 16 elements per thread (sm_90a SASS: ~120 instructions per column against ~128 with 8)
         num_warps = max(1, ch // 512)
         _swiglu_backward_and_per_token_cast_kernel[(ceil_div(num_rows, block_r),)](
@@ -169,7 +169,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             enable_fp_fusion=False)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
     n = ttp.numel()
     if n > 0:
-        block = 16384 if is_interpreter() else 1024
+        block = 16384 if interpreter_configs() else 1024
         _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, num_warps=4)
     return out, (dq, dsf), xg, wg
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_bf16_bits
-from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, empty, is_interpreter
+from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs
 from ..utils import ceil_div, next_power_of_two
 from ._per_channel_common import per_channel_quant_tile
 from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int, _swiglu_act, _swiglu_clamp
@@ -61,7 +61,7 @@ def _config(H: int, npt: int):
     per thread with 4 warps; ptxas: 152 registers for [32, 128], no spills; [128, 128] with 8 warps
     spilled), i.e. ``[32, 128]`` for npt = 32 and ``[128, 32]`` for npt = 128.  Interpreter: 128 rows
     and one tile as wide as the row (up to 1024 columns)."""
-    if is_interpreter():
+    if interpreter_configs():
         return max(128, npt), min(max(next_power_of_two(H), 16), 1024), 4
     return npt, 4096 // npt, 4
 

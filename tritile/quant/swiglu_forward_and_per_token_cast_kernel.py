@@ -27,7 +27,7 @@ import triton.language as tl
 from .. import config
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_e4m3_bits, quant_scale, sf_to_ue8m0
 from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, check_same_device, check_shape,
-                       check_tensor, empty, is_interpreter)
+                       check_tensor, empty, interpreter_configs)
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, alloc_sf, check_sf_flags, pack_ue8m0_words
 from .types import QuantTensor
@@ -203,10 +203,10 @@ def _config(H: int, npc: int, packed: bool):
     CH / 512 warps.  Interpreter: 64 (32) rows per program."""
     if npc == H:
         ch = next_power_of_two(H)
-        block_r = 32 if is_interpreter() else 1
+        block_r = 32 if interpreter_configs() else 1
         return block_r, ch, ch, max(2, min(16, ch // 512))
     ch = _chunk_width(H, packed)
-    block_r = 64 if is_interpreter() else max(1, 1024 // ch)
+    block_r = 64 if interpreter_configs() else max(1, 1024 // ch)
     return block_r, ch, 128, 2
 
 

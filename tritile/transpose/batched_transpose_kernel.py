@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_device, check_tensor, custom_op, empty, is_interpreter
+from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs
 
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -87,7 +87,7 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
 
 def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for the generic kernel, by element size (measured on an H200)."""
-    if is_interpreter():
+    if interpreter_configs():
         return 64, 64, 4
     if elem_size >= 4:
         return 64, 64, 8
@@ -105,7 +105,7 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
-        bm4, bn4, warps = (16, 16, 4) if is_interpreter() else (64, 32, 4)  # H200 sweep: 256x128-byte tiles
+        bm4, bn4, warps = (16, 16, 4) if interpreter_configs() else (64, 32, 4)  # H200 sweep: 256x128-byte tiles
         if config:
             bm4, bn4, warps = config.get("BLOCK_M4", bm4), config.get("BLOCK_N4", bn4), config.get("num_warps", warps)
         xw = x.view(torch.uint8).view(torch.int32)
