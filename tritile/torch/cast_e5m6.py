@@ -28,7 +28,8 @@ from typing import Tuple
 
 import torch
 
-from ..utils import align, ceil_div
+from ..utils import ceil_div
+from .cast import _layout_sf as _cast_layout_sf
 
 __all__ = ["cast_to_e5m6", "cast_back_from_e5m6"]
 
@@ -89,27 +90,7 @@ def _unpack_codes(data: torch.Tensor) -> torch.Tensor:
 
 def _layout_sf(sf: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
     """float32 ``(Ms, Ks)`` -> the §2.3 layout (zero padding, whole int32 words with zero unused bytes)."""
-    ms, ks = sf.shape
-    dev = sf.device
-    if packed:
-        kc = ceil_div(ks, 4)
-        if ms == 0:
-            return torch.empty((0, kc), dtype=torch.int32, device=dev)
-        e = torch.zeros((ms, kc * 4), dtype=torch.int64, device=dev)
-        e[:, :ks] = (sf.view(torch.int32).to(torch.int64) >> 23) & 0xFF
-        e = e.reshape(ms, kc, 4)
-        words = e[..., 0] | (e[..., 1] << 8) | (e[..., 2] << 16) | (e[..., 3] << 24)
-        words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-        storage = torch.zeros((kc, align(ms, 4)), dtype=torch.int32, device=dev)
-        storage[:, :ms] = words.T
-        return storage[:, :ms].T
-    if col_major:
-        if ms == 0:
-            return torch.empty((0, ks), dtype=torch.float32, device=dev)
-        storage = torch.zeros((ks, align(ms, 4)), dtype=torch.float32, device=dev)
-        storage[:, :ms] = sf.T
-        return storage[:, :ms].T
-    return sf.contiguous()
+    return _cast_layout_sf(sf, True, col_major, packed)
 
 
 def _sf_to_float(sf: torch.Tensor, num_col_blocks: int) -> torch.Tensor:
