@@ -5,22 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritile.testing import assert_equal
-from tritile.utils import align, ceil_div
-
-
-def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> torch.Tensor:
-    """Packed UE8M0 sf -> ``(rows, A4(ceil(hidden/npc)))`` uint8 copy, bytes past the group count zeroed.
-
-    Same as ``tritile.testing.clear_unused_sf``, but also works for an ``(M, 1)`` int32 sf with strides
-    ``(1, A4(M))`` (``.contiguous()`` keeps those strides, so a byte view of it fails)."""
-    num_groups = ceil_div(hidden, num_per_channels)
-    rows = sf.shape[0]
-    dense = torch.empty(sf.shape, dtype=sf.dtype, device=sf.device).copy_(sf)
-    out = dense.view(torch.uint8).reshape(rows, -1).clone()
-    assert out.shape[1] == align(num_groups, 4), (out.shape, num_groups)
-    out[:, num_groups:] = 0
-    return out
+from tritile.testing import assert_equal, clear_unused_sf  # noqa: F401  (re-exported for the tests)
 
 
 def assert_sf_equal(sf: torch.Tensor, ref: torch.Tensor, hidden: int, block_k: int) -> None:

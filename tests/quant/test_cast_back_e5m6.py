@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from tritile.testing.generator import generate_e5m6_inputs
+
 from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
 from tritile.quant.per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
 from tritile.testing import assert_equal, calc_diff, generate_hidden_sizes, generate_num_tokens
@@ -14,22 +16,13 @@ HIDDEN = generate_hidden_sizes(cpu=(256, 576))
 TOKENS = [t for t in generate_num_tokens(cpu=(1, 130)) if t > 0]
 
 
-def _inputs(m, k, dtype, device):
-    out = {"randn": torch.randn(m, k, device=device).to(dtype)}
-    for name, v in (("2^-20", 2.0**-20), ("63*2^-20", 63 * 2.0**-20), ("2^-14", 2.0**-14)):
-        x = torch.full((m, k), v, device=device)
-        x[:, -1] = 65024.0
-        out[name] = x.to(dtype)
-    return out
-
-
 @pytest.mark.parametrize("out_fmt", ["bf16", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("flags", CONFIGS)
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("num_tokens", TOKENS)
 def test_cast_back_e5m6(num_tokens, hidden, flags, dtype, out_fmt, device):
-    for name, x in _inputs(num_tokens, hidden, dtype, device).items():
+    for name, x in generate_e5m6_inputs(num_tokens, hidden, dtype, device).items():
         # data from the reference forward (the kernel's forward is tested bitwise against it)
         packed, sf = cast_to_e5m6(x, hidden, *flags)
         back = cast_back_e5m6((packed, sf), out_fmt, (1, hidden))

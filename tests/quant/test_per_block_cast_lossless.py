@@ -30,15 +30,6 @@ def _fp4_input(m, k, in_flags, device, in_block=(1, 32)):
     return cast(x, "e2m1", in_block, round_sf=rnd, use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed)
 
 
-def _assert_sf_equal(a, b):
-    """assert_equal for sf tensors; the strides are compared first, then standard-stride copies (the shared
-    assert_equal cannot byte-view a (1, 1) int32 tensor with strides (1, 4))."""
-    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-    if a.numel() > 0:
-        assert a.stride() == b.stride(), (a.stride(), b.stride())
-    assert_equal(a.clone(memory_format=torch.contiguous_format), b.clone(memory_format=torch.contiguous_format))
-
-
 def _exponents(sf, ms, ks):
     if sf.dtype == torch.int32:
         w = sf.to(torch.int64) & 0xFFFFFFFF
@@ -101,7 +92,7 @@ def test_per_block_cast_lossless(num_tokens, hidden, in_flags, out_flags, out_bl
     # tritile's: the exact exponent rule, bit for bit (packed sf as whole words: unused bytes are zero)
     ref_out, ref_sf = _model(x_fp4, (1, 32), out_block, col, packed)
     assert_equal(out, ref_out)
-    _assert_sf_equal(sf, ref_sf)
+    assert_equal(sf, ref_sf)
 
 
 @pytest.mark.parametrize("in_block,out_block", [((32, 32), (128, 128)), ((1, 16), (4, 64)), ((2, 2), (2, 128))])
@@ -115,7 +106,7 @@ def test_per_block_cast_lossless_other_blocks(in_block, out_block, device):
         assert_equal(cast_back((out, sf), "fp32", out_block), cast_back(x_fp4, "fp32", in_block))
         ref_out, ref_sf = _model(x_fp4, in_block, out_block, out_flags[0], out_flags[2])
         assert_equal(out, ref_out)
-        _assert_sf_equal(sf, ref_sf)
+        assert_equal(sf, ref_sf)
 
 
 @pytest.mark.parametrize("out_flags", CONFIGS)
@@ -140,7 +131,7 @@ def test_per_block_cast_lossless_strided_rows(device):
         a = per_block_cast_lossless((view, sf), "e4m3", (1, 32), ob, True, True, True)
         b = per_block_cast_lossless((data, sf), "e4m3", (1, 32), ob, True, True, True)
         assert_equal(a[0], b[0])
-        _assert_sf_equal(a[1], b[1])
+        assert_equal(a[1], b[1])
 
 
 def test_per_block_cast_lossless_non_finite(device):
@@ -163,7 +154,7 @@ def test_per_block_cast_lossless_non_finite(device):
                 assert_equal(back[~nan], ref[~nan])
                 ref_out, ref_sf = _model(x_fp4, (1, 32), ob, out_flags[0], out_flags[2])
                 assert_equal(out, ref_out)
-                _assert_sf_equal(sf, ref_sf)
+                assert_equal(sf, ref_sf)
 
 
 def test_per_block_cast_lossless_precondition(device, monkeypatch):
@@ -184,7 +175,7 @@ def test_per_block_cast_lossless_precondition(device, monkeypatch):
     out, sf = per_block_cast_lossless(x_fp4, "e4m3", (1, 32), (1, 128))
     ref_out, ref_sf = _model(x_fp4, (1, 32), (1, 128), False, False)
     assert_equal(out, ref_out)
-    _assert_sf_equal(sf, ref_sf)
+    assert_equal(sf, ref_sf)
 
 
 def test_per_block_cast_lossless_bad_inputs(device):

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from tritile.testing.generator import generate_e5m6_inputs
+
 from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
 from tritile.quant.per_token_cast_to_e5m6_kernel import _per_token_cast_to_e5m6_launch, per_token_cast_to_e5m6
 from tritile.testing import assert_equal, calc_diff, generate_hidden_sizes, generate_num_tokens
@@ -14,31 +16,12 @@ HIDDEN = generate_hidden_sizes(cpu=(256, 576))
 TOKENS = [t for t in generate_num_tokens(cpu=(1, 3, 130)) if t > 0]
 
 
-def _inputs(m, k, dtype, device):
-    """randn plus TileKernels' three 'special' tensors (last column 65024, so sf = 1)."""
-    out = {"randn": torch.randn(m, k, device=device).to(dtype)}
-    for name, v in (("2^-20", 2.0**-20), ("63*2^-20", 63 * 2.0**-20), ("2^-14", 2.0**-14)):
-        x = torch.full((m, k), v, device=device)
-        x[:, -1] = 65024.0
-        out[name] = x.to(dtype)
-    return out
-
-
-def _assert_sf_equal(a, b):
-    """assert_equal for sf tensors: strides compared first, then standard-stride copies (the shared
-    assert_equal cannot byte-view a (1, 1) int32 tensor with strides (1, 4))."""
-    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-    if a.numel() > 0:
-        assert a.stride() == b.stride(), (a.stride(), b.stride())
-    assert_equal(a.clone(memory_format=torch.contiguous_format), b.clone(memory_format=torch.contiguous_format))
-
-
 def _check(x, k, flags):
     out, sf = per_token_cast_to_e5m6(x, k, *flags)
     ref_out, ref_sf = cast_to_e5m6(x, k, *flags)
     assert_equal(out, ref_out)
     # packed sf: the kernel writes whole words with zero unused bytes, so no clear_unused_sf is needed
-    _assert_sf_equal(sf, ref_sf)
+    assert_equal(sf, ref_sf)
     return out, sf
 
 
@@ -47,7 +30,7 @@ def _check(x, k, flags):
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("num_tokens", TOKENS)
 def test_per_token_cast_to_e5m6(num_tokens, hidden, flags, dtype, device):
-    for name, x in _inputs(num_tokens, hidden, dtype, device).items():
+    for name, x in generate_e5m6_inputs(num_tokens, hidden, dtype, device).items():
         out, sf = _check(x, hidden, flags)
         assert out.shape == (num_tokens, hidden * 3 // 2) and out.dtype == torch.uint8
         back = cast_back_from_e5m6((out, sf), "fp32", (1, hidden))
@@ -81,7 +64,7 @@ def test_per_token_cast_to_e5m6_strided_rows(device):
         out, sf = _check(x, 576, flags)
         out_c, sf_c = per_token_cast_to_e5m6(x.contiguous(), 576, *flags)
         assert_equal(out, out_c)
-        _assert_sf_equal(sf, sf_c)
+        assert_equal(sf, sf_c)
 
 
 def test_per_token_cast_to_e5m6_chunked_rows(device):
@@ -92,7 +75,7 @@ def test_per_token_cast_to_e5m6_chunked_rows(device):
         out, sf = _per_token_cast_to_e5m6_launch(x, *flags, block_k=128)
         ref_out, ref_sf = cast_to_e5m6(x, 576, *flags)
         assert_equal(out, ref_out)
-        _assert_sf_equal(sf, ref_sf)
+        assert_equal(sf, ref_sf)
     # a row too wide for one block without forcing (next power of two above the single-pass limit)
     k = 16392
     x = torch.randn(2, k, device=device, dtype=torch.bfloat16)

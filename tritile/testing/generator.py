@@ -135,3 +135,15 @@ def generate_topk_idx_rows(num_tokens: int, num_topk: int, num_experts: int, num
     if not rows:
         return torch.empty((0, num_topk), dtype=torch.int64, device=device)
     return torch.cat(rows)[:num_tokens].contiguous()
+
+
+def generate_e5m6_inputs(m: int, k: int, dtype: torch.dtype, device=None) -> dict:
+    """TileKernels' E5M6 test inputs: ``randn`` plus three 'special' tensors filled with 2^-20, 63*2^-20 or
+    2^-14 whose last column is 65024 (so the row's sf is exactly 1)."""
+    device = device if device is not None else get_device()
+    out = {"randn": torch.randn(m, k, device=device).to(dtype)}
+    for name, v in (("2^-20", 2.0**-20), ("63*2^-20", 63 * 2.0**-20), ("2^-14", 2.0**-14)):
+        x = torch.full((m, k), v, device=device)
+        x[:, -1] = 65024.0
+        out[name] = x.to(dtype)
+    return out

@@ -12,7 +12,7 @@ def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> tor
     real group count are zero.  Unlike TileKernels' helper this never mutates ``sf``."""
     num_groups = ceil_div(hidden, num_per_channels)
     rows = sf.shape[0]
-    out = sf.contiguous().reshape(-1).clone().view(torch.uint8).reshape(rows, -1)
+    out = sf.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8).reshape(rows, -1)
     assert out.shape[1] == align(num_groups, 4), (out.shape, num_groups)
     out[:, num_groups:] = 0
     return out
