@@ -1,4 +1,5 @@
-"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick] [--json F] [--plot F.png]``."""
+"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick] [--json F] [--plot F.png]``
+and ``python -m tritile tune [--module M] [--op NAME]`` (GPU launch-config sweeps)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ def main(argv=None) -> int:
     b.add_argument("--quick", action="store_true", help="one representative shape per op")
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
+    t = sub.add_parser("tune", help="time the launch-config candidates the benchmark cases declare (GPU)")
+    t.add_argument("--module", action="append", help="only these modules (repeatable)")
+    t.add_argument("--op", action="append", help="only these ops (repeatable)")
+    t.add_argument("--top", type=int, default=6, help="how many of the fastest candidates to print")
+    t.add_argument("--json", help="write every candidate's result as JSON here")
     args = p.parse_args(argv)
+    if args.cmd == "tune":
+        from .bench.tune import run as tune
+
+        tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json)
+        return 0
     if args.cmd != "bench":
         p.print_help()
         return 2

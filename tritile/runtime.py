@@ -36,6 +36,32 @@ def interpreter_configs() -> bool:
     return _INTERPRETER_CONFIGS
 
 
+# Launch-config overrides for tuning sweeps (``python -m tritile tune``).  A kernel wrapper passes its
+# default launch config through ``tuned(name, cfg)``; inside ``override_config(name, **kw)`` the given keys
+# replace the defaults.  Outside a sweep this is one dict lookup per call.
+_OVERRIDES: dict = {}
+
+
+def tuned(name: str, cfg: dict) -> dict:
+    """``cfg`` with the keys of an active :func:`override_config` for ``name`` replaced (``cfg`` itself if none)."""
+    o = _OVERRIDES.get(name)
+    return cfg if o is None else {**cfg, **o}
+
+
+@contextmanager
+def override_config(name: str, **overrides):
+    """Within the block, :func:`tuned` calls for ``name`` see ``overrides`` (a tuning sweep's candidate)."""
+    old = _OVERRIDES.get(name)
+    _OVERRIDES[name] = {**(old or {}), **overrides}
+    try:
+        yield
+    finally:
+        if old is None:
+            _OVERRIDES.pop(name, None)
+        else:
+            _OVERRIDES[name] = old
+
+
 def checks_enabled() -> bool:
     """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host)."""
     return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE

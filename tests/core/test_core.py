@@ -118,3 +118,16 @@ def test_bench_cli_on_cpu():
                        capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "timings need a GPU" in r.stdout and "| ok |" in r.stdout
+
+
+def test_tuned_override_config():
+    from tritile.runtime import override_config, tuned
+
+    base = dict(BLOCK=64, num_warps=4)
+    assert tuned("tritile_test_op", base) is base
+    with override_config("tritile_test_op", num_warps=8):
+        assert tuned("tritile_test_op", base) == dict(BLOCK=64, num_warps=8)
+        with override_config("tritile_test_op", BLOCK=128):
+            assert tuned("tritile_test_op", base) == dict(BLOCK=128, num_warps=8)
+        assert tuned("tritile_test_op", base) == dict(BLOCK=64, num_warps=8)
+    assert tuned("tritile_test_op", base) == base

@@ -33,6 +33,9 @@ class Case:
     anchor: Optional[Tuple[str, Dict[str, Any]]] = None
     latency_bound: bool = False  # judged by µs rather than GB/s
     label: str = ""
+    # Tuning sweep (``python -m tritile tune``): the name the kernel wrapper passes to
+    # ``tritile.runtime.tuned`` and the candidate overrides to time; each must give bit-identical output.
+    tune: Optional[Tuple[str, List[Dict[str, Any]]]] = None
 
 
 @dataclass

@@ -1,0 +1,94 @@
+"""``python -m tritile tune``: time the launch-config candidates that benchmark cases declare (GPU only).
+
+A case opts in with ``Case(tune=(name, [overrides, ...]))``: ``name`` is what the kernel wrapper passes to
+:func:`tritile.runtime.tuned`.  Each candidate runs under :func:`tritile.runtime.override_config`, its output
+is compared bit for bit with the default config's, and it is timed by CUDA-graph replay.  A candidate that
+fails to compile or changes a single bit is reported, never ranked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List
+
+import torch
+
+from . import MODULES, load_all
+
+
+def _snapshot(out):
+    if isinstance(out, torch.Tensor):
+        return out.detach().clone()
+    if isinstance(out, (list, tuple)):
+        return type(out)(_snapshot(o) for o in out) if isinstance(out, tuple) else [_snapshot(o) for o in out]
+    return out
+
+
+def _same(a, b) -> bool:
+    from ..testing.numeric import assert_equal
+
+    try:
+        if isinstance(a, torch.Tensor):
+            assert_equal(a, b)
+        elif isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        else:
+            return a == b
+    except AssertionError:
+        return False
+    return True
+
+
+def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout) -> List[Dict[str, Any]]:
+    from ..testing.bench import copy_bandwidth_gbs, time_graph
+    from ..runtime import override_config
+
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m tritile tune needs a GPU")
+    copy_bw = copy_bandwidth_gbs()
+    print(f"# {torch.cuda.get_device_name()}; copy {copy_bw:.0f} GB/s", file=out, flush=True)
+    results: List[Dict[str, Any]] = []
+    for bop in load_all(modules or MODULES):
+        if ops is not None and bop.op not in ops:
+            continue
+        for case in bop.make_cases(torch.device("cuda"), False):
+            if case.tune is None:
+                continue
+            name, candidates = case.tune
+            base = _snapshot(case.fn())
+            rows = []
+            for cand in [{}] + list(candidates):
+                row = dict(op=bop.op + (f"[{case.label}]" if case.label else ""), config=name, overrides=cand,
+                           params=case.params)
+                try:
+                    with override_config(name, **cand):
+                        got = case.fn()
+                        row["same_bits"] = _same(got, base)
+                        del got
+                        us = time_graph(case.fn, calls_per_graph=10, rep=10)
+                    row["us"] = None if us is None else round(us, 2)
+                    if us and case.nbytes:
+                        row["gbs"] = round(case.nbytes / us / 1e3, 1)
+                        row["pct_copy"] = round(100 * row["gbs"] / copy_bw, 1)
+                except Exception as e:  # a candidate that does not compile or launch
+                    row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                rows.append(row)
+            ok = [r for r in rows if r.get("us") and r.get("same_bits")]
+            ok.sort(key=lambda r: r["us"])
+            default = rows[0]
+            print(f"\n## {rows[0]['op']} {case.params}\n   default: {default.get('us')} us "
+                  f"{default.get('pct_copy', '')}% copy", file=out)
+            for r in ok[:top]:
+                print(f"   {r['us']:9.2f} us {r.get('pct_copy', ''):>6}%  {r['overrides']}", file=out)
+            for r in rows:
+                if r.get("error") or r.get("same_bits") is False:
+                    print(f"   BAD {r['overrides']}: {r.get('error') or 'output differs'}", file=out)
+            out.flush()
+            results += rows
+            if json_path:
+                with open(json_path, "w") as f:
+                    json.dump(dict(copy_bandwidth_gbs=copy_bw, rows=results), f, indent=1, default=str)
+            del base
+            torch.cuda.empty_cache()
+    return results
