@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-import tritile.moe.get_fused_mapping_kernel as gfm
 from tritile.config import set_num_sms
 from tritile.moe import get_fused_mapping
+from tritile.runtime import override_config
 from tritile.testing import assert_equal
 
 from _fused_utils import generate_moe_params, generate_num_sms, generate_topk_idx, moe_param_id, ref_fused_mapping
@@ -71,27 +71,32 @@ def test_get_fused_mapping(params, alignment):
 @pytest.mark.parametrize("single", [True, False], ids=["one-launch", "two-launch"])
 @pytest.mark.parametrize("num_tokens,num_topk,num_experts,alignment", [
     (1, 1, 1, 1), (7, 3, 5, 4), (33, 9, 4, 128), (130, 8, 32, 16), (57, 2, 9, 1), (41, 6, 72, 7), (25, 4, 300, 3)])
-def test_get_fused_mapping_shapes(monkeypatch, single, num_tokens, num_topk, num_experts, alignment, device):
-    """Random ids with -1 anywhere (duplicates allowed), odd sizes and alignments, both launch paths."""
-    monkeypatch.setattr(gfm, "_SINGLE_PROGRAM_MAX_SLOTS", 1 << 30 if single else 0)
+def test_get_fused_mapping_shapes(single, num_tokens, num_topk, num_experts, alignment, device):
+    """Random ids with -1 anywhere (duplicates allowed), odd sizes and alignments, both launch paths
+    (multi-launch with small chunks, so that several programs and scan steps take part)."""
+    cfg = dict(single_max=1 << 30) if single else dict(single_max=0, chunk=64, sb=16, scan_tp=2, scan_eb=16)
     topk_idx = torch.randint(-1, num_experts, (num_tokens, num_topk), device=device)
     ref = ref_fused_mapping(topk_idx, num_experts, 0, alignment)
-    for num_sms in generate_num_sms():
-        set_num_sms(num_sms)
-        outs = get_fused_mapping(topk_idx, num_experts, 0, alignment)
-        _check_invariants(topk_idx, num_experts, outs)
-        _assert_same(outs, ref)
+    with override_config("get_fused_mapping", **cfg):
+        for num_sms in generate_num_sms():
+            set_num_sms(num_sms)
+            outs = get_fused_mapping(topk_idx, num_experts, 0, alignment)
+            _check_invariants(topk_idx, num_experts, outs)
+            _assert_same(outs, ref)
 
 
-@pytest.mark.parametrize("pad_tile", [True, False])
-def test_get_fused_mapping_padding_paths(monkeypatch, pad_tile, device):
-    """Both ways of writing the padding (one tile for all experts / expert by expert) give the same bits."""
-    monkeypatch.setattr(gfm, "_PAD_TILE_MAX", 1 << 30 if pad_tile else 0)
+@pytest.mark.parametrize("cfg", [dict(chunk=16, sb=16), dict(chunk=64, sb=32, scan_tp=4), dict(chunk=256, sb=64),
+                                 dict(single_max=1 << 30, sb=128)])
+def test_get_fused_mapping_launch_configs(cfg, device):
+    """Chunk and step sizes (GPU ones included) change nothing, with padding longer and shorter than a step,
+    in both modes."""
     topk_idx = torch.randint(-1, 12, (150, 6), device=device)
-    for alignment in (1, 16, 2000):
-        ref = ref_fused_mapping(topk_idx, 12, 0, alignment)
-        set_num_sms(3)
-        _assert_same(get_fused_mapping(topk_idx, 12, 0, alignment), ref)
+    with override_config("get_fused_mapping", **dict(dict(single_max=0), **cfg)):
+        for alignment in (1, 16, 2000):
+            ref = ref_fused_mapping(topk_idx, 12, 0, alignment)
+            _assert_same(get_fused_mapping(topk_idx, 12, 0, alignment), ref)
+        n = int(ref[6].sum()) + 1500
+        _assert_same(get_fused_mapping(topk_idx, 12, n, 2000), ref_fused_mapping(topk_idx, 12, n, 2000, sync=False))
 
 
 @pytest.mark.parametrize("extra", [0, 1, 77])

@@ -4,20 +4,22 @@ Canonical order (tritile): inside each expert's aligned segment the valid slots 
 ascending flat index ``t*K + k`` (what a stable ``argsort(topk_idx.flatten())`` gives), padding at the
 back.  The result depends neither on the SM count nor on the launch configuration.
 
-Launch scheme (no grid barrier, no spin-wait; the CPU interpreter runs programs one after another):
+Launch scheme (no grid barrier, no spin-wait; the CPU interpreter runs programs one after another).  The flat
+slot range is cut into ``P`` chunks of ``CHUNK`` slots:
 
-* small inputs (``T*K <= _SINGLE_PROGRAM_MAX_SLOTS``): one launch of one program that counts, scans and
-  scatters;
-* otherwise two launches over ``P`` chunks of the flat slot range:
-  1. ``_fused_mapping_count_kernel``: per-chunk expert histograms ``counts[P, E]``;
-  2. ``_fused_mapping_scatter_kernel``: every program reads the small ``counts`` table, forms the totals,
-     the aligned exclusive scan over experts and its own chunk prefix, then scatters its chunk in order
-     (rank inside a block = inclusive cumsum of the one-hot along the block) and writes the padding at
-     the back of the segments it owns.  With a caller-given length the three ``pos_to_*`` arrays are
-     first filled with -1 instead (one fill launch), which also covers positions past the last segment.
+1. ``_fused_mapping_count_kernel`` (``P`` programs): per-chunk expert histograms ``counts[P, E]``;
+2. ``_fused_mapping_scan_kernel`` (one program per ``EB`` experts): turns each column of ``counts`` into its
+   exclusive prefix over chunks, and appends the totals as row ``P``;
+3. ``_fused_mapping_scatter_kernel`` (``P`` programs): forms the aligned segments from the totals, then places
+   its chunk ``SB`` slots at a time: a slot's position is its expert's running base (a gather from a
+   ``[BLOCK_E]`` vector) plus its rank among the earlier slots of the same expert in the sub-block (an
+   ``[SB, SB]`` comparison, independent of the number of experts).  It also writes the padding of the
+   segments it owns (experts ``pid, pid + P, ...``) and, with a caller-given length, its share of the
+   positions past the last segment.
 
-All outputs (and the small scratch table) live in one int32 allocation, so a default-mode call costs one
-allocation, one or two launches and one device-to-host copy.
+Small inputs (``T*K <= single_max``) take one launch of one program that counts, scans and scatters.
+All outputs (and the small scratch table) live in one int32 allocation, so a call costs one allocation, one
+or three launches and, in the synchronising mode, one device-to-host copy.
 """
 
 from __future__ import annotations
@@ -29,31 +31,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import get_num_sms
-from ..runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
+from ..runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
+                       tuned)
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["get_fused_mapping"]
 
 #: Largest ``num_experts`` (TileKernels' limit; the one-hot tiles grow with it).
 MAX_EXPERTS = 1024
-#: Inputs with at most this many slots (``T*K``) take the single-program, single-launch path.
-_SINGLE_PROGRAM_MAX_SLOTS = 512 if interpreter_configs() else 16384
-#: Padding is written as one ``[BLOCK_E, PAD_BLOCK]`` tile per step when it has at most this many elements,
-#: else expert by expert.
-_PAD_TILE_MAX = (1 << 20) if interpreter_configs() else 8192
 
 
 @triton.jit
 def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
-                                ITERS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
-    """counts[pid, e] = #slots of expert e in the flat range [pid*ITERS*BLOCK, (pid+1)*ITERS*BLOCK)."""
+                                CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """counts[pid, e] = #slots of expert e in the flat range [pid*CHUNK, (pid+1)*CHUNK)."""
     pid = tl.program_id(0).to(tl.int64)
-    start = pid * (ITERS * BLOCK)
     acc = tl.zeros([BLOCK_E], dtype=tl.int32)
     # Trip counts are compile-time constants: the CPU interpreter (numpy >= 2.4) cannot loop to a run-time bound.
-    for it in range(ITERS):
-        offs = start + it * BLOCK + tl.arange(0, BLOCK)
+    for it in range(CHUNK // BLOCK):
+        offs = pid * CHUNK + it * BLOCK + tl.arange(0, BLOCK)
         m = offs < numel
         e = tl.load(topk_ptr + offs, mask=m, other=-1)
         valid = m & (e >= 0) & (e < num_experts)
@@ -62,35 +58,47 @@ def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
 
 
 @triton.jit
+def _fused_mapping_scan_kernel(counts_ptr, num_chunks, TP: tl.constexpr, EB: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Columns ``pid*EB ..`` of ``counts[P, BLOCK_E]``: each entry becomes the sum over the earlier chunks;
+    row ``P`` receives the totals."""
+    cols = tl.program_id(0) * EB + tl.arange(0, EB)
+    carry = tl.zeros([EB], dtype=tl.int32)
+    r0 = 0
+    while r0 < num_chunks:  # a while loop: run-time bound that the interpreter accepts
+        rows = r0 + tl.arange(0, TP)
+        m = (rows < num_chunks)[:, None]
+        ptrs = counts_ptr + rows[:, None].to(tl.int64) * BLOCK_E + cols[None, :]
+        t = tl.load(ptrs, mask=m, other=0)
+        tl.store(ptrs, tl.cumsum(t, axis=0) - t + carry[None, :], mask=m)
+        carry += tl.sum(t, axis=0)
+        r0 += TP
+    tl.store(counts_ptr + num_chunks * BLOCK_E + cols, carry)  # < 2**31: (T*K / CHUNK) * BLOCK_E
+
+
+@triton.jit
 def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr,
                                   token_topk_to_pos_ptr, expert_start_ptr, expert_end_ptr, num_per_expert_ptr,
                                   numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
-                                  SINGLE: tl.constexpr, WRITE_PAD: tl.constexpr, ITERS: tl.constexpr,
-                                  BLOCK: tl.constexpr, HIST_ITERS: tl.constexpr, HIST_BLOCK: tl.constexpr,
-                                  BLOCK_E: tl.constexpr, C_ITERS: tl.constexpr, TILE_C: tl.constexpr,
-                                  E_ITERS: tl.constexpr, PAD_TILE: tl.constexpr, PAD_ITERS: tl.constexpr,
-                                  PAD_BLOCK: tl.constexpr):
+                                  SINGLE: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
+                                  SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
+                                  PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     e_ar = tl.arange(0, BLOCK_E)
 
     # ---- expert totals and this chunk's prefix over earlier chunks ----
-    total = tl.zeros([BLOCK_E], dtype=tl.int32)
-    prefix = tl.zeros([BLOCK_E], dtype=tl.int32)
     if SINGLE:
-        for it in range(HIST_ITERS):
+        total = tl.zeros([BLOCK_E], dtype=tl.int32)
+        prefix = tl.zeros([BLOCK_E], dtype=tl.int32)
+        for it in range(CHUNK // HIST_BLOCK):
             offs = it * HIST_BLOCK + tl.arange(0, HIST_BLOCK).to(tl.int64)
             m = offs < numel
             e = tl.load(topk_ptr + offs, mask=m, other=-1)
             valid = m & (e >= 0) & (e < num_experts)
             total += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
     else:
-        for ct in range(C_ITERS):
-            rows = ct * TILE_C + tl.arange(0, TILE_C)
-            tile = tl.load(counts_ptr + rows[:, None].to(tl.int64) * BLOCK_E + e_ar[None, :],
-                           mask=(rows < num_chunks)[:, None], other=0)
-            total += tl.sum(tile, axis=0)
-            prefix += tl.sum(tl.where((rows < pid)[:, None], tile, 0), axis=0)
+        total = tl.load(counts_ptr + num_chunks * BLOCK_E + e_ar)
+        prefix = tl.load(counts_ptr + pid.to(tl.int64) * BLOCK_E + e_ar)
 
     # ---- aligned segments: a_e = ceil(c_e / A) * A, start_e = sum_{e' < e} a_e' ----
     aligned = (total + alignment - 1) // alignment * alignment
@@ -102,19 +110,21 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
         tl.store(expert_end_ptr + e_ar, seg_end, mask=em)
         tl.store(num_per_expert_ptr + e_ar, aligned, mask=em)
 
-    # ---- scatter this program's chunk in ascending flat order ----
+    # ---- scatter this program's chunk in ascending flat order, SB slots at a time ----
     base = seg_start + prefix
-    c_start = pid.to(tl.int64) * (ITERS * BLOCK)
-    for it in range(ITERS):
-        offs = c_start + it * BLOCK + tl.arange(0, BLOCK)
+    i_ar = tl.arange(0, SB)
+    earlier = i_ar[None, :] < i_ar[:, None]  # [i, j]: j comes before i
+    c_start = pid.to(tl.int64) * CHUNK
+    for it in range(CHUNK // SB):
+        offs = c_start + it * SB + i_ar
         m = offs < numel
         e = tl.load(topk_ptr + offs, mask=m, other=-1)
         valid = m & (e >= 0) & (e < num_experts)
         e32 = tl.where(valid, e, -1).to(tl.int32)
-        onehot = (e32[:, None] == e_ar[None, :]).to(tl.int32)
-        rank = tl.cumsum(onehot, axis=0)
-        pos = tl.sum(onehot * (rank - 1 + base[None, :]), axis=1)
-        base += tl.sum(onehot, axis=0)
+        rank = tl.sum(((e32[:, None] == e32[None, :]) & earlier).to(tl.int32), axis=1)
+        eg = tl.where(valid, e32, 0)
+        pos = tl.gather(base, eg, axis=0) + rank
+        base += tl.histogram(eg, BLOCK_E, mask=valid)
         ok = valid & (pos < num_expanded)
         tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
         pos64 = pos.to(tl.int64)
@@ -123,33 +133,37 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
         tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
 
     # ---- padding at the back of the segments this program owns (experts pid, pid + P, ...) ----
-    if WRITE_PAD:
+    p_ar = tl.arange(0, PAD_BLOCK)
+    neg = tl.full([PAD_BLOCK], -1, dtype=tl.int32)
+    if PAD_ITERS > 0:
         pad_start = seg_start + total
         pad_len = aligned - total
-        p_ar = tl.arange(0, PAD_BLOCK)
-        if PAD_TILE:  # all owned experts at once: a [BLOCK_E, PAD_BLOCK] tile per step
-            own = (e_ar % nprog) == pid
-            neg2 = tl.full([BLOCK_E, PAD_BLOCK], -1, dtype=tl.int32)
+        ex = pid
+        while ex < num_experts:
+            sel = e_ar == ex
+            s = tl.sum(tl.where(sel, pad_start, 0))
+            n = tl.sum(tl.where(sel, pad_len, 0))
             for j in range(PAD_ITERS):
-                q = j * PAD_BLOCK + p_ar[None, :]
-                p = (pad_start[:, None] + q).to(tl.int64)
-                mk = own[:, None] & (q < pad_len[:, None]) & (p < num_expanded)
-                tl.store(pos_to_expert_ptr + p, neg2, mask=mk)
-                tl.store(pos_to_token_ptr + p, neg2, mask=mk)
-                tl.store(pos_to_token_topk_ptr + p, neg2, mask=mk)
-        else:  # many experts: one owned expert at a time
-            neg = tl.full([PAD_BLOCK], -1, dtype=tl.int32)
-            for ei in range(E_ITERS):
-                sel = e_ar == pid + ei * nprog
-                s = tl.sum(tl.where(sel, pad_start, 0))
-                n = tl.sum(tl.where(sel, pad_len, 0))
-                for j in range(PAD_ITERS):
-                    q = j * PAD_BLOCK + p_ar
-                    p = (s + q).to(tl.int64)
-                    mk = (q < n) & (p < num_expanded)
-                    tl.store(pos_to_expert_ptr + p, neg, mask=mk)
-                    tl.store(pos_to_token_ptr + p, neg, mask=mk)
-                    tl.store(pos_to_token_topk_ptr + p, neg, mask=mk)
+                q = j * PAD_BLOCK + p_ar
+                p = (s + q).to(tl.int64)
+                mk = (q < n) & (p < num_expanded)
+                tl.store(pos_to_expert_ptr + p, neg, mask=mk)
+                tl.store(pos_to_token_ptr + p, neg, mask=mk)
+                tl.store(pos_to_token_topk_ptr + p, neg, mask=mk)
+            ex += nprog
+
+    # ---- caller-sized buffer: positions past the last segment are padding too ----
+    if FILL_TAIL:
+        t_ar = tl.arange(0, TAIL_BLOCK)
+        negt = tl.full([TAIL_BLOCK], -1, dtype=tl.int32)
+        t0 = tl.max(seg_end, axis=0).to(tl.int64) + pid.to(tl.int64) * TAIL_BLOCK
+        while t0 < num_expanded:
+            p = t0 + t_ar
+            mk = p < num_expanded
+            tl.store(pos_to_expert_ptr + p, negt, mask=mk)
+            tl.store(pos_to_token_ptr + p, negt, mask=mk)
+            tl.store(pos_to_token_topk_ptr + p, negt, mask=mk)
+            t0 += nprog.to(tl.int64) * TAIL_BLOCK
 
 
 def _check_int(name: str, v, lo: int, hi: int = None) -> int:
@@ -161,48 +175,51 @@ def _check_int(name: str, v, lo: int, hi: int = None) -> int:
     return v
 
 
+def _default_config(numel: int, interp: bool) -> dict:
+    """Launch config (a dict, so that ``python -m tritile tune`` can override it).  ``chunk``: slots per program;
+    ``sb``: slots placed per step (the rank is an ``[sb, sb]`` comparison); ``single_max``: largest ``T*K``
+    that takes the one-program path."""
+    if interp:
+        return dict(chunk=4096, sb=64, single_max=512, num_warps=4, scan_tp=64, scan_eb=64)
+    return dict(chunk=1024, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32)
+
+
 @functools.lru_cache(maxsize=256)
-def _plan(numel: int, num_experts: int, alignment: int, num_sms: int, interp: bool, single_max: int,
-          pad_tile_max: int) -> dict:
-    """Block sizes and chunking from (T*K, E, A, SMs).  Trip counts are constexprs rounded to powers of
-    two, so a GPU compiles few variants while T varies.  Cached: the host path is latency-critical."""
+def _plan(numel: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int, num_warps: int,
+          scan_tp: int, scan_eb: int) -> dict:
+    """Block sizes and chunking.  Constexprs are rounded to powers of two so that a GPU compiles few variants
+    while T varies.  Cached: the host path is latency-critical."""
     block_e = max(2, next_power_of_two(num_experts))
-    onehot_budget = 65536 if interp else 8192  # elements of the [BLOCK, BLOCK_E] one-hot tile
-    block = max(16, min(8192 if interp else 2048, onehot_budget // block_e))
-    hist_cap = 8192 if interp else 2048
+    sb = next_power_of_two(sb)
     single = numel <= single_max
     if single:
         num_chunks = 1
-        iters = next_power_of_two(ceil_div(max(numel, 1), block))
+        chunk = max(sb, next_power_of_two(max(numel, 1)))
     else:
-        min_chunk = 256 if interp else 2048
-        max_chunks = max(1, min(num_sms, ceil_div(numel, min_chunk)))
-        iters = next_power_of_two(ceil_div(numel, max_chunks * block))
-        num_chunks = ceil_div(numel, iters * block)
-    chunk = iters * block
-    hist_block = min(hist_cap, chunk)
-    tile_c = max(1, min(next_power_of_two(num_chunks), max(1, 16384 // block_e)))
+        chunk = max(sb, next_power_of_two(chunk))
+        num_chunks = ceil_div(numel, chunk)
     pad_block = min(1024, max(16, next_power_of_two(alignment - 1)))
-    return dict(single=single, num_chunks=num_chunks, block_e=block_e,
-                num_warps=4 if block_e <= 64 else 8,
-                count=dict(ITERS=chunk // hist_block, BLOCK=hist_block, BLOCK_E=block_e),
-                scatter=dict(SINGLE=single, ITERS=iters, BLOCK=block, HIST_ITERS=chunk // hist_block,
-                             HIST_BLOCK=hist_block, BLOCK_E=block_e, C_ITERS=ceil_div(num_chunks, tile_c),
-                             TILE_C=tile_c, E_ITERS=ceil_div(num_experts, num_chunks),
-                             PAD_TILE=block_e * pad_block <= pad_tile_max,
+    scan_eb = min(next_power_of_two(scan_eb), block_e)
+    return dict(single=single, num_chunks=num_chunks, block_e=block_e, num_warps=num_warps,
+                count=dict(CHUNK=chunk, BLOCK=min(chunk, 2048), BLOCK_E=block_e),
+                scan=dict(TP=next_power_of_two(scan_tp), EB=scan_eb, BLOCK_E=block_e),
+                scan_grid=block_e // scan_eb,
+                scatter=dict(SINGLE=single, CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
                              PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
-                             PAD_BLOCK=pad_block))
+                             PAD_BLOCK=pad_block, TAIL_BLOCK=1024))
 
 
 def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
     num_tokens, num_topk = topk_idx.shape
     numel = num_tokens * num_topk
-    cfg = _plan(numel, num_experts, alignment, get_num_sms(), interpreter_configs(), _SINGLE_PROGRAM_MAX_SLOTS,
-                _PAD_TILE_MAX)
+    c = tuned("get_fused_mapping", _default_config(numel, interpreter_configs()))
+    cfg = _plan(numel, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"], c["scan_tp"],
+                c["scan_eb"])
     num_chunks = cfg["num_chunks"]
-    # One int32 allocation cut by one split; every part starts on a 128-byte boundary.
+    # One int32 allocation cut by one split; every part starts on a 128-byte boundary.  The scratch table has
+    # a row per chunk plus one for the totals.
     sizes = (num_expanded, num_expanded, num_expanded, num_experts, num_experts, num_experts, numel,
-             0 if cfg["single"] else num_chunks * cfg["block_e"])
+             0 if cfg["single"] else (num_chunks + 1) * cfg["block_e"])
     pieces = []
     for n in sizes:
         pieces += [n, align(n, 32) - n]
@@ -212,21 +229,21 @@ def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignme
     token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
     outs = (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
             num_per_expert)
-    if not sync_mode or numel == 0:
-        # Caller-sized buffer: every position not given a slot is padding (one fill over the three arrays).
-        buf[:sum(pieces[:5])].fill_(-1)
     if numel == 0:
+        buf[:sum(pieces[:5])].fill_(-1)
         for t in outs[4:]:
             t.zero_()
         return outs
     if not cfg["single"]:
         _fused_mapping_count_kernel[(num_chunks,)](topk_idx, counts, numel, num_experts, **cfg["count"],
                                                    num_warps=4)
+        _fused_mapping_scan_kernel[(cfg["scan_grid"],)](counts, num_chunks, **cfg["scan"], num_warps=4)
+    # The synchronising mode slices the outputs to the segments' end, so it needs no tail fill.
     _fused_mapping_scatter_kernel[(num_chunks,)](
         topk_idx, counts, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
         expert_start, expert_end, num_per_expert,
         numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
-        WRITE_PAD=sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
+        FILL_TAIL=not sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
     return outs
 
 
