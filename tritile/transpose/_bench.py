@@ -10,6 +10,17 @@ from . import batched_transpose, transpose
 _DT = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def _tune(dt: str, batched: bool):
+    """Launch-config candidates for ``python -m tritile tune`` (name "transpose")."""
+    if dt == "fp8":
+        cands = [dict(BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w) for bm in (32, 64) for bn in (16, 32, 64) for w in (4, 8)]
+        return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
+                        for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),
+                                                                            (256, 64), (64, 128)]
+            for w in (4, 8) for st in ((False, True) if batched else (False,))]
+
+
 def _x(shape, dtype, device):
     return torch.randn(shape, device=device).to(_DT[dtype])
 
@@ -26,7 +37,7 @@ def _batched(device, quick):
             anchor = ("batched_transpose", dict(dtype=dt, hidden=n, num_experts=b, num_tokens=m)) if gpu else None
             yield Case(params=dict(dtype=dt, B=b, M=m, N=n), fn=lambda x=x: batched_transpose(x),
                        ref=lambda x=x: batched_transpose_ref(x), check=assert_equal, nbytes=count_bytes(x, out),
-                       anchor=anchor)
+                       anchor=anchor, tune=("transpose", _tune(dt, True)) if gpu else None)
             del out
 
 
@@ -41,5 +52,6 @@ def _plain(device, quick):
             x = _x((m, n), dt, device)
             out = transpose(x)
             yield Case(params=dict(dtype=dt, M=m, N=n), fn=lambda x=x: transpose(x), ref=lambda x=x: transpose_ref(x),
-                       check=assert_equal, nbytes=count_bytes(x, out))
+                       check=assert_equal, nbytes=count_bytes(x, out),
+                       tune=("transpose", _tune(dt, False)) if gpu and m == 8064 else None)
             del out

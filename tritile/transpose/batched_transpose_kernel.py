@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs
+from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -142,7 +142,7 @@ def _batched_transpose_impl(x: torch.Tensor, config: Optional[dict] = None) -> t
     b, m, n = x.shape
     out = empty((b, n, m), x.dtype, x.device)
     if out.numel() > 0:
-        _launch(x, out, config)
+        _launch(x, out, tuned("transpose", config or {}))
     return out
 
 
