@@ -57,6 +57,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout) ->
                 continue
             name, candidates = case.tune
             base = _snapshot(case.fn())
+            time_graph(case.fn, calls_per_graph=10, rep=5)  # warm-up: the first timing of a process runs slow
             rows = []
             for cand in [{}] + list(candidates):
                 row = dict(op=bop.op + (f"[{case.label}]" if case.label else ""), config=name, overrides=cand,

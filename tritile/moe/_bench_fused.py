@@ -64,8 +64,9 @@ def _mapping_cases(device, quick):
     # TileKernels' CUPTI timer reports for the synchronising call.  Kept in --quick runs for that reason.
     n = sum(res[7])
     res_fixed = get_fused_mapping(topk_idx, e, n, a)
-    tune = [dict(chunk=c, sb=b, num_warps=w) for c in (512, 1024, 2048, 4096) for b in (32, 64, 128) for w in (2, 4, 8)
-            if b <= c] + [dict(scan_tp=tp, scan_eb=eb) for tp in (16, 64) for eb in (16, 64)]
+    tune = [dict(chunk=c, sb=b, num_warps=w) for c in (128, 256, 512) for b in (32, 64, 128) for w in (1, 2, 4)
+            if b <= c] + [dict(chunk=c, scan_tp=tp, scan_eb=eb) for c in (256, 512) for tp in (32, 128, 256)
+                          for eb in (8, 16, 64)]
     yield Case(params=dict(params, num_expanded_tokens=n), fn=lambda: get_fused_mapping(topk_idx, e, n, a),
                ref=lambda: _ref_mapping(topk_idx, e, a)[:7] + ([],), check=_check_mapping,
                nbytes=count_bytes(topk_idx, *res_fixed[:7]), anchor=anchor, latency_bound=True, label="no-sync",
@@ -83,7 +84,24 @@ def _expand_cases(device, quick):
     out = expand_to_fused(x, t2p, pos_to_expert)
     yield Case(params=dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, hidden=h),
                fn=lambda: expand_to_fused(x, t2p, pos_to_expert), ref=lambda: ref_expand(x, t2p, pos_to_expert),
-               check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out))
+               check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out),
+               tune=("expand_to_fused", _EXPAND_BF16_TUNE) if gpu else None)
+
+
+# Launch-config candidates (python -m tritile tune) at H = 7168: BT x BH int32 words per token tile, padding
+# programs PSUB x [PBT, BH].  bf16 rows are 3584 words (default [8, 512]), fp8 rows 1792 (default [16, 256]).
+_EXPAND_BF16_TUNE = [
+    dict(BT=4, BH=512), dict(BT=16, BH=512, num_warps=8), dict(BT=8, BH=512, num_warps=8), dict(BT=16, BH=256),
+    dict(BT=8, BH=256, num_warps=2), dict(BT=4, BH=1024), dict(BT=2, BH=1024, num_warps=2), dict(BT=32, BH=128),
+    dict(BT=2, BH=2048), dict(BT=4, BH=512, num_warps=2), dict(BT=8, BH=512, PBT=4, PSUB=16),
+    dict(BT=8, BH=512, PBT=16, PSUB=4),
+]
+_EXPAND_FP8_TUNE = [
+    dict(BT=8, BH=256), dict(BT=32, BH=256, num_warps=8), dict(BT=16, BH=256, num_warps=8), dict(BT=8, BH=256, num_warps=2),
+    dict(BT=4, BH=256, num_warps=1), dict(BT=16, BH=128), dict(BT=32, BH=128, num_warps=8), dict(BT=8, BH=128, num_warps=2),
+    dict(BT=2, BH=2048), dict(BT=4, BH=1024), dict(BT=1, BH=2048, num_warps=8), dict(BT=8, BH=512),
+    dict(BT=16, BH=256, PBT=8, PSUB=8), dict(BT=16, BH=256, PBT=32, PSUB=2), dict(BT=16, BH=256, PBT=16, PSUB=1),
+]
 
 
 def _check_pair(out, ref):
@@ -118,7 +136,8 @@ def _expand_sf_cases(device, quick):
         yield Case(params=params, fn=lambda args=args: expand_to_fused_with_sf(*args),
                    ref=lambda args=args: ref_expand_sf(*args), check=_check_pair,
                    nbytes=count_bytes(x, x_sf, t2p, pos_to_expert, *out),
-                   anchor=("expand_to_fused_with_sf", params))
+                   anchor=("expand_to_fused_with_sf", params),
+                   tune=("expand_to_fused_with_sf", _EXPAND_FP8_TUNE) if gpu else None)
 
 
 @register(_M, "reduce_fused")
@@ -137,4 +156,17 @@ def _reduce_cases(device, quick):
                   out_dtype="e4m3", with_sf=False, with_weights=True)
     yield Case(params=params, fn=lambda: reduce_fused(x, w, t2p, "e4m3", sf),
                ref=lambda: ref_reduce(x, w, t2p, "e4m3", sf), check=assert_equal, nbytes=nbytes,
-               anchor=("reduce_fused", params))
+               anchor=("reduce_fused", params), tune=("reduce_fused", _REDUCE_TUNE) if gpu else None)
+
+
+# Launch-config candidates at the anchor (K = 6, H = 7168, bf16 -> e4m3).  Default: one token per program,
+# 7 chunks of 1024 columns (4 warps), all K rows of a chunk gathered at once, bf16 read as int32 pairs,
+# chunk c + 1 prefetched while chunk c is summed.  GATHER=False is the first version (slot by slot).
+_REDUCE_TUNE = [
+    dict(PREFETCH=False), dict(num_warps=8), dict(num_warps=2), dict(num_warps=2, PREFETCH=False),
+    dict(BH=512, COL_ITERS=14, num_warps=2), dict(BH=512, COL_ITERS=14, num_warps=2, PREFETCH=False),
+    dict(BH=512, COL_ITERS=7, num_warps=2), dict(BH=512, COL_ITERS=7, num_warps=1),
+    dict(BH=1024, COL_ITERS=1), dict(BH=1024, COL_ITERS=1, num_warps=2), dict(BH=256, COL_ITERS=7, num_warps=1),
+    dict(WORDS=False), dict(WORDS=False, PREFETCH=False), dict(BT=2, BH=512, COL_ITERS=7),
+    dict(GATHER=False, BT=2, COL_ITERS=1, PREFETCH=False), dict(GATHER=False, COL_ITERS=7, PREFETCH=False),
+]

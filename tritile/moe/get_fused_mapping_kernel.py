@@ -181,7 +181,7 @@ def _default_config(numel: int, interp: bool) -> dict:
     that takes the one-program path."""
     if interp:
         return dict(chunk=4096, sb=64, single_max=512, num_warps=4, scan_tp=64, scan_eb=64)
-    return dict(chunk=1024, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32)
+    return dict(chunk=512, sb=64, single_max=1024, num_warps=2, scan_tp=32, scan_eb=32)  # H200 sweep: 30 vs 60 us
 
 
 @functools.lru_cache(maxsize=256)
