@@ -36,6 +36,12 @@ BWD = _types({"go_ptr x_ptr k_ptr gx_ptr gk_ptr": "*i16",
               "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gamma_ptr gw_ptr": "*fp32",
               "T hc H tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gw0 s_gw1": "i32",
               "hidden_f clamp_value scale": "fp32"})
+COEF = _types({"go_ptr v_ptr gv_ptr": "*i16",
+               "dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr delta_ptr ax_ptr ak_ptr": "*fp32",
+               "T hc H s_g0 s_g1 s_v0 s_gv0": "i32", "hidden_f clamp_value scale": "fp32"})
+SPLIT = _types({"go_ptr x_ptr k_ptr gx_ptr gk_ptr": "*i16", "w_ptr delta_ptr ax_ptr ak_ptr gw_ptr": "*fp32",
+                "T hc H tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gw0 s_gw1":
+                "i32"})
 REDUCE = _types({"part_ptr gwh_ptr gwe_ptr": "*fp32", "wh_ptr we_ptr": "*i16",
                  "P H s_p0 s_p1 s_wh0 s_we0 s_gwh0 s_gwe0": "i32"})
 FUSED = _types({"wh_ptr we_ptr": "*i16", "out_ptr": "*fp32", "H s_wh s_we s_out": "i32"})
@@ -67,10 +73,19 @@ def main():
     assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
     ops = compile_kernel(gk._engram_gate_bwd_kernel, BWD, dict(HC_P2=hc_p2, BLOCK_D=bd2), nw)
     assert "ld.global.v4.b32" in ops, "the bwd kernel's loads do not vectorise"
+    cfg = gk._bwd_launch_config(H, hc)
+    ops = compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF,
+                         dict(HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"]), cfg["WARPS1"])
+    assert "ld.global.v4.b32" in ops, "the bwd coef kernel's loads do not vectorise"
+    ops = compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT,
+                         dict(HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=cfg["SPLIT"], PREFETCH=cfg["PREFETCH"]),
+                         cfg["WARPS2"])
+    assert "ld.global.v4.b32" in ops, "the bwd split kernel's loads do not vectorise"
     rows, bd, nw = rk._config(132, H)
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd), nw)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=fk._config(H)), 4)
     compile_kernel(hk._engram_hash_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 4)
+    compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 2)
     # every int argument specialised to 1 (Triton turns ints equal to 1 into constants)
     compile_kernel(gk._engram_gate_fwd_kernel, FWD,
                    dict(SAVE=True, ROWS=1, BLOCK_H=1, H=1, hc=1, num_rows=1, s_x1=1, s_o1=1), 4)
@@ -79,6 +94,10 @@ def main():
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=1, BLOCK_D=1, P=1, H=1), 4)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=1, H=1, s_wh=1), 4)
     compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
+    compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
+    compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
+    compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT, dict(HC_P2=1, BLOCK_D=1, SPLIT=1, PREFETCH=True, hc=1,
+                                                                 H=1, s_gw1=1), 4)
     print("ok")
 
 

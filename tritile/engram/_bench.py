@@ -12,6 +12,25 @@ from . import engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight, grad_
 
 EPS, CLAMP = 1e-20, 1e-6
 
+# Tuning candidates (``python -m tritile tune --module engram``) at the GPU anchor shapes.
+_FUSED_WEIGHT_TUNE = [dict(BLOCK=b, WARPS=w) for b in (256, 512, 1024, 2048, 4096) for w in (1, 2, 4, 8)
+                      if b // (32 * w) >= 4]
+# BLOCK_H / ROWS / WARPS change the fwd's reduction layout: a candidate that changes them may differ in the last
+# bits of dot / rstd (hence "output differs"); the tests' calc_diff bounds still hold for each of them.
+_GATE_FWD_TUNE = [dict(WARPS=w) for w in (4, 8, 32)] + [dict(ROWS=2, WARPS=w) for w in (8, 16, 32)]
+# pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; pass-1 knobs (TOK, BLOCK_D1, WARPS1)
+# change the order of the gamma / grad_v sums and may show "output differs"
+_GATE_BWD_TUNE = (
+    [dict(SPLIT=s, PREFETCH=pf) for s in (1, 2, 3, 4, 7, 14) for pf in (True, False)]
+    + [dict(BLOCK_D2=256, WARPS2=4, SPLIT=s, PREFETCH=pf) for s in (2, 4, 7, 28) for pf in (True, False)]
+    + [dict(BLOCK_D2=1024, WARPS2=8, SPLIT=s, PREFETCH=False) for s in (1, 2, 7)]
+    + [dict(BLOCK_D2=512, WARPS2=4, SPLIT=s, PREFETCH=False) for s in (2, 4)]
+    + [dict(COEF=False, BLOCK_D2=1024, WARPS2=8), dict(COEF=False)]  # the first version, its tiles and ours
+    + [dict(TOK=2), dict(WARPS1=4), dict(BLOCK_D1=2048), dict(BLOCK_D1=2048, WARPS1=16)]
+)
+_HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
+              + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])
+
 
 def _gpu(device) -> bool:
     return torch.device(device).type == "cuda"
@@ -49,7 +68,8 @@ def _fused_weight(device, quick):
     out = fused_weight(wh, we)
     yield Case(params=dict(hc=hc, hidden=H), fn=lambda: fused_weight(wh, we), ref=lambda: wh.float() * we.float(),
                check=assert_equal, nbytes=count_bytes(wh, we, out), latency_bound=True,
-               anchor=("fused_weight", dict(hc=hc, hidden=H)) if _gpu(device) else None)
+               anchor=("fused_weight", dict(hc=hc, hidden=H)) if _gpu(device) else None,
+               tune=("fused_weight", _FUSED_WEIGHT_TUNE) if _gpu(device) else None)
 
 
 @register("engram", "engram_gate_fwd")
@@ -65,7 +85,8 @@ def _gate_fwd(device, quick):
         yield Case(params=dict(hc=hc, hidden=H, num_tokens=T, save=save),
                    fn=(lambda s=save: engram_gate_fwd(x, k, v, wf, EPS, CLAMP, s)),
                    ref=ref_fn, check=_check_diffs(2e-10), nbytes=nbytes, label=f"save={save}",
-                   anchor=("engram_gate_fwd", dict(hc=hc, hidden=H, num_tokens=T, save=save)) if _gpu(device) else None)
+                   anchor=("engram_gate_fwd", dict(hc=hc, hidden=H, num_tokens=T, save=save)) if _gpu(device) else None,
+                   tune=("engram_gate_fwd", _GATE_FWD_TUNE) if _gpu(device) else None)
         del res
 
 
@@ -95,7 +116,8 @@ def _gate_bwd(device, quick):
     nbytes = count_bytes(go, x, k, v, wf, dot, gate, rx, rk, outs)
     del outs
     case = Case(params=dict(hc=hc, hidden=H, num_tokens=T), fn=fn, ref=ref, nbytes=nbytes,
-                anchor=("engram_gate_bwd", dict(hc=hc, hidden=H, num_tokens=T)) if _gpu(device) else None)
+                anchor=("engram_gate_bwd", dict(hc=hc, hidden=H, num_tokens=T)) if _gpu(device) else None,
+                tune=("engram_gate_bwd", _GATE_BWD_TUNE) if _gpu(device) else None)
     # the check needs grad_w summed over its partial rows: run() wraps fn for the correctness pass
     case.check = lambda _out, want: _check_diffs(1e-8)(run(), want)
     yield case
@@ -142,4 +164,5 @@ def _engram_hash(device, quick):
                fn=lambda: engram_hash(ids, mult, vocab, offsets),
                ref=lambda: engram_hash_ref(ids, mult, vocab, offsets), check=assert_equal,
                nbytes=count_bytes(ids, mult, vocab, offsets, out), latency_bound=True,
-               anchor=("engram_hash", dict(layers=L, ngram=N, num_tokens=T, tables=E)) if _gpu(device) else None)
+               anchor=("engram_hash", dict(layers=L, ngram=N, num_tokens=T, tables=E)) if _gpu(device) else None,
+               tune=("engram_hash", _HASH_TUNE) if _gpu(device) else None)

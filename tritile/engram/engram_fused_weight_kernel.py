@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32
-from ..runtime import check_same_device, check_tensor, custom_op, empty
+from ..runtime import check_same_device, check_tensor, custom_op, empty, tuned
 from ._utils import bits16, check_rows, interp
 
 
@@ -24,7 +24,8 @@ def _fused_weight_kernel(wh_ptr, we_ptr, out_ptr, H, s_wh, s_we, s_out, BLOCK: t
 
 def _config(H: int):
     """BLOCK: one [BLOCK] slice of a row per program (the op is launch-latency bound: few programs)."""
-    return min(4096 if interp() else 2048, triton.next_power_of_2(H))
+    # 1024 x 2 warps: 16 elements (two 16-byte loads of each input) per thread, 28 programs at H = 7168
+    return min(4096 if interp() else 1024, triton.next_power_of_2(H))
 
 
 def _launch(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
@@ -32,11 +33,12 @@ def _launch(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Te
     out = empty((hc, H), torch.float32, weight_hidden.device)
     if hc == 0 or H == 0:
         return out
-    block = _config(H)
+    cfg = tuned("fused_weight", dict(BLOCK=_config(H), WARPS=4 if interp() else 2))
+    block = cfg["BLOCK"]
     grid = (hc, triton.cdiv(H, block))
     _fused_weight_kernel[grid](bits16(weight_hidden), bits16(weight_embed), out, H,
                                weight_hidden.stride(0), weight_embed.stride(0), out.stride(0),
-                               BLOCK=block, num_warps=4)
+                               BLOCK=block, num_warps=cfg["WARPS"])
     return out
 
 

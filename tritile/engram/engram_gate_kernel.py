@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
-from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty
+from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ._utils import bits16, check_float, check_rows, empty_like, interp
 
 
@@ -117,6 +117,10 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
     if num_rows == 0:
         return (out, *saved)
     block_h, rows, num_warps = _fwd_config(H)
+    # BLOCK_H, ROWS, WARPS change the reduction layout (so the last bits of dot / rstd, hence of the output);
+    # save_for_backward never does (same config, same code, stores only added)
+    cfg = tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps))
+    block_h, rows, num_warps = max(cfg["BLOCK_H"], triton.next_power_of_2(H)), cfg["ROWS"], cfg["WARPS"]
     dummy = out
     _engram_gate_fwd_kernel[(triton.cdiv(num_rows, rows),)](
         bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
@@ -280,17 +284,161 @@ def _engram_gate_bwd_kernel(
     tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
 
 
-def _bwd_config(H: int, hc: int):
-    """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps).
+@triton.jit
+def _engram_gate_bwd_coef_kernel(
+    go_ptr, v_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
+    T, hc, H, hidden_f, clamp_value, scale,
+    s_g0, s_g1, s_v0, s_gv0,
+    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
+    # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
+    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    hh = tl.arange(0, HC_P2)
+    tmask = t < T
+    hmask = hh < hc
+    th_mask = tmask[:, None] & hmask[None, :]
+    sc = t[:, None] * hc + hh[None, :]
+    gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)  # [TOK, HC]
+    g_row = t[:, None, None] * s_g0 + hh[None, :, None] * s_g1
+    acc = tl.zeros((TOK, HC_P2, BLOCK_D), tl.float32)
+    step = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
+    while step * BLOCK_D < H:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        d = step * BLOCK_D + tl.arange(0, BLOCK_D)  # (a multiple of BLOCK_D: vector loads)
+        dmask = d < H
+        m3 = th_mask[:, :, None] & dmask[None, None, :]
+        go = bf16_bits_to_f32(tl.load(go_ptr + g_row + d[None, None, :], mask=m3, other=0))
+        m2 = tmask[:, None] & dmask[None, :]
+        v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=m2, other=0))
+        acc += go * v[:, None, :]
+        gv = tl.sum(gate[:, :, None] * go, axis=1)
+        tl.store(gv_ptr + t[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv), mask=m2)
+        step += 1
+    gamma = tl.sum(acc, axis=2)
+    dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
+    rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
+    rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
+    # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
+    s = dot * rx * rk * scale
+    dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
+    delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
+    delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
+    tl.store(delta_ptr + sc, delta, mask=th_mask)
+    tl.store(ax_ptr + sc, tl.math.div_rn(dot * rx * rx, hidden_f), mask=th_mask)
+    tl.store(ak_ptr + sc, tl.math.div_rn(dot * rk * rk, hidden_f), mask=th_mask)
 
-    Pass 1 (gamma, grad_v): TOK tokens per program, H in BLOCK_D1 steps.  Pass 2: [HC_P2, BLOCK_D2] tiles,
-    one token chunk per program, so a program streams ~24 KB of G/x/k per token."""
+
+@triton.jit
+def _bwd_tile_math(go_b, x_b, k_b, w, delta, a_x, a_k):
+    go = bf16_bits_to_f32(go_b)
+    x = bf16_bits_to_f32(x_b)
+    k = bf16_bits_to_f32(k_b)
+    gx = go + delta[:, None] * (w * k - x * a_x[:, None])
+    gk = delta[:, None] * (w * x - k * a_k[:, None])
+    return f32_to_bf16_bits(gx), f32_to_bf16_bits(gk), delta[:, None] * (x * k)
+
+
+@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
+def _engram_gate_bwd_split_kernel(
+    go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr,
+    gx_ptr, gk_ptr, gw_ptr,
+    T, hc, H, tokens_per_chunk,
+    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
+    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    # Program (p, r): token chunk p (its grad_w_partial row), H tiles r, r + SPLIT, ...; tokens inner, so the
+    # [HC, BLOCK_D] grad_w accumulator of a tile stays in registers.  SPLIT = number of H tiles gives one tile
+    # per program; a smaller SPLIT gives fewer, longer programs (one wave, no tail).
+    p = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, HC_P2)
+    hmask = hh < hc
+    t_begin = p * tokens_per_chunk
+    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
+    go_h = hh[:, None] * s_g1
+    x_h = hh[:, None] * s_x1
+    k_h = hh[:, None] * s_k1
+    j = tl.program_id(1)
+    while j * BLOCK_D < H:  # while loops: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        d = j * BLOCK_D + tl.arange(0, BLOCK_D)  # int32 in-row offsets (rows are < 2^31 elements)
+        mask = hmask[:, None] & (d < H)[None, :]
+        w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
+        acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
+        t = t_begin
+        if PREFETCH:
+            # software pipelining by hand: token t + 1's tiles are in flight while token t is computed
+            pm = mask & (t < t_end)
+            n_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=pm, other=0)
+            n_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=pm, other=0)
+            n_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=pm, other=0)
+            while t < t_end:
+                sc = t * hc + hh
+                delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
+                a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
+                a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
+                c_go = n_go
+                c_x = n_x
+                c_k = n_k
+                tn = t + 1
+                pm = mask & (tn < t_end)
+                n_go = tl.load(go_ptr + tn * s_g0 + go_h + d[None, :], mask=pm, other=0)
+                n_x = tl.load(x_ptr + tn * s_x0 + x_h + d[None, :], mask=pm, other=0)
+                n_k = tl.load(k_ptr + tn * s_k0 + k_h + d[None, :], mask=pm, other=0)
+                gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
+                tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
+                tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
+                acc += dw
+                t = tn
+        else:
+            while t < t_end:
+                sc = t * hc + hh
+                delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
+                a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
+                a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
+                c_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=mask, other=0)
+                c_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=mask, other=0)
+                c_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=mask, other=0)
+                gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
+                tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
+                tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
+                acc += dw
+                t += 1
+        tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
+        j += SPLIT
+
+
+def _bwd_config(H: int, hc: int):
+    """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
+
+    Pass 1 (gamma or delta, grad_v): TOK tokens per program, H in BLOCK_D1 steps.  Pass 2: [HC_P2, BLOCK_D2]
+    tiles of one token chunk (the grad_w_partial row) per program."""
     hc_p2 = triton.next_power_of_2(max(hc, 1))
     if interp():
         block_d = min(triton.next_power_of_2(H), 8192)
         return hc_p2, 8, block_d, block_d, 4
-    block_d = min(triton.next_power_of_2(H), max(256, 4096 // hc_p2))
-    return hc_p2, 1, block_d, block_d, 8 if hc_p2 * block_d >= 4096 else 4
+    block_d1 = min(triton.next_power_of_2(H), max(256, 4096 // hc_p2))
+    block_d2 = min(triton.next_power_of_2(H), max(128, 2048 // hc_p2))
+    return hc_p2, 1, block_d1, block_d2, 8 if hc_p2 * block_d1 >= 4096 else 4
+
+
+def _bwd_launch_config(H: int, hc: int) -> dict:
+    """The bwd launch config, through ``tuned("engram_gate_bwd", ...)``.
+
+    TOK, BLOCK_D1, WARPS1: pass 1.  BLOCK_D2, WARPS2: pass 2's [HC_P2, BLOCK_D2] tile.  COEF: pass 1 also
+    computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
+    division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
+    the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
+    hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
+    n_tiles = triton.cdiv(H, bd2)
+    if interp():
+        split, nw2 = max(1, n_tiles // 2), nw
+    else:
+        # 2 programs per SM (about 110 registers at [4, 512] x 8 warps), each streaming half of the H tiles of
+        # its token chunk: one wave, no tail (one tile per program gave 3.5 waves of long programs)
+        split = min(2, n_tiles)
+        nw2 = 8 if hc_p2 * bd2 >= 2048 else 4
+    return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
+                                         COEF=True, SPLIT=split, PREFETCH=True))
 
 
 def engram_gate_bwd(
@@ -356,22 +504,43 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             grad_v.zero_()
         return grad_x, grad_k, grad_v, grad_w_partial
     grad_w_partial = empty((num_parts, hc, H), torch.float32, dev)
-    gamma = empty((T, hc), torch.float32, dev)
-    hc_p2, tok, block_d1, block_d2, num_warps = _bwd_config(H, hc)
-    _engram_gate_bwd_gamma_kernel[(triton.cdiv(T, tok),)](
-        bits16(grad_out), bits16(v), gate_score, gamma, bits16(grad_v),
-        T, hc, H, grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
-        HC_P2=hc_p2, TOK=tok, BLOCK_D=block_d1, num_warps=num_warps,
-    )
+    cfg = _bwd_launch_config(H, hc)
+    hc_p2 = triton.next_power_of_2(hc)
     chunk = triton.cdiv(T, num_parts)
-    _engram_gate_bwd_kernel[(num_parts, triton.cdiv(H, block_d2))](
-        bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, dot, gate_score, rstd_x, rstd_k, gamma,
+    if not cfg["COEF"]:  # the first version: pass 2 recomputes delta from gamma and the saved tensors
+        gamma = empty((T, hc), torch.float32, dev)
+        _engram_gate_bwd_gamma_kernel[(triton.cdiv(T, cfg["TOK"]),)](
+            bits16(grad_out), bits16(v), gate_score, gamma, bits16(grad_v),
+            T, hc, H, grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
+            HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
+        )
+        _engram_gate_bwd_kernel[(num_parts, triton.cdiv(H, cfg["BLOCK_D2"]))](
+            bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, dot, gate_score, rstd_x, rstd_k,
+            gamma, bits16(grad_x), bits16(grad_k), grad_w_partial,
+            T, hc, H, float(H), chunk, clamp_value, _scale(H),
+            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
+            k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
+            grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
+            HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
+        )
+        return grad_x, grad_k, grad_v, grad_w_partial
+    coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
+    _engram_gate_bwd_coef_kernel[(triton.cdiv(T, cfg["TOK"]),)](
+        bits16(grad_out), bits16(v), dot, gate_score, rstd_x, rstd_k, coef[0], coef[1], coef[2], bits16(grad_v),
+        T, hc, H, float(H), clamp_value, _scale(H),
+        grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
+        HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
+    )
+    split = max(1, min(int(cfg["SPLIT"]), triton.cdiv(H, cfg["BLOCK_D2"])))
+    _engram_gate_bwd_split_kernel[(num_parts, split)](
+        bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, coef[0], coef[1], coef[2],
         bits16(grad_x), bits16(grad_k), grad_w_partial,
-        T, hc, H, float(H), chunk, clamp_value, _scale(H),
+        T, hc, H, chunk,
         grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
         k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
         grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
-        HC_P2=hc_p2, BLOCK_D=block_d2, num_warps=num_warps,
+        HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=split, PREFETCH=bool(cfg["PREFETCH"]),
+        num_warps=cfg["WARPS2"],
     )
     return grad_x, grad_k, grad_v, grad_w_partial
 
