@@ -17,7 +17,7 @@ checks correctness).  ``quick`` asks for one representative case per op.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 MODULES = ("transpose", "quant", "moe", "engram", "mhc")
