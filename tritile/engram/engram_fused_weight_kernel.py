@@ -8,6 +8,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32
 from ..runtime import check_same_device, check_tensor, custom_op, empty, tuned
+from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
 
 
@@ -25,7 +26,7 @@ def _fused_weight_kernel(wh_ptr, we_ptr, out_ptr, H, s_wh, s_we, s_out, BLOCK: t
 def _config(H: int):
     """BLOCK: one [BLOCK] slice of a row per program (the op is launch-latency bound: few programs)."""
     # 1024 x 2 warps: 16 elements (two 16-byte loads of each input) per thread, 28 programs at H = 7168
-    return min(4096 if interp() else 1024, triton.next_power_of_2(H))
+    return min(4096 if interp() else 1024, next_power_of_two(H))
 
 
 def _launch(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
@@ -35,7 +36,7 @@ def _launch(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Te
         return out
     cfg = tuned("fused_weight", dict(BLOCK=_config(H), WARPS=4 if interp() else 2))
     block = cfg["BLOCK"]
-    grid = (hc, triton.cdiv(H, block))
+    grid = (hc, ceil_div(H, block))
     _fused_weight_kernel[grid](bits16(weight_hidden), bits16(weight_embed), out, H,
                                weight_hidden.stride(0), weight_embed.stride(0), out.stride(0),
                                BLOCK=block, num_warps=cfg["WARPS"])

@@ -28,6 +28,7 @@ import triton.language as tl
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
+from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_float, check_rows, empty_like, interp
 
 
@@ -87,7 +88,7 @@ def _scale(H: int) -> float:
 
 def _fwd_config(H: int):
     """(BLOCK_H, ROWS, num_warps): ROWS whole rows per program, about 16 fp32 elements per thread per tensor."""
-    block_h = triton.next_power_of_2(H)
+    block_h = next_power_of_two(H)
     if interp():
         return block_h, max(1, 32768 // block_h), 4
     rows = max(1, 4096 // block_h)
@@ -120,9 +121,9 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
     # BLOCK_H, ROWS, WARPS change the reduction layout (so the last bits of dot / rstd, hence of the output);
     # save_for_backward never does (same config, same code, stores only added)
     cfg = tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps))
-    block_h, rows, num_warps = max(cfg["BLOCK_H"], triton.next_power_of_2(H)), cfg["ROWS"], cfg["WARPS"]
+    block_h, rows, num_warps = max(cfg["BLOCK_H"], next_power_of_two(H)), cfg["ROWS"], cfg["WARPS"]
     dummy = out
-    _engram_gate_fwd_kernel[(triton.cdiv(num_rows, rows),)](
+    _engram_gate_fwd_kernel[(ceil_div(num_rows, rows),)](
         bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
         *(s if s is not None else dummy for s in saved),
         num_rows, hc, H, float(H), eps, clamp_value, _scale(H),
@@ -411,12 +412,12 @@ def _bwd_config(H: int, hc: int):
 
     Pass 1 (gamma or delta, grad_v): TOK tokens per program, H in BLOCK_D1 steps.  Pass 2: [HC_P2, BLOCK_D2]
     tiles of one token chunk (the grad_w_partial row) per program."""
-    hc_p2 = triton.next_power_of_2(max(hc, 1))
+    hc_p2 = next_power_of_two(max(hc, 1))
     if interp():
-        block_d = min(triton.next_power_of_2(H), 8192)
+        block_d = min(next_power_of_two(H), 8192)
         return hc_p2, 8, block_d, block_d, 4
-    block_d1 = min(triton.next_power_of_2(H), max(256, 4096 // hc_p2))
-    block_d2 = min(triton.next_power_of_2(H), max(128, 2048 // hc_p2))
+    block_d1 = min(next_power_of_two(H), max(256, 4096 // hc_p2))
+    block_d2 = min(next_power_of_two(H), max(128, 2048 // hc_p2))
     return hc_p2, 1, block_d1, block_d2, 8 if hc_p2 * block_d1 >= 4096 else 4
 
 
@@ -429,7 +430,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
     PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
-    n_tiles = triton.cdiv(H, bd2)
+    n_tiles = ceil_div(H, bd2)
     if interp():
         split, nw2 = max(1, n_tiles // 2), nw
     else:
@@ -505,16 +506,16 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         return grad_x, grad_k, grad_v, grad_w_partial
     grad_w_partial = empty((num_parts, hc, H), torch.float32, dev)
     cfg = _bwd_launch_config(H, hc)
-    hc_p2 = triton.next_power_of_2(hc)
-    chunk = triton.cdiv(T, num_parts)
+    hc_p2 = next_power_of_two(hc)
+    chunk = ceil_div(T, num_parts)
     if not cfg["COEF"]:  # the first version: pass 2 recomputes delta from gamma and the saved tensors
         gamma = empty((T, hc), torch.float32, dev)
-        _engram_gate_bwd_gamma_kernel[(triton.cdiv(T, cfg["TOK"]),)](
+        _engram_gate_bwd_gamma_kernel[(ceil_div(T, cfg["TOK"]),)](
             bits16(grad_out), bits16(v), gate_score, gamma, bits16(grad_v),
             T, hc, H, grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
             HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
         )
-        _engram_gate_bwd_kernel[(num_parts, triton.cdiv(H, cfg["BLOCK_D2"]))](
+        _engram_gate_bwd_kernel[(num_parts, ceil_div(H, cfg["BLOCK_D2"]))](
             bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, dot, gate_score, rstd_x, rstd_k,
             gamma, bits16(grad_x), bits16(grad_k), grad_w_partial,
             T, hc, H, float(H), chunk, clamp_value, _scale(H),
@@ -525,13 +526,13 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
-    _engram_gate_bwd_coef_kernel[(triton.cdiv(T, cfg["TOK"]),)](
+    _engram_gate_bwd_coef_kernel[(ceil_div(T, cfg["TOK"]),)](
         bits16(grad_out), bits16(v), dot, gate_score, rstd_x, rstd_k, coef[0], coef[1], coef[2], bits16(grad_v),
         T, hc, H, float(H), clamp_value, _scale(H),
         grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
         HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
     )
-    split = max(1, min(int(cfg["SPLIT"]), triton.cdiv(H, cfg["BLOCK_D2"])))
+    split = max(1, min(int(cfg["SPLIT"]), ceil_div(H, cfg["BLOCK_D2"])))
     _engram_gate_bwd_split_kernel[(num_parts, split)](
         bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, coef[0], coef[1], coef[2],
         bits16(grad_x), bits16(grad_k), grad_w_partial,

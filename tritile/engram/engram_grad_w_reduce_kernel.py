@@ -9,6 +9,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32
 from ..runtime import check_same_device, check_tensor, custom_op
+from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
 
 
@@ -43,8 +44,8 @@ def _grad_w_reduce_kernel(
 def _config(P: int, H: int):
     """(ROWS, BLOCK_D, num_warps): [ROWS, BLOCK_D] partial rows in flight per step."""
     if interp():
-        return min(64, triton.next_power_of_2(P)), min(2048, triton.next_power_of_2(H)), 4
-    return min(32, triton.next_power_of_2(P)), min(128, triton.next_power_of_2(H)), 4
+        return min(64, next_power_of_two(P)), min(2048, next_power_of_two(H)), 4
+    return min(32, next_power_of_two(P)), min(128, next_power_of_two(H)), 4
 
 
 def grad_w_reduce(
@@ -93,7 +94,7 @@ def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, gra
     if hc == 0 or H == 0 or P == 0:  # nothing to add
         return
     rows, block_d, num_warps = _config(P, H)
-    _grad_w_reduce_kernel[(hc, triton.cdiv(H, block_d))](
+    _grad_w_reduce_kernel[(hc, ceil_div(H, block_d))](
         grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
         P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
         grad_weight_hidden.stride(0), grad_weight_embed.stride(0),

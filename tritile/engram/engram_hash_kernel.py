@@ -8,6 +8,7 @@ import triton.language as tl
 
 from ..runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, custom_op, empty,
                        tuned)
+from ..utils import ceil_div, next_power_of_two
 from ._utils import interp
 
 
@@ -92,7 +93,7 @@ def _engram_hash_fast_kernel(
 
 def _config(T: int) -> int:
     """BLOCK_T tokens per program (x all heads of one layer)."""
-    return min(1024 if interp() else 64, triton.next_power_of_2(T))
+    return min(1024 if interp() else 64, next_power_of_two(T))
 
 
 def _launch_config(T: int) -> dict:
@@ -172,9 +173,9 @@ def _launch(ngram_token_ids, multipliers, vocab_sizes, offsets):
         return out
     cfg = _launch_config(T)
     kernel = _engram_hash_fast_kernel if cfg["FAST_MOD"] else _engram_hash_kernel
-    kernel[(triton.cdiv(T, cfg["BLOCK_T"]), L)](
+    kernel[(ceil_div(T, cfg["BLOCK_T"]), L)](
         ngram_token_ids, multipliers, vocab_sizes, offsets, out, T, ngram_token_ids.stride(0), out.stride(0),
-        N=N, E=E, E_P2=triton.next_power_of_2(E), BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["WARPS"],
+        N=N, E=E, E_P2=next_power_of_two(E), BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["WARPS"],
     )
     return out
 

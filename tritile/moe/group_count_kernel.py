@@ -10,7 +10,7 @@ import triton.language as tl
 
 from tritile.config import get_num_sms
 from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, interpreter_configs
-from tritile.utils import next_power_of_two
+from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -51,8 +51,8 @@ def grid_config(numel: int, num_bins: int, num_sms: int, interpret: bool):
     if interpret:
         block = 2048  # small enough that CPU tests see several programs
     else:
-        block = max(1024, min(4096, next_power_of_two(triton.cdiv(numel, 2 * num_sms))))
-    programs = max(1, min(2 * num_sms, triton.cdiv(numel, block)))
+        block = max(1024, min(4096, next_power_of_two(ceil_div(numel, 2 * num_sms))))
+    programs = max(1, min(2 * num_sms, ceil_div(numel, block)))
     return block, bins, programs
 
 

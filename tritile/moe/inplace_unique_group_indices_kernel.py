@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from tritile.runtime import check_contiguous, check_device, check_tensor, interpreter_configs
-from tritile.utils import next_power_of_two
+from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -63,6 +63,6 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     if num_tokens == 0 or num_topk <= 1:
         return None
     block_t, block_k = _config(num_topk, _INTERPRET)
-    _inplace_unique_group_indices_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _inplace_unique_group_indices_kernel[(ceil_div(num_tokens, block_t),)](
         group_indices, num_tokens, NUM_TOPK=num_topk, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=4)
     return None

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
+from tritile.utils import ceil_div
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -75,6 +76,6 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
         if lo < -1 or hi >= n:
             raise ValueError(f"indices must lie in [-1, n={n}), got values in [{lo}, {hi}]")
     block = 1024  # also under the interpreter, so CPU tests run several programs
-    _mask_indices_by_tp_kernel[(triton.cdiv(numel, block),)](
+    _mask_indices_by_tp_kernel[(ceil_div(numel, block),)](
         indices, out, numel, n // num_ep_ranks, tp_rank, num_tp_ranks, BLOCK=block, num_warps=4)
     return out

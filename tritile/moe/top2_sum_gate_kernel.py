@@ -13,7 +13,7 @@ import triton.language as tl
 from tritile.language import exp_f32
 from tritile.runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, empty,
                              interpreter_configs)
-from tritile.utils import next_power_of_two
+from tritile.utils import ceil_div, next_power_of_two
 
 from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack_key, sigmoid_f32, softplus_f32,
                      topk_group_rank)
@@ -297,7 +297,7 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
     groups = num_groups if grouped else 1
     block_t, bg, beg, bp, warps = _config(groups, num_experts // groups, num_slots, _INTERPRET)
     dummy = logits
-    _top2_sum_gate_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _top2_sum_gate_kernel[(ceil_div(num_tokens, block_t),)](
         logits, bias,
         mask if mask is not None else dummy,
         fix_routing_mask if fix_routing_mask is not None else dummy,

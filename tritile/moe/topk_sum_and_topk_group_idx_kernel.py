@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
-from tritile.utils import next_power_of_two
+from tritile.utils import ceil_div, next_power_of_two
 
 from .common import KEY_TAKEN, f32_order_key, group_scores_key, pack_key, topk_group_rank
 
@@ -84,7 +84,7 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     if num_tokens == 0:
         return out
     block_t, bg, beg, warps = _config(num_groups, per_group, _INTERPRET)
-    _topk_sum_and_topk_group_idx_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _topk_sum_and_topk_group_idx_kernel[(ceil_div(num_tokens, block_t),)](
         scores, out, num_tokens, NUM_GROUPS=num_groups, EXPERTS_PER_GROUP=per_group, NUM_TOPK_SUM=num_topk_sum,
         NUM_TOPK_GROUPS=num_topk_groups, BLOCK_T=block_t, BLOCK_G=bg, BLOCK_EG=beg, num_warps=warps)
     return out

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
+from ..utils import ceil_div
 
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -112,7 +113,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         ow = out.view(torch.uint8).view(torch.int32)
         for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
-            grid = (triton.cdiv(n // 4, bn4), triton.cdiv(m // 4, bm4), xs.shape[0])
+            grid = (ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), xs.shape[0])
             _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
                                                  os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4,
                                                  EVEN=(m % (4 * bm4) == 0 and n % (4 * bn4) == 0), num_warps=warps)
@@ -125,7 +126,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     xi, oi = x.view(iv), out.view(iv)
     for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
         xs, os_ = xi[b0:b0 + _MAX_GRID_Z], oi[b0:b0 + _MAX_GRID_Z]
-        grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), xs.shape[0])
+        grid = (ceil_div(n, bn), ceil_div(m, bm), xs.shape[0])
         _batched_transpose_kernel[grid](xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0),
                                         os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0),
                                         STREAM=stream, num_warps=warps)
