@@ -12,13 +12,14 @@ import triton
 import triton.language as tl
 
 import tritile.language as tll
+import tritile.language.cast as tlc
 from tritile.runtime import is_interpreter
 from tritile.testing import get_device
 
 BLOCK = 16384
 
 OPS = ["bf16", "bf16_sw", "e4m3", "e4m3_sw", "e4m3_hw", "e2m1", "e5m6", "fp16_rtz", "ceil_pow2", "e4m3_decode",
-       "bf16_decode", "e2m1_decode"]
+       "bf16_decode", "e2m1_decode", "e2m1_fast", "e4m3_satfinite", "e4m3_decode_fast", "abs_max_bits"]
 _OP_ID = {k: i for i, k in enumerate(OPS)}
 
 
@@ -28,7 +29,7 @@ def _apply_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     mask = offs < n
     if OP == 10:  # bf16 bits (int32 container) -> f32
         x = tl.load(x_ptr + offs, mask=mask, other=0)
-    elif OP == 9 or OP == 11:
+    elif OP == 9 or OP == 11 or OP == 14:
         x = tl.load(x_ptr + offs, mask=mask, other=0)
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
@@ -55,8 +56,17 @@ def _apply_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
         y = tll.e4m3_bits_to_f32(x).to(tl.int32, bitcast=True)
     elif OP == 10:
         y = tll.bf16_bits_to_f32(x).to(tl.int32, bitcast=True)
-    else:
+    elif OP == 11:
         y = tll.e2m1_code_to_f32(x).to(tl.int32, bitcast=True)
+    elif OP == 12:
+        y = tlc.f32_to_e2m1_code_fast(x)
+    elif OP == 13:
+        y = tlc.f32_to_e4m3_bits_satfinite(x).to(tl.int32)
+    elif OP == 14:
+        y = tlc.e4m3_bits_to_f32_fast(x).to(tl.int32, bitcast=True)
+    else:  # max |x| over groups of 16 (NaN counts as +inf), broadcast back to every element of the group
+        g = tlc.abs_max_bits(tl.reshape(x, (BLOCK // 16, 16)), 1, keep_dims=True)
+        y = tl.reshape(tl.broadcast_to(g, (BLOCK // 16, 16)), (BLOCK,))
     tl.store(out_ptr + offs, y, mask=mask)
 
 
@@ -237,3 +247,37 @@ def test_decoders(device):
         ref = (bits.to(torch.int64) << 16).to(torch.int32).view(torch.float32)
     ok = ~torch.isnan(ref.to(device))
     assert torch.equal(got[ok].view(torch.int32), ref.to(device)[ok].view(torch.int32))
+
+
+def test_e2m1_fast(xs):
+    """The integer FP4 encoder gives f32_to_e2m1_code's codes for every input, NaN (+-0) and inf included."""
+    assert torch.equal(_apply("e2m1_fast", xs), _apply("e2m1", xs))
+    x = xs[~torch.isnan(xs)]
+    assert torch.equal(_apply("e2m1_fast", x), _ref_e2m1(x))
+
+
+def test_e4m3_satfinite(xs):
+    """Same bytes as the reference for every non-NaN input (saturating, inf -> +-448); NaN -> a NaN code."""
+    got = _apply("e4m3_satfinite", xs)
+    nan = _nan_mask(xs)
+    ref = _ref_e4m3(xs)
+    assert torch.equal(got[~nan], ref[~nan])
+    assert bool(((got[nan] & 0x7F) == 0x7F).all())
+
+
+def test_e4m3_decode_fast(device):
+    codes = torch.arange(256, dtype=torch.int32, device=device)
+    got = _apply("e4m3_decode_fast", codes).view(torch.float32)
+    ref = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ok = ~torch.isnan(ref)
+    assert torch.equal(got[ok].view(torch.int32), ref[ok].view(torch.int32))
+    assert bool(torch.isnan(got[~ok]).all())
+
+
+def test_abs_max_bits(xs):
+    n = xs.numel() // 16 * 16
+    x = xs[:n]
+    got = _apply("abs_max_bits", x)[::16].view(torch.float32)
+    a = torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x.abs()).view(-1, 16)
+    ref = a.max(dim=1).values
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))

@@ -158,3 +158,23 @@ def test_cast_back_torch_library(device):
     torch.library.opcheck(_cast_back_op.op, (q4[0], q4[1], "fp32", 1, 32))
     f = torch.compile(lambda d, s: cast_back((d, s), "bf16", (1, 32)), backend="eager", fullgraph=True)
     assert_equal(f(*q4), cast_back_ref(q4, "bf16", (1, 32)))
+
+
+def test_cast_back_tune_candidates(device):
+    """Every launch-config candidate of the benchmark sweep (and the software e4m3 decode, HW_DECODE=False)
+    gives the reference bits; NaN codes and a non-finite scale included."""
+    from tritile.quant._bench_cast import _CAST_BACK_TUNE
+    from tritile.runtime import override_config
+
+    m, k = pick(cpu=(5, 1024), gpu=(8001, 7168))
+    x = torch.randn(m, k, device=device)
+    x[1, 200] = float("inf")
+    q = cast(x, "e4m3", (1, 128), round_sf=True)
+    data = q[0].view(torch.uint8).clone()
+    data[0, :4] = torch.tensor([0x7F, 0xFF, 0x80, 0x01], dtype=torch.uint8)
+    q = (data.view(torch.float8_e4m3fn), q[1])
+    for out in ("bf16", "fp32"):
+        ref = cast_back_ref(q, out, (1, 128))
+        for cand in [{}] + _CAST_BACK_TUNE:
+            with override_config("cast_back", **cand):
+                _assert_equal_nan(per_token_cast_back(q, out, 128), ref)

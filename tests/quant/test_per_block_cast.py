@@ -149,3 +149,39 @@ def test_per_block_cast_bad_input(device):
         per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), torch.ones(2, 8, device=device).double())
     with pytest.raises(ValueError, match="use_tma_aligned_col_major_sf"):
         per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), torch.ones(2, 8, device=device), True)
+
+
+@pytest.mark.parametrize("case", ["b128-e4m3-bf16", "b32-e2m1-fp32"])
+def test_per_block_cast_tune_candidates(case, device):
+    """Every launch-config candidate of the benchmark sweep, and the old code paths (FAST=False), give the
+    reference bits, non-finite inputs included."""
+    from tritile.quant._bench_cast import _PER_BLOCK_128_TUNE, _PER_BLOCK_32_TUNE
+    from tritile.runtime import override_config
+
+    if case.startswith("b128"):
+        block, fmt, dtype, cfg, cands = (128, 128), "e4m3", torch.bfloat16, (False, True, False), _PER_BLOCK_128_TUNE
+        m, k = pick(cpu=(130, 640), gpu=(8001, 7168))
+    else:
+        block, fmt, dtype, cfg, cands = (32, 32), "e2m1", torch.float32, (True, True, True), _PER_BLOCK_32_TUNE
+        m, k = pick(cpu=(40, 576), gpu=(8001, 7168))
+    x = torch.randn(m, k, device=device)
+    x[0, 3], x[1, 200], x[33, 40], x[34, 41], x[35, 300] = float("nan"), float("inf"), float("-inf"), -0.0, -float("nan")
+    x = x.to(dtype)
+    ref_out, ref_sf = _ref(x, fmt, block, cfg)
+    for cand in [{}] + cands:
+        with override_config("per_block_cast", **cand):
+            out, sf = per_block_cast(x, fmt, block, *cfg)
+        assert_equal(out, ref_out)
+        assert_sf_equal(sf, ref_sf, k, block[1])
+
+
+def test_per_block_cast_bad_tune_config(device):
+    from tritile.runtime import override_config
+
+    x = torch.randn(64, 256, device=device)
+    with override_config("per_block_cast", BLOCK_K=64):
+        with pytest.raises(ValueError, match="BLOCK_K"):
+            per_block_cast(x, "e4m3", (32, 32))
+    with override_config("per_block_cast", CHUNKS_PER_PROG=3):  # packed UE8M0 words need 4 blocks
+        with pytest.raises(ValueError, match="CHUNKS_PER_PROG"):
+            per_block_cast(x, "e4m3", (32, 32), True, True, True)

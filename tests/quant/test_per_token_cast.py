@@ -284,3 +284,50 @@ def test_per_token_cast_torch_library(device):
     q = cast(x, "e4m3", (32, 32))
     g = torch.compile(lambda d, s: per_token_cast((d, s), "e2m1", 32, (32, 32)), backend="eager", fullgraph=True)
     _check(*g(*q), *cast(q, "e2m1", (1, 32), x_block_size=(32, 32)), 256, 32)
+
+
+def _with_specials(x):
+    """Put NaN, +-inf and -0.0 into a few rows (blocks with non-finite values, a signed zero)."""
+    x = x.clone()
+    x[0, 3] = float("nan")
+    x[1, 200] = float("inf")
+    if x.shape[0] > 2:
+        x[2, 7] = float("-inf")
+        x[2, 8] = -0.0
+        x[2, 9] = -float("nan")
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_per_token_cast_tune_candidates(fmt, in_dtype, device):
+    """Every launch-config candidate of the benchmark sweep (``python -m tritile tune``), and the old code
+    paths (FAST=False), give the reference bits, non-finite inputs included."""
+    from tritile.quant._bench_cast import _PER_TOKEN_TUNE
+    from tritile.runtime import override_config
+
+    m, k, cfg = 5, pick(cpu=1024, gpu=7168), CONFIGS[1]
+    x = _with_specials(torch.randn(m, k, device=device)).to(in_dtype)
+    ref = _ref(x, fmt, 128, cfg)
+    for cand in [{}] + _PER_TOKEN_TUNE:
+        with override_config("per_token_cast", **cand):
+            out, sf = per_token_cast(x, fmt, 128, None, *cfg)
+        _check(out, sf, *ref, k, 128)
+    q = cast(x.float(), fmt, (32, 32), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    ref = cast(q, fmt, (1, 128), x_block_size=(32, 32), round_sf=True, use_tma_aligned_col_major_sf=True,
+               use_packed_ue8m0=True)
+    for cand in [{}, dict(FAST=False), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1)]:
+        with override_config("per_token_cast", **cand):
+            _check(*per_token_cast(q, fmt, 128, (32, 32), *cfg), *ref, k, 128)
+
+
+def test_per_token_cast_bad_tune_config(device):
+    from tritile.runtime import override_config
+
+    x = torch.randn(4, 1024, device=device).bfloat16()
+    with override_config("per_token_cast", BLOCK_K=256):  # 2 groups of 128: not whole UE8M0 words
+        with pytest.raises(ValueError, match="BLOCK_K"):
+            per_token_cast(x, "e4m3", 128, None, True, True, True)
+    with override_config("per_token_cast", BLOCK_K=64):
+        with pytest.raises(ValueError, match="BLOCK_K"):
+            per_token_cast(x, "e4m3", 128)

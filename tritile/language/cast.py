@@ -260,3 +260,70 @@ def exp_f32(x):
         return tl.exp(x)
     else:
         return _libdevice.exp(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fast variants for hot loops (added for the block casts; the helpers above are unchanged)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def f32_to_e4m3_bits_satfinite(x):
+    """float32 -> e4m3fn byte (uint8) with the same bits as :func:`f32_to_e4m3_bits` for every
+    non-NaN ``x`` (RNE, +-inf and |x| > 448 saturate to +-448); a NaN gives a NaN code (0x7F or 0xFF,
+    sign unspecified).
+
+    GPU: one ``cvt.rn.satfinite.e4m3x2.f32`` per pair and no clamp (``.satfinite`` already maps
+    overflow and infinities to +-MAX_NORM); software path under EMULATE.  Callers that must give NaN
+    a definite sign patch it themselves, e.g. ``(byte & 0x7F) | sign``."""
+    if EMULATE:
+        return f32_to_e4m3_bits_sw(x)
+    else:
+        return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def e4m3_bits_to_f32_hw(bits):
+    """e4m3fn byte (uint8/int8) -> float32 through the hardware conversion (exact: every e4m3 value,
+    subnormals included, is a float16 and a float32).  NaN codes give a NaN (payload unspecified)."""
+    return bits.to(tl.uint8, bitcast=True).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e4m3_bits_to_f32_fast(bits):
+    """e4m3fn byte -> float32: the same value as :func:`e4m3_bits_to_f32` for every non-NaN code
+    (NaN codes: a NaN of unspecified payload/sign).  Hardware conversion on the GPU, the software
+    decode under EMULATE (the interpreter)."""
+    if EMULATE:
+        return e4m3_bits_to_f32(bits)
+    else:
+        return e4m3_bits_to_f32_hw(bits)
+
+
+@triton.jit
+def abs_max_bits(x, axis: tl.constexpr, keep_dims: tl.constexpr = False):
+    """``max |x|`` of a float32 tensor along ``axis`` as an int32 float32 bit pattern in which NaN
+    counts as +inf (result ``<= 0x7F800000``): an integer max over ``bits & 0x7FFFFFFF`` (for
+    non-negative floats the bit patterns order like the values; NaN patterns sort above inf).
+    ``.to(tl.float32, bitcast=True)`` of the result equals ``max(where(x == x, |x|, inf))``."""
+    ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    m = tl.max(ab, axis=axis, keep_dims=keep_dims)
+    return tl.minimum(m, 0x7F800000)
+
+
+@triton.jit
+def f32_to_e2m1_code_fast(x):
+    """Same codes as :func:`f32_to_e2m1_code` for every float32 (NaN -> +-0, +-inf -> +-6), in integer and
+    one-FMA arithmetic instead of seven compares.
+
+    ``|x| < 2``: the FP4 grid step is 0.5 (codes 0..4 = 2|x| rounded half to even), so
+    ``code = rint(2a)``, exact through ``2a + 1.5*2^23`` (``2a`` is exact, the add rounds once).
+    ``2 <= |x| <= 6``: RNE of the float32 pattern to one mantissa bit, ``code = (rounded >> 22) - 0xFC``.
+    """
+    b = x.to(tl.int32, bitcast=True)
+    ab = b & 0x7FFFFFFF
+    abc = tl.minimum(ab, 0x40C00000)  # saturate at 6.0 (inf and NaN patterns too; NaN is patched below)
+    a = abc.to(tl.float32, bitcast=True)
+    sub = (a * 2.0 + 12582912.0).to(tl.int32, bitcast=True) & 7
+    nrm = ((abc + 0x1FFFFF + ((abc >> 22) & 1)) >> 22) - 0xFC
+    code = tl.where(abc < 0x40000000, sub, nrm)
+    code = tl.where(ab > 0x7F800000, 0, code)
+    return ((b >> 28) & 0x8) | code

@@ -39,6 +39,102 @@ def _anchor(device, kernel, **params):
     return (kernel, params) if device.type == "cuda" else None
 
 
+def _tune(device, name, candidates):
+    """``Case.tune`` for GPU cases only (``python -m tritile tune``); None on the CPU."""
+    return (name, candidates) if device.type == "cuda" else None
+
+
+# Launch-config candidates at the anchor shape (8001 x 7168), overriding the defaults that the wrappers pass
+# to tritile.runtime.tuned.  FAST=False / HW_DECODE=False select the previous code paths (same bits).
+# per-token, npc 128, packed UE8M0; default BLOCK_M=2, BLOCK_K=1024, CHUNKS_PER_PROG=7, 2 warps, FAST, no prefetch
+_PER_TOKEN_TUNE = [
+    dict(FAST=False),
+    dict(PREFETCH=True),
+    dict(BLOCK_M=1, num_warps=1),
+    dict(BLOCK_M=1, num_warps=1, PREFETCH=True),
+    dict(BLOCK_M=1, num_warps=2),
+    dict(BLOCK_M=1, num_warps=2, PREFETCH=True),
+    dict(BLOCK_M=2, num_warps=4),
+    dict(BLOCK_M=2, num_warps=4, PREFETCH=True),
+    dict(BLOCK_M=4, num_warps=4),
+    dict(BLOCK_M=4, num_warps=4, PREFETCH=True),
+    dict(BLOCK_M=4, num_warps=8),
+    dict(BLOCK_M=8, num_warps=8),
+    dict(BLOCK_M=1, BLOCK_K=2048, num_warps=2),
+    dict(BLOCK_M=1, BLOCK_K=2048, num_warps=4),
+    dict(BLOCK_M=1, BLOCK_K=2048, num_warps=4, PREFETCH=True),
+    dict(BLOCK_M=2, BLOCK_K=2048, num_warps=4),
+    dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
+    dict(BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
+    dict(BLOCK_M=2, BLOCK_K=512, num_warps=2, PREFETCH=True),
+    dict(BLOCK_M=4, BLOCK_K=512, num_warps=4, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=1),
+    dict(CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
+    dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
+]
+# per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
+_PER_TOKEN_E2M1_TUNE = [
+    dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
+    dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
+]
+# 128x128 bf16 -> e4m3: one block per chunk; default CHUNKS_PER_PROG=1, 8 warps, FAST, no prefetch
+_PER_BLOCK_128_TUNE = [
+    dict(FAST=False),
+    dict(num_warps=4),
+    dict(num_warps=16),
+    dict(CHUNKS_PER_PROG=2),
+    dict(CHUNKS_PER_PROG=2, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=4, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=7, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=14, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=2, PREFETCH=True, num_warps=16),
+    dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=16),
+    dict(CHUNKS_PER_PROG=7, PREFETCH=True, num_warps=16),
+    dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=4),
+    dict(CHUNKS_PER_PROG=4),
+]
+# 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=16 (a multiple of 4: whole UE8M0 words), 2 warps
+_PER_BLOCK_32_TUNE = [
+    dict(FAST=False),
+    dict(PREFETCH=True),
+    dict(num_warps=1),
+    dict(num_warps=1, PREFETCH=True),
+    dict(num_warps=4),
+    dict(num_warps=4, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=4),
+    dict(CHUNKS_PER_PROG=4, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=8),
+    dict(CHUNKS_PER_PROG=8, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=4, num_warps=1, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=8, num_warps=1, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=4, num_warps=4),
+    dict(CHUNKS_PER_PROG=4, num_warps=4, PREFETCH=True),
+    dict(CHUNKS_PER_PROG=32, PREFETCH=True),
+]
+# per-token e4m3 -> bf16: default BLOCK_M=4, BLOCK_K=1024, CHUNKS_PER_PROG=7 (whole rows), 4 warps,
+# hardware e4m3 decode, dynamic chunk loop
+_CAST_BACK_TUNE = [
+    dict(HW_DECODE=False),
+    dict(UNROLL=True),
+    dict(num_warps=2),
+    dict(num_warps=8),
+    dict(BLOCK_M=1, num_warps=1),
+    dict(BLOCK_M=1, num_warps=2),
+    dict(BLOCK_M=1, num_warps=2, UNROLL=True),
+    dict(BLOCK_M=2, num_warps=2),
+    dict(BLOCK_M=2, num_warps=2, UNROLL=True),
+    dict(BLOCK_M=2, num_warps=4),
+    dict(BLOCK_M=8, num_warps=4),
+    dict(BLOCK_M=8, num_warps=8),
+    dict(BLOCK_M=16, num_warps=8),
+    dict(BLOCK_M=1, BLOCK_K=2048, num_warps=4),
+    dict(BLOCK_M=2, BLOCK_K=2048, num_warps=4, UNROLL=True),
+    dict(BLOCK_M=8, BLOCK_K=512, num_warps=4),
+    dict(CHUNKS_PER_PROG=1),
+    dict(CHUNKS_PER_PROG=1, BLOCK_M=8, num_warps=8),
+]
+
+
 @register(_M, "per_token_cast")
 def _per_token_cases(device, quick):
     from tritile.torch.cast import cast
@@ -54,7 +150,8 @@ def _per_token_cases(device, quick):
                check=_check_pair, nbytes=count_bytes(x, out),
                anchor=_anchor(device, "per_token_cast", fmt="e4m3", hidden=k, in_dtype="bf16", num_per_channels=128,
                               num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
-                              x_block_size=None))
+                              x_block_size=None),
+               tune=_tune(device, "per_token_cast", _PER_TOKEN_TUNE))
     # FP4 QuantTensor input (32x32 packed UE8M0 scales) -> FP4 per-token packed
     qx = cast(x, "e2m1", (32, 32), round_sf=rnd, use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed)
     out = per_token_cast(qx, "e2m1", 128, (32, 32), col, rnd, packed)
@@ -66,7 +163,8 @@ def _per_token_cases(device, quick):
                check=_check_pair, nbytes=count_bytes(qx, out),
                anchor=_anchor(device, "per_token_cast", fmt="e2m1", hidden=k, in_dtype="e2m1", num_per_channels=128,
                               num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
-                              x_block_size=[32, 32]))
+                              x_block_size=[32, 32]),
+               tune=_tune(device, "per_token_cast", _PER_TOKEN_E2M1_TUNE))
     if quick:
         return
     # not anchored: bf16 -> FP4 packed, and one group per row (npc == K)
@@ -96,7 +194,9 @@ def _per_block_cases(device, quick):
                    check=_check_pair, nbytes=count_bytes(x, out),
                    anchor=_anchor(device, "per_block_cast", block_size=list(block), fmt=fmt, hidden=k, in_dtype=dname,
                                   num_tokens=m, round_sf=rnd, use_packed_ue8m0=packed,
-                                  use_tma_aligned_col_major_sf=col))
+                                  use_tma_aligned_col_major_sf=col),
+                   tune=_tune(device, "per_block_cast",
+                              _PER_BLOCK_128_TUNE if block == (128, 128) else _PER_BLOCK_32_TUNE))
         del out
 
 
@@ -114,7 +214,8 @@ def _cast_back_per_token_cases(device, quick):
                check=assert_equal, nbytes=count_bytes(back, q),
                anchor=_anchor(device, "cast_back_per_token", fmt="e4m3", hidden=k, num_per_channels=128, num_tokens=m,
                               out_dtype="bf16", round_sf=True, use_packed_ue8m0=False,
-                              use_tma_aligned_col_major_sf=False))
+                              use_tma_aligned_col_major_sf=False),
+               tune=_tune(device, "cast_back", _CAST_BACK_TUNE))
     if quick:
         return
     # not anchored: FP4 packed per-token -> bf16, and 128x128 e4m3 blocks -> fp32

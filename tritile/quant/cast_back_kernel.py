@@ -15,9 +15,10 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16_bits
-from ..runtime import check_choice, custom_op, empty, interpreter_configs
+from ..language.cast import e4m3_bits_to_f32_fast
+from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
-from .per_token_cast_kernel import _IN_KIND, _data_view, _load_tile, _parse_input
+from .per_token_cast_kernel import _IN_KIND, _data_view, _load_block_sf, _load_tile, _parse_input
 from .types import QuantTensor
 
 __all__ = ["cast_back", "per_token_cast_back"]
@@ -29,23 +30,57 @@ def _cast_back_kernel(
     M, K, num_xsf_k, stride_xm, stride_xsf_m, stride_xsf_k, stride_om,
     IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
+    HW_DECODE: tl.constexpr = False, UNROLL: tl.constexpr = False,
 ):
-    """Program ``(pm, pk)``: rows ``pm*BLOCK_M ..``, chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K columns."""
+    """Program ``(pm, pk)``: rows ``pm*BLOCK_M ..``, chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K columns.
+
+    Speed-only flags (same bits): HW_DECODE decodes e4m3 with the hardware conversion when EMULATE is off
+    (``e4m3_bits_to_f32_fast``; NaN codes stay NaN, and the scale multiply canonicalises NaN anyway);
+    UNROLL makes the chunk loop a static, unrolled one."""
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     row_ok = rows < M
-    for i in range(0, CHUNKS_PER_PROG):
-        col0 = (pk * CHUNKS_PER_PROG + i) * BLOCK_K
+    if UNROLL:
+        for i in tl.static_range(CHUNKS_PER_PROG):
+            _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, (pk * CHUNKS_PER_PROG + i) * BLOCK_K, K,
+                             num_xsf_k, stride_xm, stride_xsf_m, stride_xsf_k, stride_om, IN_KIND, XBM, XBK,
+                             XSF_PACKED, BLOCK_M, BLOCK_K, OUT_BF16, HW_DECODE)
+    else:
+        for i in range(0, CHUNKS_PER_PROG):
+            _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, (pk * CHUNKS_PER_PROG + i) * BLOCK_K, K,
+                             num_xsf_k, stride_xm, stride_xsf_m, stride_xsf_k, stride_om, IN_KIND, XBM, XBK,
+                             XSF_PACKED, BLOCK_M, BLOCK_K, OUT_BF16, HW_DECODE)
+
+
+@triton.jit
+def _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, col0, K, num_xsf_k, stride_xm, stride_xsf_m,
+                     stride_xsf_k, stride_om, IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr,
+                     XSF_PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+                     HW_DECODE: tl.constexpr):
+    cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+    m = row_ok[:, None] & (cols < K)[None, :]
+    if IN_KIND == 2 and HW_DECODE:
+        q = e4m3_bits_to_f32_fast(tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=m, other=0))
+        sr = rows // XBM
+        if BLOCK_K % XBK == 0:
+            NB: tl.constexpr = BLOCK_K // XBK
+            kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
+            sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
+            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
+            v = tl.reshape(tl.reshape(q, (BLOCK_M, NB, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
+        else:
+            s = _load_block_sf(xsf_ptr, sr[:, None], (cols // XBK)[None, :], m, stride_xsf_m, stride_xsf_k,
+                               XSF_PACKED)
+            v = q * s
+    else:
         v = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
                        BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
-        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
-        m = row_ok[:, None] & (cols < K)[None, :]
-        ptr = out_ptr + rows[:, None] * stride_om + cols[None, :]
-        if OUT_BF16:
-            tl.store(ptr, f32_to_bf16_bits(v), mask=m)
-        else:
-            tl.store(ptr, v, mask=m)
+    ptr = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    if OUT_BF16:
+        tl.store(ptr, f32_to_bf16_bits(v), mask=m)
+    else:
+        tl.store(ptr, v, mask=m)
 
 
 def _config(m: int, k: int):
@@ -93,13 +128,22 @@ def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xb
     if m == 0 or k == 0:
         return out
     BLOCK_M, BLOCK_K, cpp, warps = _config(m, k)
+    cfg = tuned("cast_back", dict(BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, CHUNKS_PER_PROG=cpp, num_warps=warps,
+                                  HW_DECODE=True, UNROLL=False))
+    if (cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["CHUNKS_PER_PROG"]) != (BLOCK_M, BLOCK_K, cpp):
+        BLOCK_M, BLOCK_K = int(cfg["BLOCK_M"]), int(cfg["BLOCK_K"])
+        for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_K", BLOCK_K)):
+            if v < (2 if name == "BLOCK_K" else 1) or v & (v - 1):  # FP4 tiles unpack BLOCK_K // 2 bytes
+                raise ValueError(f"{name} must be a power of two >= 2, got {v}")
+        cpp = max(1, min(int(cfg["CHUNKS_PER_PROG"]), ceil_div(k, BLOCK_K)))
     xv = _data_view(data)
     outv = out.view(torch.int16) if fmt == "bf16" else out
     grid = (ceil_div(m, BLOCK_M), ceil_div(ceil_div(k, BLOCK_K), cpp))
     _cast_back_kernel[grid](
         xv, sf, outv, m, k, ceil_div(k, xbk), xv.stride(0), sf.stride(0), sf.stride(1), outv.stride(0),
         IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
-        BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, num_warps=warps,
+        BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, HW_DECODE=bool(cfg["HW_DECODE"]),
+        UNROLL=bool(cfg["UNROLL"]), num_warps=int(cfg["num_warps"]),
     )
     return out
 

@@ -35,6 +35,7 @@ from ..language import (
     ue8m0_to_f32,
     unpack_e2m1,
 )
+from ..language.cast import e4m3_bits_to_f32_fast, f32_to_e2m1_code_fast, f32_to_e4m3_bits_satfinite
 from ..runtime import (
     check_choice,
     check_inner_contiguous,
@@ -44,6 +45,7 @@ from ..runtime import (
     custom_op,
     empty,
     interpreter_configs,
+    tuned,
 )
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
@@ -163,6 +165,83 @@ def _store_codes(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M: tl.co
 
 
 @triton.jit
+def _load_raw(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Raw ``[BLOCK_M, BLOCK_K]`` tile of a plain bf16 (int16 view) / fp32 x; 0 outside the tensor.
+    Split from the conversion so a prefetch issues only the load."""
+    cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+    m = row_ok[:, None] & (cols < K)[None, :]
+    return tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=m, other=0)
+
+
+@triton.jit
+def _raw_to_f32(raw, IN_KIND: tl.constexpr):
+    if IN_KIND == 0:
+        return bf16_bits_to_f32(raw)
+    else:
+        return raw
+
+
+@triton.jit
+def _block_amax_fast(x, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """Same value as :func:`_block_amax` (NaN counts as +inf), by an integer max over the float32 bit
+    patterns ``bits & 0x7FFFFFFF`` (non-negative floats order like their patterns; NaN patterns sort
+    above inf and are clamped to it): two integer ops per element instead of compare/select/max."""
+    ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if BM == 1:
+        if G == 1:
+            m = tl.max(ab, axis=1, keep_dims=True)
+        else:
+            m = tl.max(tl.reshape(ab, (MB, G, BK)), axis=2)
+    else:
+        tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
+        m = tl.max(tl.max(ab, axis=1, keep_dims=True), axis=0, keep_dims=True)
+    return tl.minimum(m, 0x7F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _raw_amax(raw, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr, IN_KIND: tl.constexpr):
+    """:func:`_block_amax_fast` of ``_raw_to_f32(raw)``, taken on the raw tile: for bf16 an int16 max over
+    ``bits & 0x7FFF`` (NaN patterns sort above inf 0x7F80), so the float32 tile need not stay live
+    across the reduction."""
+    if IN_KIND == 0:
+        ab = raw & 0x7FFF
+        if BM == 1:
+            if G == 1:
+                m = tl.max(ab, axis=1, keep_dims=True)
+            else:
+                m = tl.max(tl.reshape(ab, (MB, G, BK)), axis=2)
+        else:
+            tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
+            m = tl.max(tl.max(ab, axis=1, keep_dims=True), axis=0, keep_dims=True)
+        return (tl.minimum(m, 0x7F80).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return _block_amax_fast(raw, MB, BM, G, BK)
+
+
+@triton.jit
+def _store_codes_fast(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M: tl.constexpr,
+                      BLOCK_K: tl.constexpr, OUT_E2M1: tl.constexpr):
+    """:func:`_store_codes` for computed scales (``sf_inv >= 0``; 0 only in non-finite blocks).
+
+    There every non-NaN ``v = x * sf_inv`` has x's sign (a zero factor keeps it too), and ``v`` is NaN
+    exactly where x is non-finite in a block with ``sf_inv = 0`` or x is NaN.  So the code is the
+    magnitude code with x's sign bit: NaN magnitude 0x7F (e4m3) / 0 (e2m1), the same bits as
+    :func:`_store_codes`, without a NaN test per element; e4m3 uses the satfinite conversion (no clamp),
+    e2m1 the integer encoder ``f32_to_e2m1_code_fast`` (same codes as ``f32_to_e2m1_code``)."""
+    xs = x.to(tl.int32, bitcast=True)
+    if OUT_E2M1:
+        code = (f32_to_e2m1_code_fast(v) & 7) | ((xs >> 28) & 8)
+        pc = col0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
+        m = row_ok[:, None] & (pc < K // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + pc[None, :], pack_e2m1(code), mask=m)
+    else:
+        byte = (f32_to_e4m3_bits_satfinite(v) & 0x7F) | ((xs >> 24) & 0x80).to(tl.uint8)
+        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = row_ok[:, None] & (cols < K)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], byte, mask=m)
+
+
+@triton.jit
 def _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB: tl.constexpr, G: tl.constexpr,
               PACKED: tl.constexpr):
     """Store ``[MB, G]`` scales of row blocks ``mblk`` and k-blocks ``kb0 ..``: float32, or UE8M0 bytes
@@ -184,6 +263,23 @@ def _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB: t
 
 
 @triton.jit
+def _amax_of(x, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr):
+    if FAST:
+        return _block_amax_fast(x, MB, BM, G, BK)
+    else:
+        return _block_amax(x, MB, BM, G, BK)
+
+
+@triton.jit
+def _encode_store(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                  OUT_E2M1: tl.constexpr, FAST: tl.constexpr):
+    if FAST:
+        _store_codes_fast(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+    else:
+        _store_codes(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+
+
+@triton.jit
 def _block_cast_kernel(
     x_ptr, xsf_ptr, out_ptr, sf_ptr, psf_ptr,
     M, K, num_xsf_k, num_ms, num_ks,
@@ -193,14 +289,21 @@ def _block_cast_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     OUT_E2M1: tl.constexpr, SF_MODE: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
+    FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
     Program ``(pm, pk)`` owns rows ``pm*BLOCK_M ..`` and chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K
     logical columns.  ROW_GROUP: one scale group spans the whole row (npc == K); the program owns every
-    chunk, reduces amax across them, then quantizes (one pass when a single chunk covers K)."""
+    chunk, reduces amax across them, then quantizes (one pass when a single chunk covers K).
+
+    Speed-only flags (same bits either way): FAST (SF_MODE 0 only) takes amax by an integer max over
+    the float32 patterns and encodes e4m3 with the satfinite conversion plus x's sign bit
+    (``_block_amax_fast`` / ``_store_codes_fast``); PREFETCH (plain bf16/fp32 x, 2D/per-token groups)
+    issues the load of chunk ``i + 1`` before chunk ``i`` is reduced and stored."""
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
+    FASTQ: tl.constexpr = FAST and SF_MODE == 0
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -210,10 +313,10 @@ def _block_cast_kernel(
         # the whole row fits one tile: load once, reduce, quantize
         x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, 0, K, stride_xm, stride_xsf_m, stride_xsf_k,
                        num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
-        sf, sf_inv = quant_scale(_block_amax(x, MB, BM, 1, BLOCK_K), CLAMP, MAX, ROUND_SF)
+        sf, sf_inv = quant_scale(_amax_of(x, MB, BM, 1, BLOCK_K, FASTQ), CLAMP, MAX, ROUND_SF)
         _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
-        _store_codes(out_ptr, x, _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K), rows, row_ok, 0, K, stride_om,
-                     BLOCK_M, BLOCK_K, OUT_E2M1)
+        _encode_store(out_ptr, x, _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K), rows, row_ok, 0, K, stride_om,
+                      BLOCK_M, BLOCK_K, OUT_E2M1, FASTQ)
     elif ROW_GROUP:
         if SF_MODE == 2:
             p = tl.load(psf_ptr + mblk[:, None] * stride_pm + tl.zeros((MB, 1), tl.int64),
@@ -224,7 +327,7 @@ def _block_cast_kernel(
             for c in range(0, NUM_CHUNKS):
                 x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
                                num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
-                amax = tl.maximum(amax, _block_amax(x, MB, BM, 1, BLOCK_K))
+                amax = tl.maximum(amax, _amax_of(x, MB, BM, 1, BLOCK_K, FAST))
             sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
             _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
         if SF_MODE != 1:
@@ -232,16 +335,29 @@ def _block_cast_kernel(
                 x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
                                num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
                 v = _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K)
-                _store_codes(out_ptr, x, v, rows, row_ok, c * BLOCK_K, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+                _encode_store(out_ptr, x, v, rows, row_ok, c * BLOCK_K, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1,
+                              FASTQ)
     else:
         # CHUNKS_PER_PROG is a multiple of 4 when 2D blocks pack UE8M0 (one chunk = one k-block, four
         # chunks = one int32 word); chunks past NUM_CHUNKS are fully masked.
+        PF: tl.constexpr = PREFETCH and IN_KIND < 2
+        # plain x: keep the raw tile, reduce amax on it, convert after the reduction (FAST, computed sf)
+        RAW: tl.constexpr = PF or (FAST and IN_KIND < 2)
         c0 = pk * CHUNKS_PER_PROG
+        if PF:
+            nxt = _load_raw(x_ptr, rows, row_ok, c0 * BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
         for i in tl.static_range(CHUNKS_PER_PROG):
             c = c0 + i
             col0 = c * BLOCK_K
-            x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                           num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+            if PF:
+                raw = nxt
+                if i + 1 < CHUNKS_PER_PROG:
+                    nxt = _load_raw(x_ptr, rows, row_ok, col0 + BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
+            elif RAW:
+                raw = _load_raw(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
+            else:
+                x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
             kb0 = c * G
             if SF_MODE == 2:
                 kb = kb0 + tl.arange(0, G).to(tl.int64)
@@ -249,7 +365,11 @@ def _block_cast_kernel(
                 p = tl.load(psf_ptr + mblk[:, None] * stride_pm + kb[None, :], mask=pmask, other=1.0)
                 sf_inv = tl.math.div_rn(tl.full((MB, G), 1.0, tl.float32), p)
             else:
-                sf, sf_inv = quant_scale(_block_amax(x, MB, BM, G, BK), CLAMP, MAX, ROUND_SF)
+                if RAW:
+                    amax = _raw_amax(raw, MB, BM, G, BK, IN_KIND)
+                else:
+                    amax = _amax_of(x, MB, BM, G, BK, FAST)
+                sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
                 if PACKED and G == 1:
                     # one k-block per chunk: assemble the word from four consecutive chunks
                     e = tl.where(c < num_ks, sf_to_ue8m0(sf), 0)
@@ -264,8 +384,10 @@ def _block_cast_kernel(
                 else:
                     _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB, G, PACKED)
             if SF_MODE != 1:
+                if RAW:
+                    x = _raw_to_f32(raw, IN_KIND)
                 v = _scale_tile(x, sf_inv, MB, BM, G, BK)
-                _store_codes(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+                _encode_store(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1, FASTQ)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -360,6 +482,35 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
     return bm, bk, bk, num_chunks, cpp, warps
 
 
+def _check_cast_config(cfg, m, k, bm, bk, row_group, packed, BLOCK_M, BLOCK_K, BK, num_chunks, cpp):
+    """Apply a (possibly overridden) launch config; ValueError for one the kernel cannot run.
+
+    -> (BLOCK_M, BLOCK_K, BK, num_chunks, chunks_per_prog)."""
+    bmx, bkx, cppx = int(cfg["BLOCK_M"]), int(cfg["BLOCK_K"]), int(cfg["CHUNKS_PER_PROG"])
+    if (bmx, bkx, cppx) == (BLOCK_M, BLOCK_K, cpp):
+        return BLOCK_M, BLOCK_K, BK, num_chunks, cpp
+    for name, v in (("BLOCK_M", bmx), ("BLOCK_K", bkx)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if cppx < 1:
+        raise ValueError(f"CHUNKS_PER_PROG must be positive, got {cppx}")
+    if row_group:  # one group per row: BLOCK_K-wide chunks, every chunk in one program
+        nc = ceil_div(k, bkx)
+        return bmx, bkx, bkx, nc, nc
+    if bm == 1:
+        if bkx % bk:
+            raise ValueError(f"BLOCK_K={bkx} must be a multiple of num_per_channels={bk}")
+        if packed and (bkx // bk) % 4:
+            raise ValueError(f"packed UE8M0 needs BLOCK_K={bkx} to hold a multiple of 4 groups of {bk}")
+        nc = ceil_div(k, bkx)
+        return bmx, bkx, bk, nc, min(cppx, nc)
+    if (bmx, bkx) != (bm, bk):
+        raise ValueError(f"2D blocks take one ({bm}, {bk}) block per tile, got BLOCK_M={bmx}, BLOCK_K={bkx}")
+    if packed and cppx % 4:
+        raise ValueError(f"packed UE8M0 with 2D blocks needs CHUNKS_PER_PROG % 4 == 0, got {cppx}")
+    return bm, bk, bk, num_chunks, cppx
+
+
 def _sf_layout(m: int, k: int, bm: int, bk: int, col_major: bool, packed: bool):
     """(shape, strides, dtype) of the §2.3 sf that ``alloc_sf`` returns (for the fake kernel)."""
     ms, ks = ceil_div(m, bm), ceil_div(k, bk)
@@ -397,6 +548,17 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
     BLOCK_M, BLOCK_K, BK, num_chunks, cpp, warps = _config(m, k, bm, bk, row_group, packed, block_m, block_k)
     if chunks_per_prog is not None and not row_group:
         cpp = chunks_per_prog
+    if block_m is None and block_k is None and chunks_per_prog is None:
+        # launch config through tritile.runtime.tuned ("per_token_cast" / "per_block_cast"): a sweep may
+        # override BLOCK_M, BLOCK_K, CHUNKS_PER_PROG, num_warps and the speed-only flags FAST / PREFETCH
+        cfg = dict(BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, CHUNKS_PER_PROG=cpp, num_warps=warps, FAST=True,
+                   PREFETCH=False)
+        cfg = tuned("per_token_cast" if bm == 1 else "per_block_cast", cfg)
+        BLOCK_M, BLOCK_K, BK, num_chunks, cpp = _check_cast_config(cfg, m, k, bm, bk, row_group, packed, BLOCK_M,
+                                                                   BLOCK_K, BK, num_chunks, cpp)
+        warps, fast, prefetch = int(cfg["num_warps"]), bool(cfg["FAST"]), bool(cfg["PREFETCH"])
+    else:
+        fast, prefetch = True, False
     grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
     xv = _data_view(data)
     outv = out.view(torch.uint8) if out.dtype == torch.float8_e4m3fn else out
@@ -411,7 +573,8 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         IN_KIND=in_kind, XBM=xbm, XBK=xbk, XSF_PACKED=x_sf is not None and x_sf.dtype == torch.int32,
         BM=bm, BK=BK, ROW_GROUP=row_group, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
-        CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, num_warps=warps,
+        CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
+        PREFETCH=prefetch, num_warps=warps,
     )
     return out, sf
 
