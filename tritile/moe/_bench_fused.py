@@ -97,8 +97,9 @@ _EXPAND_BF16_TUNE = [
     dict(BT=8, BH=512, PBT=16, PSUB=4),
 ]
 _EXPAND_FP8_TUNE = [
-    dict(BT=8, BH=256), dict(BT=32, BH=256, num_warps=8), dict(BT=16, BH=256, num_warps=8), dict(BT=8, BH=256, num_warps=2),
-    dict(BT=4, BH=256, num_warps=1), dict(BT=16, BH=128), dict(BT=32, BH=128, num_warps=8), dict(BT=8, BH=128, num_warps=2),
+    dict(BT=8, BH=256), dict(BT=32, BH=256, num_warps=8), dict(BT=16, BH=256, num_warps=8),
+    dict(BT=8, BH=256, num_warps=2), dict(BT=4, BH=256, num_warps=1), dict(BT=16, BH=128),
+    dict(BT=32, BH=128, num_warps=8), dict(BT=8, BH=128, num_warps=2),
     dict(BT=2, BH=2048), dict(BT=4, BH=1024), dict(BT=1, BH=2048, num_warps=8), dict(BT=8, BH=512),
     dict(BT=16, BH=256, PBT=8, PSUB=8), dict(BT=16, BH=256, PBT=32, PSUB=2), dict(BT=16, BH=256, PBT=16, PSUB=1),
 ]
@@ -169,4 +170,5 @@ _REDUCE_TUNE = [
     dict(BH=1024, COL_ITERS=1), dict(BH=1024, COL_ITERS=1, num_warps=2), dict(BH=256, COL_ITERS=7, num_warps=1),
     dict(WORDS=False), dict(WORDS=False, PREFETCH=False), dict(BT=2, BH=512, COL_ITERS=7),
     dict(GATHER=False, BT=2, COL_ITERS=1, PREFETCH=False), dict(GATHER=False, COL_ITERS=7, PREFETCH=False),
+    dict(SATFINITE=True), dict(SATFINITE=True, PREFETCH=False), dict(SATFINITE=True, num_warps=2),
 ]

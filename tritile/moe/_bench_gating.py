@@ -30,7 +30,19 @@ def _topk_gate_cases(device, quick):
     from tritile.torch import stable_topk
     yield Case(params=dict(num_tokens=t, num_experts=e, num_topk=k), fn=lambda: topk_gate(scores, k),
                ref=lambda: stable_topk(scores, k), check=assert_equal, nbytes=count_bytes(scores, out),
-               anchor=("topk_gate", dict(num_experts=e, num_tokens=t, num_topk=k)), latency_bound=True)
+               anchor=("topk_gate", dict(num_experts=e, num_tokens=t, num_topk=k)), latency_bound=True,
+               tune=("topk_gate", _TOPK_GATE_TUNE) if gpu else None)
+
+
+# Launch-config candidates (python -m tritile tune) at E = 256.  Default: one row per 1-warp program, the row
+# as two joined halves of 128 (all in one warp, no shared memory).  SPLIT=False, BLOCK_T=4, 4 warps is the
+# first version (a row across two warps).
+_TOPK_GATE_TUNE = [
+    dict(BLOCK_T=2, num_warps=2), dict(BLOCK_T=4, num_warps=4), dict(BLOCK_T=8, num_warps=8),
+    dict(BLOCK_T=2, num_warps=1), dict(BLOCK_T=4, num_warps=2), dict(SPLIT=False),
+    dict(SPLIT=False, BLOCK_T=2, num_warps=2),
+    dict(SPLIT=False, BLOCK_T=4, num_warps=4), dict(SPLIT=False, BLOCK_T=1, num_warps=2),
+]
 
 
 _TOP2_CONFIGS = [(0, 0, 72, 1, 6), (0, 0, 32, 2, 6), (0, 0, 64, 2, 6), (0, 0, 96, 2, 6), (0, 0, 16, 2, 6),
@@ -109,7 +121,18 @@ def _normalize_cases(device, quick):
         assert_equal(out[1], expected[1])
 
     yield Case(params=params, fn=lambda: normalize_weight(w), ref=lambda: ref(w), check=check,
-               nbytes=count_bytes(w, d, nw), anchor=("normalize_weight", params), latency_bound=True)
+               nbytes=count_bytes(w, d, nw), anchor=("normalize_weight", params), latency_bound=True,
+               tune=("normalize_weight", _NORMALIZE_TUNE) if device.type == "cuda" else None)
+
+
+# Default: 64 rows (one per thread, 2 warps) per program, each column loaded on its own (the sequential sum
+# stays in one thread).  PER_COL=False, BLOCK_T=128, 4 warps is the first version.
+_NORMALIZE_TUNE = [
+    dict(BLOCK_T=32, num_warps=1), dict(BLOCK_T=64, num_warps=1), dict(BLOCK_T=128, num_warps=4),
+    dict(BLOCK_T=128, num_warps=2), dict(BLOCK_T=256, num_warps=8), dict(BLOCK_T=256, num_warps=4),
+    dict(PER_COL=False, BLOCK_T=128, num_warps=4), dict(PER_COL=False, BLOCK_T=64, num_warps=2),
+    dict(PER_COL=False, BLOCK_T=32, num_warps=1), dict(PER_COL=False, BLOCK_T=256, num_warps=4),
+]
 
 
 @register(_M, "aux_fi")
@@ -125,7 +148,17 @@ def _aux_fi_cases(device, quick):
         assert calc_diff(out, expected) < 2e-7
 
     yield Case(params=params, fn=lambda: aux_fi(idx, e, aux), ref=lambda: ref(idx, e, aux), check=check,
-               nbytes=count_bytes(idx), anchor=("aux_fi", params), latency_bound=True)
+               nbytes=count_bytes(idx), anchor=("aux_fi", params), latency_bound=True,
+               tune=("aux_fi", _AUX_FI_TUNE) if device.type == "cuda" else None)
+
+
+# Default: group_count's grid (1024 entries per chunk at the anchor: 171 programs of 4 warps).
+_AUX_FI_TUNE = [
+    dict(BLOCK=512), dict(BLOCK=2048), dict(BLOCK=4096), dict(BLOCK=512, num_warps=2), dict(BLOCK=1024, num_warps=2),
+    dict(BLOCK=1024, num_warps=8), dict(BLOCK=2048, num_warps=8), dict(BLOCK=4096, num_warps=8),
+    dict(BLOCK=8192, num_warps=8), dict(BLOCK=1024, PROGRAMS_PER_SM=1), dict(BLOCK=512, PROGRAMS_PER_SM=1),
+    dict(BLOCK=2048, num_warps=2),
+]
 
 
 @register(_M, "group_count")

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from tritile.config import get_num_sms
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
+from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 from .group_count_kernel import check_index_range, count_chunks, grid_config
 
@@ -20,21 +21,28 @@ __all__ = ["aux_fi"]
 @triton.jit
 def _aux_fi_kernel(idx_ptr, ws_ptr, out_ptr, numel, num_experts, scale_num, denom, nprog,
                    BLOCK: tl.constexpr, BINS: tl.constexpr):
-    """``ws`` = int32 ``[num_experts + 1]`` zeros: counts, then a ticket.  The program that draws the
-    last ticket divides once per expert: f = float(count * E) / float(T * aux), IEEE."""
+    """``ws`` = int64 ``[num_experts]`` zeros; word e accumulates ``arrivals << 32 | count_e``.  Every program
+    adds ``1 << 32 | its count`` to every expert's word in one relaxed atomic and gets the old word back; the
+    program whose add completes the arrivals (``nprog``) holds the final count and writes
+    f = float(count * E) / float(T * aux) (IEEE).  One atomic round trip, no ticket, no fence."""
     pid = tl.program_id(0)
     hist = count_chunks(idx_ptr, numel, num_experts, pid, nprog, BLOCK, BINS)
     bins = tl.arange(0, BINS)
     in_range = bins < num_experts
-    tl.atomic_add(ws_ptr + bins, hist, mask=in_range & (hist != 0), sem="relaxed")
-    # Barrier + acq_rel ticket: every thread's counts are performed before the ticket is drawn, and
-    # the program that draws the last ticket sees everyone's (no inter-program waiting).
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ws_ptr + num_experts, 1, sem="acq_rel")
-    if ticket == nprog - 1:
-        counts = tl.atomic_add(ws_ptr + bins, tl.zeros([BINS], tl.int32), mask=in_range, sem="relaxed")
-        f = tl.math.div_rn((counts * scale_num).to(tl.float32), tl.full([BINS], denom, tl.float32))
-        tl.store(out_ptr + bins, f, mask=in_range)
+    add = hist.to(tl.int64) + 4294967296  # (1 << 32) | count
+    new = tl.atomic_add(ws_ptr + bins, add, mask=in_range, sem="relaxed") + add
+    last = in_range & ((new >> 32) == nprog)
+    counts = (new & 0xFFFFFFFF).to(tl.int32)
+    f = tl.math.div_rn((counts * scale_num).to(tl.float32), tl.full([BINS], denom, tl.float32))
+    tl.store(out_ptr + bins, f, mask=last)
+
+
+def _config(numel: int, num_experts: int, num_sms: int, interpret: bool) -> dict:
+    """Default launch config: ``group_count``'s persistent counting grid (``BLOCK`` flat entries per chunk,
+    at most ``PROGRAMS_PER_SM * num_sms`` programs) and ``num_warps``.  Launch configs go through
+    ``tritile.runtime.tuned("aux_fi", ...)``; the result never depends on them."""
+    block, _, programs = grid_config(max(numel, 1), num_experts, num_sms, interpret)
+    return dict(BLOCK=block, PROGRAMS_PER_SM=max(1, -(-programs // max(num_sms, 1))), num_warps=4)
 
 
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
@@ -70,8 +78,13 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         return torch.zeros(num_experts, dtype=torch.float32, device=dev)
     check_index_range("topk_idx", topk_idx, num_experts, "num_experts")
     out = empty((num_experts,), torch.float32, dev)
-    ws = torch.zeros(num_experts + 1, dtype=torch.int32, device=dev)
-    block, bins, programs = grid_config(max(numel, 1), num_experts, get_num_sms(), _INTERPRET)
+    ws = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    num_sms = get_num_sms()
+    cfg = tuned("aux_fi", _config(numel, num_experts, num_sms, _INTERPRET))
+    block = cfg["BLOCK"]
+    programs = max(1, min(cfg["PROGRAMS_PER_SM"] * num_sms, ceil_div(max(numel, 1), block)))
+    bins = max(16, next_power_of_two(num_experts))
     _aux_fi_kernel[(programs,)](topk_idx, ws, out, numel, num_experts, num_experts,
-                                float(num_tokens * num_aux_topk), programs, BLOCK=block, BINS=bins, num_warps=4)
+                                float(num_tokens * num_aux_topk), programs, BLOCK=block, BINS=bins,
+                                num_warps=cfg["num_warps"])
     return out

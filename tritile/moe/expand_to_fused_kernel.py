@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..quant.types import QuantTensor
 from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
-                       interpreter_configs)
+                       interpreter_configs, tuned)
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
@@ -109,6 +109,25 @@ def _check_mapping(token_topk_to_pos, pos_to_expert, num_tokens: int):
                              f"got values in [{lo}, {hi}]")
 
 
+def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool) -> dict:
+    """Default launch config (deterministic in the shape).  ``BT x BH`` words per token tile (about 4096 on
+    GPUs: 32 words = 8 16-byte vectors per thread at 4 warps), ``BH`` the widest power of two in [128, 2048]
+    whose column blocks waste at most 1/16 of the row (H = 7168 fp8 = 1792 words: 256, so 7 full blocks
+    instead of one 2048-wide block with 12.5 % idle lanes); padding programs zero ``PSUB`` sub-blocks of
+    ``PBT`` rows."""
+    if interp:
+        budget, bh = 65536, max(16, min(next_power_of_two(max(hidden_w, 1)), 8192))
+    else:
+        budget = 4096
+        bh = max(16, min(next_power_of_two(max(hidden_w, 1)), 2048))
+        while bh > 128 and (ceil_div(hidden_w, bh) * bh - hidden_w) * 16 > hidden_w:
+            bh //= 2
+    bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))
+    pbt = max(1, min(budget // bh, next_power_of_two(num_expanded)))
+    psub = 1 if interp else max(1, 64 // pbt)
+    return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4)
+
+
 def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
             out: torch.Tensor, out_sf):
     num_tokens, num_topk = token_topk_to_pos.shape
@@ -118,17 +137,13 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
     xw = _word_view("x", data)
     ow = _word_view("out", out)
     hidden_w = xw.shape[1]
-    interp = interpreter_configs()
-    budget = 65536 if interp else 4096  # words per [BT, BH] tile
-    bh = max(16, min(next_power_of_two(max(hidden_w, 1)), 8192 if interp else 2048))
-    bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))
-    # padding programs: PSUB sub-blocks of PBT rows each (64 rows per program on GPUs)
-    pbt = max(1, min(budget // bh, next_power_of_two(num_expanded)))
-    psub = 1 if interp else max(1, 64 // pbt)
+    with_sf = x_sf is not None
+    cfg = tuned("expand_to_fused_with_sf" if with_sf else "expand_to_fused",
+                _config(hidden_w, num_tokens, num_expanded, interpreter_configs()))
+    bt, bh, pbt, psub = cfg["BT"], cfg["BH"], cfg["PBT"], cfg["PSUB"]
     num_col_blocks = ceil_div(max(hidden_w, 1), bh)
     num_token_progs = ceil_div(num_tokens, bt) * num_col_blocks
     num_pad_progs = ceil_div(num_expanded, pbt * psub)
-    with_sf = x_sf is not None
     if with_sf:
         hidden_sf = x_sf.shape[1]
         xs, os_ = x_sf.view(torch.int32), out_sf.view(torch.int32)
@@ -143,7 +158,7 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         token_topk_to_pos.stride(0), token_topk_to_pos.stride(1), pos_to_expert.stride(0),
         num_token_progs, num_col_blocks,
         K=num_topk, WITH_SF=with_sf, BT=bt, BH=bh, BSF=bsf, PBT=pbt, PSUB=psub, COL_ITERS=num_col_blocks,
-        num_warps=4)
+        num_warps=cfg["num_warps"])
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:

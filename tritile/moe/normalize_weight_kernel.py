@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
-from tritile.utils import next_power_of_two
+from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -19,28 +17,43 @@ __all__ = ["normalize_weight"]
 
 @triton.jit
 def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
-                             NUM_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+                             NUM_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PER_COL: tl.constexpr):
+    """``PER_COL``: each column loaded as its own ``[BLOCK_T]`` vector (a row stays in one thread: the
+    sequential sum needs no shuffles).  Otherwise one ``[BLOCK_T, BLOCK_K]`` tile, columns extracted by
+    select-sums (a row may span lanes)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_K)
     row_ok = rows < num_tokens
-    m = row_ok[:, None] & (cols[None, :] < NUM_TOPK)
-    offs = rows[:, None] * NUM_TOPK + cols[None, :]
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
-    # Strictly sequential float32 sum, left to right (tl.sum's tree order is unspecified).  Each
-    # column is extracted exactly: a sum of one value and zeros (the running sum is never -0.0).
-    denom = tl.full([BLOCK_T], 1e-20, tl.float32)
-    for k in tl.static_range(NUM_TOPK):
-        denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
-    tl.store(denom_ptr + rows, denom, mask=row_ok)
-    tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
+    if PER_COL:
+        # Strictly sequential float32 sum, left to right.  Loads first (all in flight), then the adds.
+        denom = tl.full([BLOCK_T], 1e-20, tl.float32)
+        for k in tl.static_range(NUM_TOPK):
+            denom = denom + tl.load(w_ptr + rows * NUM_TOPK + k, mask=row_ok, other=0.0)
+        tl.store(denom_ptr + rows, denom, mask=row_ok)
+        for k in tl.static_range(NUM_TOPK):
+            w = tl.load(w_ptr + rows * NUM_TOPK + k, mask=row_ok, other=0.0)
+            tl.store(out_ptr + rows * NUM_TOPK + k, tl.math.div_rn(w, denom), mask=row_ok)
+    else:
+        cols = tl.arange(0, BLOCK_K)
+        m = row_ok[:, None] & (cols[None, :] < NUM_TOPK)
+        offs = rows[:, None] * NUM_TOPK + cols[None, :]
+        w = tl.load(w_ptr + offs, mask=m, other=0.0)
+        # Strictly sequential float32 sum, left to right (tl.sum's tree order is unspecified).  Each
+        # column is extracted exactly: a sum of one value and zeros (the running sum is never -0.0).
+        denom = tl.full([BLOCK_T], 1e-20, tl.float32)
+        for k in tl.static_range(NUM_TOPK):
+            denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
+        tl.store(denom_ptr + rows, denom, mask=row_ok)
+        tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
 
 
-@functools.lru_cache(maxsize=None)
-def _config(num_topk: int, interpret: bool):
-    block_k = next_power_of_two(num_topk)
+def _config(num_topk: int, interpret: bool) -> dict:
+    """Default launch config.  GPU: latency-bound (~0.7 MB at the anchor), so small programs that all fit on
+    the GPU at once: one row per thread, 64 rows (2 warps) per program.  Launch configs go through
+    ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``num_warps``."""
     if interpret:
-        return max(16, 1024 // block_k), block_k, 1
-    return max(16, 1024 // block_k), block_k, 4
+        return dict(BLOCK_T=max(16, 1024 // next_power_of_two(num_topk)), PER_COL=False, num_warps=1)
+    return dict(BLOCK_T=64, PER_COL=True, num_warps=2)
 
 
 def normalize_weight(topk_weights: torch.Tensor):
@@ -66,8 +79,9 @@ def normalize_weight(topk_weights: torch.Tensor):
         if num_topk == 0 and num_tokens:
             denom.fill_(1e-20)
         return denom, out
-    block_t, block_k, warps = _config(num_topk, _INTERPRET)
-    _normalize_weight_kernel[(triton.cdiv(num_tokens, block_t),)](
+    cfg = tuned("normalize_weight", _config(num_topk, _INTERPRET))
+    _normalize_weight_kernel[(ceil_div(num_tokens, cfg["BLOCK_T"]),)](
         topk_weights, denom, out, num_tokens,
-        NUM_TOPK=num_topk, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps)
+        NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_K=next_power_of_two(num_topk), PER_COL=bool(cfg["PER_COL"]),
+        num_warps=cfg["num_warps"])
     return denom, out

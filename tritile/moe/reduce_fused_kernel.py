@@ -1,9 +1,14 @@
 """``reduce_fused``: sum each token's expert outputs back from the fused layout (weighted, in slot order).
 
-One launch; one program per ``[BT tokens, BH columns]`` tile.  For ``k = 0..K-1`` (unrolled) the program
-gathers the ``BT`` rows ``x[token_topk_to_pos[t, k]]`` and accumulates ``acc = fma(x, s, acc)`` in float32
-with ``s = w[t, k] (* x_sf[pos])`` rounded first; slots with ``-1`` leave ``acc`` untouched.  Then
-``acc *= sf`` (fp8 output) and one exact conversion (bf16 RNE / e4m3 clamp + RNE) on store.
+One launch; one program per ``BT`` tokens and ``COL_ITERS`` chunks of ``BH`` columns (GPU default: one token,
+its whole row).  The program loads the ``K`` positions and scales ``s = w[t, k] (* x_sf[pos])`` once, then per
+chunk gathers the ``K`` rows ``x[token_topk_to_pos[t, k]]`` in one ``[KP, BT, BH]`` load (all in flight
+before the first FMA; the next chunk is prefetched) and accumulates ``acc = fma(x, s, acc)`` in float32 over
+``k = 0..K-1`` in order; slots with ``-1`` leave ``acc`` untouched.  Then ``acc *= sf`` (fp8 output) and
+one exact conversion (bf16 RNE / e4m3 clamp + RNE) on store.  The kernel is close to instruction-bound on
+the H200 (bf16 -> e4m3, K = 6: ~20 SASS instructions per output element), hence bf16 read as int32 pairs
+(one integer op to widen each value) and positions / scales shared by all chunks of a row.  Launch configs
+go through ``tritile.runtime.tuned("reduce_fused", ...)``.
 
 ``tl.fma`` is one rounding on GPUs and two under the CPU interpreter; ``tritile.torch.reduce_fused``
 computes the same way on each backend, so results are bit-exact on both.
@@ -18,8 +23,13 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_bf16_bits, f32_to_e4m3_bits
+
+try:  # no clamp before the GPU's satfinite conversion; same bits except the sign of a NaN code
+    from ..language.cast import f32_to_e4m3_bits_satfinite as _f32_to_e4m3_bits_fast
+except ImportError:  # pragma: no cover - older tritile.language
+    _f32_to_e4m3_bits_fast = f32_to_e4m3_bits
 from ..runtime import check_inner_contiguous, check_same_device, check_shape, check_tensor, checks_enabled, empty, \
-    interpreter_configs
+    interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["reduce_fused"]
@@ -31,44 +41,171 @@ _OUT_F32, _OUT_BF16, _OUT_E4M3 = 0, 1, 2
 def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
                          num_tokens, num_expanded, hidden,
                          stride_x, stride_xsf, stride_w0, stride_w1, stride_p0, stride_p1, stride_out,
-                         num_col_blocks,
+                         num_col_groups,
                          K: tl.constexpr, IN_BF16: tl.constexpr, OUT_KIND: tl.constexpr, WITH_W: tl.constexpr,
-                         WITH_XSF: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+                         WITH_XSF: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                         COL_ITERS: tl.constexpr, EVEN_H: tl.constexpr, KP: tl.constexpr, GATHER: tl.constexpr,
+                         WORDS: tl.constexpr, PREFETCH: tl.constexpr,
+                         SATFINITE: tl.constexpr):
+    """One program per ``[BT tokens, COL_ITERS * BH columns]``.
+
+    ``GATHER``: the ``K`` positions / scales are loaded once as ``[KP, BT]`` tiles and each ``BH``-wide
+    chunk is gathered as one ``[KP, BT, BH]`` load (every row load in flight before the first FMA); the
+    FMAs then run over ``k = 0..K-1`` in order on rows extracted in registers (a select-sum whose other
+    terms are the additive identity: ``0`` for integer bits, ``-0.0`` for floats, so it is exactly the
+    selected value).  Otherwise (the first version) slot by slot, loads interleaved with the FMAs.
+
+    Invalid slots (``-1`` / out of range) contribute ``x = +0`` and ``s = 0``: ``fma(0, 0, acc) == acc``
+    because ``acc`` (starting at ``+0.0``) is never ``-0.0``, so no select is needed.
+    """
     pid = tl.program_id(0)
-    tb = pid // num_col_blocks
-    cb = pid % num_col_blocks
+    tb = pid // num_col_groups
+    cg = pid % num_col_groups
     rows = tb.to(tl.int64) * BT + tl.arange(0, BT)
-    cols = cb * BH + tl.arange(0, BH)
     rm = rows < num_tokens
-    cm = cols < hidden
-    acc = tl.zeros([BT, BH], dtype=tl.float32)
-    for k in tl.static_range(K):
-        p = tl.load(pos_ptr + rows * stride_p0 + k * stride_p1, mask=rm, other=-1)
-        ok = rm & (p >= 0) & (p < num_expanded)
+    if WITH_SF:
+        sfv = tl.load(sf_ptr)
+    if GATHER:
+        ks = tl.arange(0, KP)
+        m2 = (ks < K)[:, None] & rm[None, :]  # [KP, BT]
+        p = tl.load(pos_ptr + rows[None, :] * stride_p0 + ks[:, None] * stride_p1, mask=m2, other=-1)
+        ok = m2 & (p >= 0) & (p < num_expanded)
         p64 = tl.where(ok, p, 0).to(tl.int64)
         if WITH_W:
-            s = tl.load(w_ptr + rows * stride_w0 + k * stride_w1, mask=ok, other=0.0)
+            s = tl.load(w_ptr + rows[None, :] * stride_w0 + ks[:, None] * stride_w1, mask=ok, other=0.0)
         else:
-            s = tl.full([BT], 1.0, dtype=tl.float32)
+            s = tl.where(ok, 1.0, 0.0)
         if WITH_XSF:
             s = s * tl.load(xsf_ptr + p64 * stride_xsf, mask=ok, other=0.0)
-        m2 = ok[:, None] & cm[None, :]
-        if IN_BF16:
-            bits = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0)
-            xv = bf16_bits_to_f32(bits)
-        else:
-            xv = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0)
-        acc = tl.where(ok[:, None], tl.fma(xv, s[:, None], acc), acc)
-    if WITH_SF:
-        acc = acc * tl.load(sf_ptr)
-    om = rm[:, None] & cm[None, :]
+        xrow = x_ptr + p64[:, :, None] * stride_x  # [KP, BT, 1]
+        if PREFETCH:  # software pipelining: chunk c + 1 is in flight while chunk c is summed
+            nxt = _gather_chunk(xrow, ok, cg * COL_ITERS, hidden, IN_BF16, BH, EVEN_H, WORDS)
+        for c in tl.static_range(COL_ITERS):
+            if PREFETCH:
+                xt = nxt
+                if c + 1 < COL_ITERS:
+                    nxt = _gather_chunk(xrow, ok, cg * COL_ITERS + c + 1, hidden, IN_BF16, BH, EVEN_H, WORDS)
+            else:
+                xt = _gather_chunk(xrow, ok, cg * COL_ITERS + c, hidden, IN_BF16, BH, EVEN_H, WORDS)
+            acc = _sum_slots(xt, s, ks, K, IN_BF16, BT, BH, WORDS)
+            if WITH_SF:
+                acc = acc * sfv
+            cols = (cg * COL_ITERS + c) * BH + tl.arange(0, BH)
+            _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND, EVEN_H, SATFINITE)
+    else:
+        for c in tl.static_range(COL_ITERS):
+            cols = (cg * COL_ITERS + c) * BH + tl.arange(0, BH)
+            cm = cols < hidden
+            acc = tl.zeros([BT, BH], dtype=tl.float32)
+            for k in tl.static_range(K):
+                p = tl.load(pos_ptr + rows * stride_p0 + k * stride_p1, mask=rm, other=-1)
+                ok = rm & (p >= 0) & (p < num_expanded)
+                p64 = tl.where(ok, p, 0).to(tl.int64)
+                if WITH_W:
+                    s = tl.load(w_ptr + rows * stride_w0 + k * stride_w1, mask=ok, other=0.0)
+                else:
+                    s = tl.full([BT], 1.0, dtype=tl.float32)
+                if WITH_XSF:
+                    s = s * tl.load(xsf_ptr + p64 * stride_xsf, mask=ok, other=0.0)
+                m2 = ok[:, None] & cm[None, :]
+                if IN_BF16:
+                    bits = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0)
+                    xv = bf16_bits_to_f32(bits)
+                else:
+                    xv = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0)
+                acc = tl.where(ok[:, None], tl.fma(xv, s[:, None], acc), acc)
+            if WITH_SF:
+                acc = acc * sfv
+            _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND, EVEN_H, SATFINITE)
+
+
+@triton.jit
+def _gather_chunk(xrow, ok, chunk, hidden, IN_BF16: tl.constexpr, BH: tl.constexpr, EVEN_H: tl.constexpr,
+                  WORDS: tl.constexpr):
+    """The ``[KP, BT, BH]`` tile (``[KP, BT, BH // 2]`` int32 words of bf16 pairs with ``WORDS``) of column
+    chunk ``chunk`` of every slot's row; masked slots read ``0``."""
+    if WORDS:
+        cols = chunk * (BH // 2) + tl.arange(0, BH // 2)
+        lim = hidden // 2
+    else:
+        cols = chunk * BH + tl.arange(0, BH)
+        lim = hidden
+    if EVEN_H:
+        lm = ok[:, :, None]
+    else:
+        lm = ok[:, :, None] & (cols < lim)[None, None, :]
+    if IN_BF16:
+        return tl.load(xrow + cols[None, None, :], mask=lm, other=0)
+    else:
+        return tl.load(xrow + cols[None, None, :], mask=lm, other=0.0)
+
+
+@triton.jit
+def _sum_slots(xt, s, ks, K: tl.constexpr, IN_BF16: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+               WORDS: tl.constexpr):
+    """``acc = fma(x_k, s_k, acc)`` for ``k = 0..K-1`` in order (float32 ``[BT, BH]``).  Slot k is taken out
+    of the ``[KP, ...]`` tiles by a select-sum whose other terms are the additive identity (integer 0,
+    float -0.0): exactly the selected value, and folded away by the compiler (the KP axis is in-thread)."""
+    if WORDS:
+        acc_lo = tl.zeros([BT, BH // 2], dtype=tl.float32)
+        acc_hi = tl.zeros([BT, BH // 2], dtype=tl.float32)
+        for k in tl.static_range(K):
+            sk = tl.sum(tl.where((ks == k)[:, None], s, -0.0), axis=0)[:, None]
+            wk = tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0)
+            acc_lo = tl.fma(bf16_bits_to_f32(wk), sk, acc_lo)
+            acc_hi = tl.fma(bf16_bits_to_f32(wk >> 16), sk, acc_hi)
+        acc = tl.join(acc_lo, acc_hi).reshape([BT, BH])
+    else:
+        acc = tl.zeros([BT, BH], dtype=tl.float32)
+        for k in tl.static_range(K):
+            sk = tl.sum(tl.where((ks == k)[:, None], s, -0.0), axis=0)[:, None]
+            if IN_BF16:
+                xk = bf16_bits_to_f32(tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0))
+            else:
+                xk = tl.sum(tl.where((ks == k)[:, None, None], xt, -0.0), axis=0)
+            acc = tl.fma(xk, sk, acc)
+    return acc
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND: tl.constexpr, EVEN_H: tl.constexpr,
+                SATFINITE: tl.constexpr):
+    if EVEN_H:
+        om = rm[:, None]
+    else:
+        om = rm[:, None] & (cols < hidden)[None, :]
     optr = out_ptr + rows[:, None] * stride_out + cols[None, :]
     if OUT_KIND == 0:
         tl.store(optr, acc, mask=om)
     elif OUT_KIND == 1:
         tl.store(optr, f32_to_bf16_bits(acc), mask=om)
+    elif SATFINITE:
+        tl.store(optr, _f32_to_e4m3_bits_fast(acc), mask=om)
     else:
         tl.store(optr, f32_to_e4m3_bits(acc), mask=om)
+
+
+def _config(num_tokens: int, num_topk: int, hidden: int, interp: bool) -> dict:
+    """Default launch config (deterministic in the shape).
+
+    GPU: one token per program, 1024-column chunks (4 warps, 8 columns = 16 bytes of bf16 per thread and
+    slot), the whole row in one program when it has at most 8 chunks (positions and weights loaded once per
+    token), chunk c + 1 loaded while chunk c is summed.  Interpreter: big tiles, few programs.
+
+    Keys: ``BT`` tokens and ``BH`` columns per chunk (powers of two), ``COL_ITERS`` chunks per program,
+    ``GATHER`` (all slots' rows of a chunk in one gather; else slot by slot), ``WORDS`` (bf16 read as int32
+    pairs; GATHER only), ``PREFETCH`` (GATHER only), ``num_warps``, ``num_stages``, ``SATFINITE`` (e4m3 output
+    through ``tritile.language.cast.f32_to_e4m3_bits_satfinite`` when it exists: no clamp, 3 fewer
+    instructions per element on GPUs; identical bits except the sign of NaN codes; off by default).
+    """
+    if interp:
+        bh = max(16, min(next_power_of_two(hidden), 4096))
+        bt = max(1, min(32768 // bh, next_power_of_two(num_tokens)))
+        return dict(BT=bt, BH=bh, COL_ITERS=1, GATHER=True, WORDS=True, PREFETCH=False, num_warps=4)
+    bh = max(16, min(next_power_of_two(hidden), 1024))
+    chunks = ceil_div(hidden, bh)
+    return dict(BT=1, BH=bh, COL_ITERS=chunks if chunks <= 8 else 1, GATHER=True, WORDS=True,
+                PREFETCH=True, num_warps=max(1, min(4, bh // 256)))
 
 
 def reduce_fused(
@@ -138,12 +275,16 @@ def reduce_fused(
     if num_tokens == 0 or hidden == 0:
         return out
 
-    interp = interpreter_configs()
-    bh = max(16, min(next_power_of_two(hidden), 4096 if interp else 1024))
-    bt = max(1, min((131072 if interp else 2048) // bh, next_power_of_two(num_tokens)))
-    num_col_blocks = ceil_div(hidden, bh)
+    cfg = tuned("reduce_fused", _config(num_tokens, num_topk, hidden, interpreter_configs()))
+    bt, bh, col_iters = cfg["BT"], cfg["BH"], cfg["COL_ITERS"]
+    num_col_groups = ceil_div(ceil_div(hidden, bh), col_iters)
     out_kind = _OUT_E4M3 if fp8_format == "e4m3" else (_OUT_BF16 if x.dtype == torch.bfloat16 else _OUT_F32)
+    # bf16 read as int32 words (two columns each) when the rows allow it
+    words = bool(cfg["WORDS"]) and bool(cfg["GATHER"]) and x.dtype == torch.bfloat16 and bh >= 2 \
+        and hidden % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
     xk = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    if words:
+        xk = xk.view(torch.int32)
     if out_kind == _OUT_E4M3:
         ok_ = out.view(torch.uint8)
     elif out_kind == _OUT_BF16:
@@ -151,12 +292,15 @@ def reduce_fused(
     else:
         ok_ = out
     w = topk_weights if topk_weights is not None else token_topk_to_pos
-    _reduce_fused_kernel[(ceil_div(num_tokens, bt) * num_col_blocks,)](
+    _reduce_fused_kernel[(ceil_div(num_tokens, bt) * num_col_groups,)](
         xk, x_sf if x_sf is not None else x, w, token_topk_to_pos, sf if sf is not None else x, ok_,
         num_tokens, num_expanded, hidden,
         xk.stride(0), x_sf.stride(0) if x_sf is not None else 0,
         w.stride(0), w.stride(1), token_topk_to_pos.stride(0), token_topk_to_pos.stride(1), ok_.stride(0),
-        num_col_blocks,
+        num_col_groups,
         K=num_topk, IN_BF16=x.dtype == torch.bfloat16, OUT_KIND=out_kind, WITH_W=topk_weights is not None,
-        WITH_XSF=x_sf is not None, WITH_SF=sf is not None, BT=bt, BH=bh, num_warps=4)
+        WITH_XSF=x_sf is not None, WITH_SF=sf is not None, BT=bt, BH=bh, COL_ITERS=col_iters,
+        EVEN_H=hidden % (bh * col_iters) == 0, KP=next_power_of_two(max(num_topk, 1)), GATHER=bool(cfg["GATHER"]),
+        WORDS=words, PREFETCH=bool(cfg["PREFETCH"]) and col_iters > 1, SATFINITE=bool(cfg.get("SATFINITE", False)),
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3))
     return out

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
-from tritile.utils import next_power_of_two
+from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 from .common import KEY_TAKEN, f32_order_key, key_index, pack_key
 
@@ -20,32 +18,51 @@ __all__ = ["topk_gate"]
 
 
 @triton.jit
+def _row_keys(scores_ptr, rows, row_ok, stride_s, cols, NUM_EXPERTS: tl.constexpr):
+    """Packed keys of ``scores[rows, cols]`` (``[BLOCK_T, len(cols)]``); columns past ``NUM_EXPERTS`` are taken."""
+    col_ok = cols < NUM_EXPERTS
+    x = tl.load(scores_ptr + rows[:, None] * stride_s + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                other=0.0)
+    return tl.where(col_ok[None, :], pack_key(f32_order_key(x), cols[None, :]), KEY_TAKEN)
+
+
+@triton.jit
 def _topk_gate_kernel(scores_ptr, out_ptr, num_tokens, stride_s,
                       NUM_EXPERTS: tl.constexpr, NUM_TOPK: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr):
+    """``BLOCK_T`` rows per program.  With ``SPLIT`` a row is loaded as two halves of ``BLOCK_E // 2``
+    experts joined along a new in-thread axis (``[BLOCK_T, BLOCK_E // 2, 2]``): at ``BLOCK_E // 2 <= 128``
+    (4 fp32 per lane) a whole row then lies in one warp, so each arg-max is in-thread maxima plus warp
+    shuffles (no shared memory, no barrier)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_E)
     row_ok = rows < num_tokens
-    col_ok = cols < NUM_EXPERTS
-    x = tl.load(scores_ptr + rows[:, None] * stride_s + cols[None, :],
-                mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    key = tl.where(col_ok[None, :], pack_key(f32_order_key(x), cols[None, :]), KEY_TAKEN)
+    if SPLIT:
+        half = tl.arange(0, BLOCK_E // 2)
+        key = tl.join(_row_keys(scores_ptr, rows, row_ok, stride_s, half, NUM_EXPERTS),
+                      _row_keys(scores_ptr, rows, row_ok, stride_s, half + BLOCK_E // 2, NUM_EXPERTS))
+    else:
+        key = _row_keys(scores_ptr, rows, row_ok, stride_s, tl.arange(0, BLOCK_E), NUM_EXPERTS)
     out_row = out_ptr + rows * NUM_TOPK
     for k in tl.static_range(NUM_TOPK):
-        best = tl.max(key, axis=1)
+        if SPLIT:
+            best = tl.max(tl.max(key, axis=2), axis=1)
+            key = tl.where(key == best[:, None, None], KEY_TAKEN, key)
+        else:
+            best = tl.max(key, axis=1)
+            key = tl.where(key == best[:, None], KEY_TAKEN, key)
         tl.store(out_row + k, key_index(best).to(tl.int64), mask=row_ok)
-        key = tl.where(key == best[:, None], KEY_TAKEN, key)
 
 
-@functools.lru_cache(maxsize=None)
-def _config(num_experts: int, interpret: bool):
+def _config(num_experts: int, interpret: bool) -> dict:
+    """Default launch config: ``BLOCK_T`` rows per program, ``SPLIT`` rows into two halves (see the kernel),
+    ``num_warps``.  Launch configs go through ``tritile.runtime.tuned("topk_gate", ...)``."""
     block_e = next_power_of_two(num_experts)
     if interpret:
-        return max(1, 16384 // block_e), block_e, 1
-    # A [rows, E] tile of about 1024 scores per program (one warp per 256 scores, as TileKernels'
-    # warp per token at E = 256).
-    block_t = max(1, min(8, 1024 // block_e))
-    return block_t, block_e, max(1, min(8, (block_t * block_e) // 256))
+        return dict(BLOCK_T=max(1, 16384 // block_e), SPLIT=False, num_warps=1)
+    # One warp per program: a row (two halves of <= 128 experts up to E = 256) never leaves its warp, and
+    # with one warp per program the stored indices need no layout conversion through shared memory.
+    split = block_e >= 256
+    return dict(BLOCK_T=max(1, 128 // block_e), SPLIT=split, num_warps=1)
 
 
 def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
@@ -53,10 +70,12 @@ def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     out = empty((num_tokens, num_topk), torch.int64, scores.device)
     if num_tokens == 0:
         return out
-    block_t, block_e, warps = _config(num_experts, _INTERPRET)
-    _topk_gate_kernel[(triton.cdiv(num_tokens, block_t),)](
+    cfg = tuned("topk_gate", _config(num_experts, _INTERPRET))
+    block_e = next_power_of_two(num_experts)
+    _topk_gate_kernel[(ceil_div(num_tokens, cfg["BLOCK_T"]),)](
         scores, out, num_tokens, scores.stride(0),
-        NUM_EXPERTS=num_experts, NUM_TOPK=num_topk, BLOCK_T=block_t, BLOCK_E=block_e, num_warps=warps)
+        NUM_EXPERTS=num_experts, NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_E=block_e,
+        SPLIT=bool(cfg["SPLIT"]) and block_e >= 2, num_warps=cfg["num_warps"])
     return out
 
 
