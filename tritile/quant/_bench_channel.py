@@ -19,6 +19,37 @@ from .per_channel_cast_kernel import per_channel_cast
 
 _M = "quant"
 
+# Tuning sweeps (``python -m tritile tune --op OP``), GPU anchor cases only.  Plain per-channel cast, 128-row
+# blocks: BLOCK_K columns per program, ROWS_PER_STEP (128: the block in registers, one read; else two
+# streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles).
+_TUNE_CHANNEL = [
+    dict(ROWS_PER_STEP=16), dict(ROWS_PER_STEP=16, num_warps=2), dict(ROWS_PER_STEP=64),
+    dict(ROWS_PER_STEP=32, num_warps=8), dict(ROWS_PER_STEP=32, FINITE_BRANCH=True),
+    dict(ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(ROWS_PER_STEP=32, num_stages=1),
+    dict(ROWS_PER_STEP=32, num_stages=2), dict(ROWS_PER_STEP=16, num_stages=4),
+    dict(BLOCK_K=256, ROWS_PER_STEP=16), dict(BLOCK_K=256, ROWS_PER_STEP=16, num_warps=8),
+    dict(BLOCK_K=256, ROWS_PER_STEP=32, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=32),
+    dict(BLOCK_K=64, ROWS_PER_STEP=32, num_warps=2), dict(BLOCK_K=64, ROWS_PER_STEP=64, num_warps=4),
+    dict(BLOCK_K=64, ROWS_PER_STEP=128, num_warps=4), dict(BLOCK_K=64, ROWS_PER_STEP=128, num_warps=8),
+    dict(BLOCK_K=32, ROWS_PER_STEP=128, num_warps=4), dict(BLOCK_K=32, ROWS_PER_STEP=128, num_warps=2),
+    dict(BLOCK_K=128, ROWS_PER_STEP=128, num_warps=8), dict(BLOCK_K=512, ROWS_PER_STEP=8, num_warps=8),
+    dict(BLOCK_K=512, ROWS_PER_STEP=16, num_warps=8),
+]
+# per_channel_cast_and_transpose (default [npt, 64] x 8 warps for npt=128, [32, 128] x 4 for npt=32; words)
+_TUNE_TRANSPOSE = {
+    128: [dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=4),
+          dict(BLOCK_K=32, num_warps=4), dict(BLOCK_K=32, num_warps=2), dict(BLOCK_K=64, num_warps=16),
+          dict(PACK_WORDS=False), dict(BLOCK_K=128, PACK_WORDS=False), dict(BLOCK_K=128, num_warps=16),
+          dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8, FINITE_BRANCH=True),
+          dict(BLOCK_M=256, BLOCK_K=32, num_warps=8), dict(BLOCK_M=256, BLOCK_K=64, num_warps=8)],
+    32: [dict(BLOCK_K=64, num_warps=2), dict(BLOCK_K=64, num_warps=4), dict(BLOCK_K=256, num_warps=4),
+         dict(BLOCK_K=256, num_warps=8), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=128, num_warps=2),
+         dict(BLOCK_M=64, BLOCK_K=128, num_warps=4), dict(BLOCK_M=64, BLOCK_K=64, num_warps=4),
+         dict(BLOCK_M=128, BLOCK_K=64, num_warps=8), dict(BLOCK_M=128, BLOCK_K=128, num_warps=8),
+         dict(PACK_WORDS=False), dict(BLOCK_K=256, num_warps=8, PACK_WORDS=False), dict(FINITE_BRANCH=True),
+         dict(BLOCK_K=256, num_warps=8, FINITE_BRANCH=True)],
+}
+
 
 def _check_pair(out, ref):
     assert_equal(out[0], ref[0])
@@ -42,7 +73,8 @@ def _per_channel_cast_cases(device, quick):
                    fn=lambda rnd=rnd: per_channel_cast(x, "e4m3", 128, rnd),
                    ref=lambda rnd=rnd: _ref_fused(x, rnd), check=_check_pair, nbytes=count_bytes(x, out),
                    anchor=("per_channel_cast", dict(dtype="bf16", hidden=k, num_per_tokens=128, num_tokens=m,
-                                                    round_sf=rnd)) if gpu else None)
+                                                    round_sf=rnd)) if gpu else None,
+                   tune=("per_channel_cast", _TUNE_CHANNEL) if gpu else None)
         del out
 
 
@@ -60,7 +92,8 @@ def _per_channel_cast_fused_cases(device, quick):
                check=_check_pair, nbytes=count_bytes(x, out),
                anchor=("per_channel_cast_fused", dict(hidden=k, is_fused_cast_back=False, num_ep_ranks=0,
                                                       num_experts=0, num_per_channels=128, num_per_tokens=128,
-                                                      num_tokens=n, num_topk=0, round_sf=False)) if gpu else None)
+                                                      num_tokens=n, num_topk=0, round_sf=False)) if gpu else None,
+               tune=("per_channel_cast_fused", _TUNE_CHANNEL) if gpu else None)
     del out
     if quick:
         return
@@ -101,5 +134,6 @@ def _per_channel_cast_and_transpose_cases(device, quick):
                        ref=lambda npt=npt, rnd=rnd: ref(npt, rnd), check=_check_pair, nbytes=count_bytes(x, out),
                        anchor=("per_channel_cast_and_transpose",
                                dict(dtype="bf16", hidden=k, num_per_channels=npt, num_tokens=m, round_sf=rnd))
-                       if gpu else None)
+                       if gpu else None,
+                       tune=("per_channel_cast_and_transpose", _TUNE_TRANSPOSE[npt]) if gpu else None)
             del out

@@ -17,6 +17,40 @@ _M = "quant"
 _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed)
 
 
+# Tuning sweeps (``python -m tritile tune --op OP``), GPU anchor cases (8001 x 7168) only.
+# per_token_cast_to_e5m6: default one row of 8192 (7168 used) per program, 8 warps, hardware fp16 RTZ.
+_TUNE_E5M6 = [
+    dict(num_warps=4), dict(num_warps=16), dict(HW_RTZ=False), dict(HW_RTZ=False, num_warps=4),
+    dict(BLOCK_M=2, num_warps=8), dict(BLOCK_M=2, num_warps=16), dict(BLOCK_M=4, num_warps=16),
+    dict(BLOCK_K=4096, num_warps=4), dict(BLOCK_K=4096, num_warps=8), dict(BLOCK_K=2048, num_warps=4),
+    dict(BLOCK_K=2048, num_warps=2), dict(BLOCK_K=2048, BLOCK_M=2, num_warps=4), dict(BLOCK_K=1024, num_warps=2),
+    dict(BLOCK_K=1024, BLOCK_M=4, num_warps=4),
+]
+# cast_back_e5m6: default [2 rows, 512 groups of 8] (8192 values), 8 warps
+_TUNE_CAST_BACK = [
+    dict(BLOCK_M=1, BLOCK_G=512, num_warps=4), dict(BLOCK_M=1, BLOCK_G=512, num_warps=8),
+    dict(BLOCK_M=1, BLOCK_G=1024, num_warps=8), dict(BLOCK_M=1, BLOCK_G=1024, num_warps=16),
+    dict(BLOCK_M=2, BLOCK_G=512, num_warps=16), dict(BLOCK_M=2, BLOCK_G=512, num_warps=4),
+    dict(BLOCK_M=4, BLOCK_G=256, num_warps=8), dict(BLOCK_M=4, BLOCK_G=256, num_warps=4),
+    dict(BLOCK_M=2, BLOCK_G=256, num_warps=4), dict(BLOCK_M=1, BLOCK_G=256, num_warps=2),
+    dict(BLOCK_M=4, BLOCK_G=512, num_warps=8), dict(BLOCK_M=8, BLOCK_G=128, num_warps=4),
+    dict(BLOCK_M=1, BLOCK_G=128, num_warps=1), dict(BLOCK_M=4, BLOCK_G=128, num_warps=4),
+]
+# per_block_cast_lossless: default word kernel, TM rows x TW words (8 values each), 16 words per thread
+_TUNE_LOSSLESS = {
+    (1, 128): [dict(TM=8), dict(TM=8, num_warps=2), dict(TM=32, num_warps=8), dict(TM=32), dict(TW=64, num_warps=2),
+               dict(TW=64, TM=32), dict(TW=64, TM=32, num_warps=8), dict(TM=4, num_warps=1),
+               dict(TM=4, TW=128, num_warps=2), dict(TW=256, TM=8), dict(TW=256, TM=8, num_warps=8),
+               dict(TW=32, TM=64, num_warps=4), dict(TM=16, num_warps=8), dict(TM=64, num_warps=8),
+               dict(WORDS=False), dict(WORDS=False, TM=32, TK=512, num_warps=8)],
+    (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
+               dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
+               dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False)],
+    (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
+                 dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False)],
+}
+
+
 def _shape(device):
     return (8001, 7168) if device.type == "cuda" else (33, 576)
 
@@ -42,7 +76,8 @@ def _e5m6_cases(device, quick):
             check=_check_pair, nbytes=count_bytes(x, out),
             anchor=("per_token_cast_to_e5m6", dict(hidden=k, in_dtype="bf16", num_per_channels=k, num_tokens=m,
                                                    round_sf=rnd, use_packed_ue8m0=packed,
-                                                   use_tma_aligned_col_major_sf=col)))
+                                                   use_tma_aligned_col_major_sf=col)),
+            tune=("per_token_cast_to_e5m6", _TUNE_E5M6) if device.type == "cuda" else None)
 
 
 @register(_M, "cast_back_e5m6")
@@ -62,7 +97,8 @@ def _cast_back_e5m6_cases(device, quick):
                 check=assert_equal, nbytes=count_bytes(q, back),
                 anchor=("cast_back_e5m6", dict(hidden=k, num_per_channels=k, num_tokens=m, out_dtype=fmt,
                                                round_sf=rnd, use_packed_ue8m0=packed,
-                                               use_tma_aligned_col_major_sf=col)))
+                                               use_tma_aligned_col_major_sf=col)),
+                tune=("cast_back_e5m6", _TUNE_CAST_BACK) if device.type == "cuda" else None)
 
 
 def _clamp_abs_ratio(t, max_ratio=2.0**9):
@@ -100,4 +136,5 @@ def _lossless_cases(device, quick):
                 hidden=k, in_round_sf=in_flags[1], in_sf_block=list(in_block), in_use_packed_ue8m0=in_flags[2],
                 in_use_tma_aligned_col_major_sf=in_flags[0], num_tokens=m, out_round_sf=out_flags[1],
                 out_sf_block=list(ob), out_use_packed_ue8m0=out_flags[2],
-                out_use_tma_aligned_col_major_sf=out_flags[0])))
+                out_use_tma_aligned_col_major_sf=out_flags[0])),
+            tune=("per_block_cast_lossless", _TUNE_LOSSLESS[ob]) if device.type == "cuda" else None)

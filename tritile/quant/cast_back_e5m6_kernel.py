@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16, ue8m0_to_f32
-from ..runtime import check_choice, check_same_device, check_tensor, empty, interpreter_configs
+from ..runtime import check_choice, check_same_device, check_tensor, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .common import sf_info
 from .types import QuantTensor
@@ -109,6 +109,11 @@ def _cast_back_e5m6_launch(data, sfi, bm, bk, out_dtype):
     if num_tokens == 0:
         return out
     block_m, block_g, num_warps = _launch_config(num_tokens, hidden)
+    # tritile.runtime.tuned("cast_back_e5m6", ...): BLOCK_M, BLOCK_G (groups of 8 columns), powers of two
+    c = tuned("cast_back_e5m6", {"BLOCK_M": block_m, "BLOCK_G": block_g, "num_warps": num_warps})
+    block_m, block_g, num_warps = c["BLOCK_M"], c["BLOCK_G"], c["num_warps"]
+    if block_m < 1 or block_m & (block_m - 1) or block_g < 1 or block_g & (block_g - 1):
+        raise ValueError(f"bad cast_back_e5m6 launch config {c}: BLOCK_M and BLOCK_G powers of two")
     grid = (triton.cdiv(num_tokens, block_m), triton.cdiv(hidden // 8, block_g))
     words = data.view(torch.int32)
     _cast_back_e5m6_kernel[grid](

@@ -17,14 +17,44 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import f32_to_e4m3_bits, unpack_e2m1
+from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
-                       checks_enabled, empty, interpreter_configs)
-from ..utils import align, ceil_div, is_power_of_two
+                       checks_enabled, empty, interpreter_configs, tuned)
+from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
 from .common import alloc_sf, check_sf_flags, sf_info
 from .types import QuantTensor
 
 __all__ = ["per_block_cast_lossless"]
+
+_SIGN_BITS = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: bit 7 of each byte
+
+
+@triton.jit
+def _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
+                                IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+                                RM: tl.constexpr, RK: tl.constexpr):
+    """``(d, e_out)``: biased exponent ``d`` of each input block's multiplier ``2**(e_in - E)`` ([NIM, NIK];
+    0 = multiplier 0.0) and the output exponent ``E`` of each output block ([NIM // RM, NIK // RK])."""
+    NOM: tl.constexpr = NIM // RM
+    NOK: tl.constexpr = NIK // RK
+    ib_m = pid_m * NIM + tl.arange(0, NIM).to(tl.int64)
+    ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
+    ib_ok = (ib_m < MS_IN)[:, None] & (ib_k < KS_IN)[None, :]
+    if IN_PACKED:
+        w = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + (ib_k // 4)[None, :] * stride_sik, mask=ib_ok, other=0)
+        e_in = (w >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
+    else:
+        s = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + ib_k[None, :] * stride_sik, mask=ib_ok, other=0.0)
+        e_in = (s.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
+    # a layout in which every thread holds the whole tensor)
+    e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
+    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
+    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
+    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
+    d = tl.reshape(d4, (NIM, NIK))
+    e_out = tl.reshape(e_out4, (NOM, NOK))
+    return d, e_out
 
 
 @triton.jit
@@ -46,26 +76,9 @@ def _per_block_cast_lossless_kernel(
     RM: tl.constexpr = BMO // BMI  # input blocks per output block, rows
     RK: tl.constexpr = BKO // BKI
 
-    # ---- input scale exponents of the tile's input blocks (0 outside the tensor: neutral for max)
-    ib_m = pid_m * NIM + tl.arange(0, NIM).to(tl.int64)
-    ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
-    ib_ok = (ib_m < MS_IN)[:, None] & (ib_k < KS_IN)[None, :]
-    if IN_PACKED:
-        w = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + (ib_k // 4)[None, :] * stride_sik, mask=ib_ok, other=0)
-        e_in = (w >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
-    else:
-        s = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + ib_k[None, :] * stride_sik, mask=ib_ok, other=0.0)
-        e_in = (s.to(tl.int32, bitcast=True) >> 23) & 0xFF
-
-    # ---- output exponent per output block: max over its input blocks, minus 6 (saturating);
-    #      255 (an input block whose scale is inf/NaN) propagates, so the block dequantizes to NaN
-    e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    emax = tl.max(tl.max(e4, axis=3), axis=1)
-    e_out = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))
-
-    # ---- per-input-block multiplier 2^(e_in - E) (0 for non-finite output blocks)
-    eb = tl.reshape(tl.broadcast_to(tl.reshape(e_out, (NOM, 1, NOK, 1)), (NOM, RM, NOK, RK)), (NIM, NIK))
-    d = tl.where(eb >= 255, 0, tl.minimum(tl.maximum(e_in - eb + 127, 0), 254))
+    # ---- per-input-block multiplier 2^(e_in - E) (0 for non-finite output blocks) and output exponents E
+    d, e_out = _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
+                                           IN_PACKED, NIM, NIK, RM, RK)
     mult = (d << 23).to(tl.float32, bitcast=True)
 
     # ---- data: FP4 bytes [TM, TK/2] -> values [TM, TK] -> scaled -> e4m3 bytes
@@ -95,8 +108,108 @@ def _per_block_cast_lossless_kernel(
         tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
 
 
+@triton.jit
+def _spread_nibbles(v):
+    """16-bit value (int32, 4 nibbles) -> nibble j in the low half of byte j."""
+    a = (v | (v << 8)) & 0x00FF00FF
+    return (a | (a << 4)) & 0x0F0F0F0F
+
+
+@triton.jit
+def _lanes_e4m3(n, m7, b):
+    """e4m3 codes of four FP4 codes (one per byte lane of ``n``) scaled by ``2**dd`` with -5 <= dd <= 6:
+    exponent arithmetic on the byte lanes (every result is an e4m3 normal or zero, so nothing rounds).
+
+    Per lane, magnitude ``m = n & 7`` (``m7 = 0`` gives a zero multiplier): 0 -> 0; 1 (0.5) -> ``b``; m >= 2
+    (value ``2**(e-1) * (1 + f/2)``, ``e = m >> 1``, ``f = m & 1``) -> ``4m + b`` with ``b = 8 * (dd + 6)``;
+    the sign (bit 3) moves to bit 7.  No lane carries into the next (4m + b <= 124)."""
+    m = n & m7
+    h = ((m >> 1) | (m >> 2)) & 0x01010101  # m >= 2
+    nz = h | (m & 0x01010101)  # m != 0
+    t = m & (h | 0x06060606)  # m, or 0 where m == 1
+    return ((t << 2) + nz * b) | ((n << 4) & _SIGN_BITS)
+
+
+@triton.jit
+def _per_block_cast_lossless_words_kernel(
+    x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
+    M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
+    stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
+    IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
+    BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
+    TM: tl.constexpr, TW: tl.constexpr,
+):
+    """One program: ``TM`` rows x ``TW`` 32-bit words of FP4 data (``TK = 8 * TW`` values), whole output
+    blocks.  ``x_ptr`` is the int8 data (read as int32 words: 4-byte aligned rows), ``out_ptr`` an int32 view
+    of the output; strides in words.  ``BKI >= 8``, so a word lies in one input block.  Each input word
+    gives two output words (the 8 values of one word are the 8 nibbles, value 2j in the low nibble of
+    byte j, and become bytes 0..3 of the first and second output word).
+
+    Fast path (every input block of the tile has a multiplier ``2**dd`` with -5 <= dd <= 6, or 0, which
+    always holds when the lossless precondition does): byte-lane exponent arithmetic (``_lanes_e4m3``),
+    ~4 integer ops per value.  Otherwise (a tile that breaks the precondition, whose values round; a
+    uniform branch) the float computation of ``_per_block_cast_lossless_kernel``, value by value, in a
+    rolled loop (so it does not raise the register count): the same results either way.  GPU (ptxas
+    sm_90, 16 words per thread): 58-97 registers, no spills, 16-byte loads and stores, ~7.5 SASS
+    instructions per value on the fast path (the value-by-value kernel: 30-64 and byte accesses).
+    Bounds are written ``(K // 32) * 4`` / ``(K // 32) * 8`` (K % 32 == 0) so that the compiler sees
+    masks uniform over 4/8 words and vectorizes."""
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_k = tl.program_id(1).to(tl.int64)
+    TK: tl.constexpr = TW * 8
+    NIM: tl.constexpr = TM // BMI
+    NIK: tl.constexpr = TK // BKI
+    NOM: tl.constexpr = TM // BMO
+    NOK: tl.constexpr = TK // BKO
+    WPB: tl.constexpr = BKI // 8  # words per input block row
+    d, e_out = _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
+                                           IN_PACKED, NIM, NIK, BMO // BMI, BKO // BKI)
+
+    # the tile as [NIM, BMI, NIK, WPB] words, so per-block values broadcast along dims 1 and 3
+    rows = (pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64))[:, None, None, None] + \
+        tl.arange(0, BMI)[None, :, None, None]
+    wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
+    row_ok = rows < M
+    wmask = row_ok & (pid_k * TW + wc < (K // 32) * 4)
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.int32))
+    w = tl.load(xw_ptr + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
+    # two output words per input word: [NIM, BMI, NIK, 2 * WPB]
+    oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
+    omask = row_ok & (pid_k * (2 * TW) + oc < (K // 32) * 8)
+    optrs = out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc)
+    d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+    bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
+    if bad == 0:
+        m7 = tl.where(d4 == 0, 0, 0x07070707)
+        b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
+        lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)  # values 0..3 of the word
+        hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)  # values 4..7
+    else:
+        mult = (d4 << 23).to(tl.float32, bitcast=True)
+        lo = tl.zeros((NIM, BMI, NIK, WPB), tl.int32)
+        hi = tl.zeros((NIM, BMI, NIK, WPB), tl.int32)
+        # a rolled loop: this path is rare, so it must not raise the fast path's register count
+        for j in tl.range(0, 4, loop_unroll_factor=1):
+            lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
+            hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
+    tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
+
+    # ---- output scales
+    ob_m = pid_m * NOM + tl.arange(0, NOM).to(tl.int64)
+    ob_k = pid_k * NOK + tl.arange(0, NOK).to(tl.int64)
+    ob_ok = (ob_m < MS_OUT)[:, None] & (ob_k < KS_OUT_PAD)[None, :]
+    if OUT_PACKED:
+        bp = sf_out_ptr.to(tl.pointer_type(tl.uint8))
+        off = 4 * (ob_m[:, None] * stride_som + (ob_k // 4)[None, :] * stride_sok) + (ob_k % 4)[None, :]
+        tl.store(bp + off, e_out.to(tl.uint8), mask=ob_ok)
+    else:
+        sf = (e_out << 23).to(tl.float32, bitcast=True)
+        tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
+
+
 def _tile(bmo: int, bko: int):
-    """(TM, TK, num_warps): whole output blocks, ~8K elements per program on GPU, bigger in the interpreter."""
+    """(TM, TK, num_warps) of the value-by-value kernel: whole output blocks, ~8K elements per program on
+    GPU, bigger in the interpreter."""
     if interpreter_configs():
         tm = max(bmo, 64)
         tk = max(bko, 65536 // tm)
@@ -104,6 +217,19 @@ def _tile(bmo: int, bko: int):
     tm = max(bmo, 32)
     tk = max(bko, 8192 // tm)
     return tm, tk, 8 if tm * tk >= 16384 else 4
+
+
+def _word_tile(bmo: int, bko: int, hidden: int):
+    """(TM, TW, num_warps) of the word kernel: whole output blocks; GPU ~2-4K input words (16-32K values)
+    per program, up to 128 words (1024 values) of a row, 16 words per thread (untuned first guess)."""
+    wrow = max(next_power_of_two(hidden // 8), 1)
+    if interpreter_configs():
+        tm = max(bmo, 64)
+        tw = max(bko // 8, min(wrow, 8192 // tm))
+        return tm, tw, 4
+    tm = max(bmo, 16)
+    tw = max(bko // 8, min(wrow, 128, 4096 // tm))
+    return tm, tw, max(1, min(8, tm * tw // 512))
 
 
 def _lossless_exponents(sfi, ms_in: int, ks_in: int) -> torch.Tensor:
@@ -215,14 +341,41 @@ def per_block_cast_lossless(x: QuantTensor, fmt: str, x_block_size, out_block_si
 
     ms_out, ks_out = ceil_div(num_tokens, bmo), ceil_div(hidden, bko)
     ks_out_pad = align(ks_out, 4) if use_packed_ue8m0 else ks_out
-    tm, tk, num_warps = _tile(bmo, bko)
-    grid = (triton.cdiv(num_tokens, tm), triton.cdiv(ks_out_pad * bko, tk))
-    _per_block_cast_lossless_kernel[grid](
-        data, sfi.tensor, out.view(torch.uint8), out_sf,
-        num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad,
-        data.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0), out_sf.stride(0), out_sf.stride(1),
-        IN_PACKED=sfi.packed, OUT_PACKED=use_packed_ue8m0,
-        BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=tk,
-        num_warps=num_warps,
-    )
+    _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks_out_pad, use_packed_ue8m0)
     return out, out_sf
+
+
+def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks_out_pad, out_packed):
+    """Launch config through ``tritile.runtime.tuned("per_block_cast_lossless", ...)``: ``WORDS`` (the word
+    kernel; needs ``bki >= 8`` and 4-byte aligned data rows, else the value-by-value kernel runs), ``TM``
+    (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
+    kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``."""
+    num_tokens, hidden = out.shape
+    words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
+                and data.data_ptr() % 4 == 0)
+    tm, tw, w_warps = _word_tile(bmo, bko, hidden)
+    tm_b, tk, b_warps = _tile(bmo, bko)
+    c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
+                                          "num_warps": w_warps if words_ok else b_warps})
+    words = bool(c["WORDS"]) and words_ok
+    tm = c["TM"]
+    if tm % bmo or tm & (tm - 1) or (words and ((8 * c["TW"]) % bko or c["TW"] & (c["TW"] - 1))) or \
+            (not words and (c["TK"] % bko or c["TK"] & (c["TK"] - 1))):
+        raise ValueError(f"bad per_block_cast_lossless launch config {c} for out_block_size {(bmo, bko)}: TM, TW, "
+                         "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
+    common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
+    if words:
+        out_w = out.view(torch.uint8).view(torch.int32)
+        grid = (triton.cdiv(num_tokens, tm), triton.cdiv(ks_out_pad * bko, 8 * c["TW"]))
+        _per_block_cast_lossless_words_kernel[grid](
+            data, sfi.tensor, out_w, out_sf, *common,
+            data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
+            IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], num_warps=c["num_warps"])
+    else:
+        grid = (triton.cdiv(num_tokens, tm), triton.cdiv(ks_out_pad * bko, c["TK"]))
+        _per_block_cast_lossless_kernel[grid](
+            data, sfi.tensor, out.view(torch.uint8), out_sf, *common,
+            data.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0), out_sf.stride(0), out_sf.stride(1),
+            IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=c["TK"], num_warps=c["num_warps"])

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32
-from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty, interpreter_configs
+from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
+                       interpreter_configs, tuned)
 from ..utils import ceil_div
 from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile
 from .types import QuantTensor
@@ -21,7 +22,8 @@ __all__ = ["per_channel_cast_and_transpose"]
 @triton.jit
 def _per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
-        NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr):
+        NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr,
+        FINITE_BRANCH: tl.constexpr):
     """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
     output (``stride_om`` in words) and four codes of consecutive rows are packed into one
     little-endian word before the transpose, so the tile is transposed as 32-bit elements."""
@@ -33,7 +35,7 @@ def _per_channel_cast_and_transpose_kernel(
     col_ok = cols < hidden
     bits = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                    other=0)
-    codes, sf = per_channel_quant_tile(bf16_bits_to_f32(bits), NPT, ROUND_SF)
+    codes, sf = per_channel_quant_tile(bf16_bits_to_f32(bits), NPT, ROUND_SF, FINITE_BRANCH)
     # out[k, m] = codes[m, k]: the tile is transposed in registers/shared memory, then stored row-wise
     if PACK_WORDS:
         # byte j of word w = row 4w + j (num_rows % 4 == 0, so a word is all in or all out)
@@ -51,8 +53,9 @@ def _per_channel_cast_and_transpose_kernel(
 
 
 def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Optional[dict] = None):
-    """``config`` (tuning only): ``BLOCK_M`` (a multiple of npt and 4), ``BLOCK_K``, ``num_warps``,
-    ``PACK_WORDS``; missing keys come from the default rule."""
+    """``config`` (tests) and ``tritile.runtime.tuned("per_channel_cast_and_transpose", ...)`` (sweeps):
+    ``BLOCK_M`` (a multiple of npt and 4), ``BLOCK_K``, ``num_warps``, ``num_stages``, ``PACK_WORDS``,
+    ``FINITE_BRANCH`` (GPU: skip the NaN patch of finite tiles); missing keys come from the default rule."""
     m, k = x.shape
     out = empty((k, m), torch.float8_e4m3fn, x.device)
     sf = empty((m // num_per_tokens, k), torch.float32, x.device)
@@ -65,16 +68,19 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         # rows in and out) or [32, 128] x 4 warps
         cfg = cfg._replace(block_m=num_per_tokens, block_k=64 if num_per_tokens == 128 else 128,
                            num_warps=8 if num_per_tokens == 128 else 4)
-    config = config or {}
-    bm, bk = config.get("BLOCK_M", cfg.block_m), config.get("BLOCK_K", cfg.block_k)
-    warps, words = config.get("num_warps", cfg.num_warps), config.get("PACK_WORDS", True)
+    c = tuned("per_channel_cast_and_transpose",
+              {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
+               "PACK_WORDS": True, "FINITE_BRANCH": False, **(config or {})})
+    bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]
     if bm % num_per_tokens != 0:
         raise ValueError(f"config BLOCK_M must be a multiple of num_per_tokens={num_per_tokens}, got {bm}")
     out_arg = out.view(torch.uint8).view(torch.int32) if words else out.view(torch.uint8)
     grid = (ceil_div(m, bm), ceil_div(k, bk))
     _per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),
-        NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words, num_warps=warps)
+        NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words,
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), num_warps=warps,
+        num_stages=c["num_stages"])
     return out, sf
 
 

@@ -12,9 +12,9 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
-                       custom_op, empty)
+                       custom_op, empty, tuned)
 from ..utils import ceil_div
-from ._per_channel_common import (column_amax, per_channel_encode, per_channel_launch_config,
+from ._per_channel_common import (all_finite, column_amax, per_channel_encode, per_channel_launch_config,
                                   per_channel_quant_tile, per_channel_scale)
 from .common import sf_info
 from .types import QuantTensor
@@ -74,15 +74,34 @@ def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_row
 
 
 @triton.jit
+def _encode_pass(x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, num_rows_in, num_rows_out, hidden,
+                 num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om,
+                 IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
+                 HAS_MAP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
+                 ALL_FINITE: tl.constexpr):
+    """Second pass of a streamed block: re-read each ``RB``-row chunk, encode it with ``sf_inv``, store."""
+    col_ok = cols < hidden
+    for r in tl.range(0, BM, RB):
+        rows = pid_m * BM + r + tl.arange(0, RB)
+        x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                       num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
+                       HAS_MAP, BK)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], per_channel_encode(x, sf_inv, RB, ALL_FINITE),
+                 mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def _per_channel_cast_fused_kernel(
         x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_ptr,
         num_rows_in, num_rows_out, hidden, num_groups,
         stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om, stride_sm,
         IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
-        HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr):
+        HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
+        FINITE_BRANCH: tl.constexpr):
     """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
     (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
-    read mostly hits L2), which needs far fewer registers per thread."""
+    read mostly hits L2), which needs far fewer registers per thread.  ``FINITE_BRANCH`` (GPU): a
+    uniform branch leaves the NaN patch out of the encode when the tile's scales are all finite."""
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     cols = pid_k * BK + tl.arange(0, BK)
@@ -91,33 +110,38 @@ def _per_channel_cast_fused_kernel(
         rows = pid_m * BM + tl.arange(0, BM)
         x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
                        stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
-        codes, sf = per_channel_quant_tile(x, BM, ROUND_SF)
+        codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
                  mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
     else:
-        amax = tl.zeros((1, BK), tl.float32)
+        # running element-wise max |x| (NaN as +inf) of the chunks, reduced over the rows once at the end
+        acc = tl.zeros((RB, BK), tl.float32)
         for r in tl.range(0, BM, RB):
             rows = pid_m * BM + r + tl.arange(0, RB)
             x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
                            num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
                            HAS_MAP, BK)
-            amax = tl.maximum(amax, column_amax(x, RB))
-        sf, sf_inv = per_channel_scale(amax, ROUND_SF)
-        for r in tl.range(0, BM, RB):
-            rows = pid_m * BM + r + tl.arange(0, RB)
-            x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
-                           num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
-                           HAS_MAP, BK)
-            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], per_channel_encode(x, sf_inv, RB),
-                     mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
+            acc = tl.maximum(acc, tl.where(x == x, tl.abs(x), float("inf")))
+        sf, sf_inv = per_channel_scale(column_amax(acc, RB), ROUND_SF)
+        args = (x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, num_rows_in, num_rows_out, hidden,
+                num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om)
+        if FINITE_BRANCH:
+            if all_finite(sf_inv):  # uniform: no group of the tile holds inf/NaN
+                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, True)
+            else:
+                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False)
+        else:
+            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False)
     tl.store(sf_ptr + pid_m * stride_sm + cols[None, :], sf, mask=col_ok[None, :])
 
 
 def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_to_token: Optional[torch.Tensor],
-            num_rows_out: int, round_sf: bool, config: Optional[dict] = None):
-    """``config`` (tuning only): ``BLOCK_K`` (a power of two; a multiple of 128 with an input sf),
-    ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two streamed passes) and ``num_warps``;
-    missing keys come from the default rule.  Rows per block are always 128."""
+            num_rows_out: int, round_sf: bool, config: Optional[dict] = None, name: str = "per_channel_cast_fused"):
+    """``config`` (tests) and ``tritile.runtime.tuned(name, ...)`` (sweeps): ``BLOCK_K`` (a power of two; a
+    multiple of 128 with an input sf), ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two
+    streamed passes), ``num_warps``, ``num_stages`` and ``FINITE_BRANCH`` (see the kernel); missing keys
+    come from the default rule.  Rows per
+    block are always 128."""
     num_rows_in, hidden = x.shape
     dev = x.device
     num_per_tokens = 128
@@ -127,9 +151,12 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         return out, sf
     has_sf = x_sf is not None
     cfg = per_channel_launch_config(num_rows_out, hidden, num_per_tokens, k_multiple=128 if has_sf else 1)
-    config = config or {}
-    bk, warps = config.get("BLOCK_K", cfg.block_k), config.get("num_warps", cfg.num_warps)
-    rb = config.get("ROWS_PER_STEP", cfg.rows_per_step)
+    c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step, "num_warps": cfg.num_warps,
+                     "num_stages": 3, "FINITE_BRANCH": False, **(config or {})})
+    bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
+    if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
+        raise ValueError(f"bad per-channel launch config {c}: BLOCK_K a power of two >= 16 (a multiple of 128 "
+                         "with an input sf), ROWS_PER_STEP a power of two <= 128")
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else (x.view(torch.uint8) if x.element_size() == 1
                                                                     else x)
     grid = (ceil_div(num_rows_out, cfg.block_m), ceil_div(hidden, bk))
@@ -140,7 +167,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         x.stride(0), x_sf.stride(0) if has_sf else 0, x_sf.stride(1) if has_sf else 0,
         pos_to_token.stride(0) if pos_to_token is not None else 0, out.stride(0), sf.stride(0),
         IN_KIND=_IN_KIND[x.dtype], HAS_SF=has_sf, SF_PACKED=sf_packed, NPC=128,
-        HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb, num_warps=warps)
+        HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb,
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), num_warps=warps, num_stages=stages)
     return out, sf
 
 

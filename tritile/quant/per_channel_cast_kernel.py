@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import check_choice, check_inner_contiguous, check_tensor
-from .per_channel_cast_fused_kernel import per_channel_cast_fused
+from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor
+from .per_channel_cast_fused_kernel import _launch, per_channel_cast_fused
 from .types import QuantTensor
 
 __all__ = ["per_channel_cast"]
@@ -38,9 +38,15 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     check_choice("num_per_tokens", num_per_tokens, [128])
     check_tensor("x", x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
     check_inner_contiguous("x", x)
+    check_device("x", x)
     m, k = x.shape
     if m % 128 != 0:
         raise ValueError(f"x must have a multiple of 128 rows, got {m}")
     if k % 64 != 0:
         raise ValueError(f"x must have a multiple of 64 columns, got {k}")
-    return per_channel_cast_fused(x, fmt, num_per_tokens, round_sf)
+    if not isinstance(round_sf, bool):
+        raise TypeError(f"round_sf must be a bool, got {type(round_sf).__name__}")
+    if torch.compiler.is_compiling():  # the opaque custom op of per_channel_cast_fused
+        return per_channel_cast_fused(x, fmt, num_per_tokens, round_sf)
+    # launch config: tritile.runtime.tuned("per_channel_cast", ...) (same keys as per_channel_cast_fused)
+    return _launch(x, None, False, None, m, round_sf, name="per_channel_cast")

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
-from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs
+from ..language.cast import EMULATE
+from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs, tuned
 from ..utils import next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
 from .types import QuantTensor
@@ -49,18 +50,49 @@ def _load_f32(ptrs, mask, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _e5m6_codes(x, sf_inv):
-    """E5M6 codes (int32) of ``x * sf_inv``; a NaN product gives ``0x7E0 | sign(x) << 11``."""
-    v = x * sf_inv
-    code = f32_to_e5m6_code(v)
-    xsign = (x.to(tl.int32, bitcast=True) >> 20) & 0x800
-    return tl.where(v != v, _NAN_CODE | xsign, code)
+def _e5m6_code_bounded(v, HW_RTZ: tl.constexpr):
+    """``f32_to_e5m6_code(v)`` for ``|v| < 65536`` or NaN (the NaN codes are replaced by the caller).
+
+    ``HW_RTZ`` (GPU only): the fp16 round-toward-zero step by the hardware conversion
+    (``F2FP.F16.F32.PACK_AB.RZ``, two values per instruction) instead of ~15 integer ops.  The two agree
+    on every float32 below 65536 in magnitude (fp16 subnormals and signed zeros included; they differ
+    only at |v| >= 65536, where the software path gives inf and the hardware saturates to 65504).  Here
+    ``|v| = |x * sf_inv| <= 65024 * (1 + 2^-24)^2`` (sf_inv = div_rn(65024, a), |x| <= a) or, with
+    round_sf, ``<= a / (a/65024 * (1 - 2^-24))``; both are < 65536, and a row holding inf/NaN has
+    ``sf_inv = 0`` (products 0 or NaN)."""
+    if EMULATE or not HW_RTZ:
+        return f32_to_e5m6_code(v)
+    else:
+        # t = fp16 RTZ bits >> 4; t + 1 where (t & 1) + r > 0x10000, as a carry: (r + 0xFFFF + (t & 1)) >> 17
+        # (r <= 0x1FFFF); no overflow past 12 bits for |v| < 65536 (t <= 0xFBF)
+        t = (v.to(tl.float16, fp_downcast_rounding="rtz").to(tl.int16, bitcast=True).to(tl.int32) >> 4) & 0xFFF
+        r = v.to(tl.int32, bitcast=True) & 0x1FFFF
+        return t + ((r + 0xFFFF + (t & 1)) >> 17)
 
 
 @triton.jit
-def _encode_store(x, sf_inv, o_row, row_ok, c, K, BLOCK_K: tl.constexpr):
+def _e5m6_codes(x, sf_inv, HW_RTZ: tl.constexpr):
+    """E5M6 codes (int32) of ``x * sf_inv``; a NaN product gives ``0x7E0 | sign(x) << 11``.
+
+    With ``HW_RTZ`` a tile whose rows all have ``sf_inv > 0`` (no inf/NaN in them, so no NaN product)
+    skips the NaN patch (a uniform branch)."""
+    v = x * sf_inv
+    code = _e5m6_code_bounded(v, HW_RTZ)
+    if HW_RTZ and not EMULATE:
+        if tl.min(sf_inv) > 0.0:
+            res = code
+        else:
+            res = tl.where(v != v, _NAN_CODE | ((x.to(tl.int32, bitcast=True) >> 20) & 0x800), code)
+    else:
+        xsign = (x.to(tl.int32, bitcast=True) >> 20) & 0x800
+        res = tl.where(v != v, _NAN_CODE | xsign, code)
+    return res
+
+
+@triton.jit
+def _encode_store(x, sf_inv, o_row, row_ok, c, K, BLOCK_K: tl.constexpr, HW_RTZ: tl.constexpr):
     """Encode chunk ``c`` (``[BLOCK_M, BLOCK_K]`` float32) and store its 3 words per 8 columns."""
-    codes = _e5m6_codes(x, sf_inv[:, None])
+    codes = _e5m6_codes(x, sf_inv[:, None], HW_RTZ)
     c0, c1, c2, c3, c4, c5, c6, c7 = _split8(codes)
     w0 = (c0 << 20) | (c1 << 8) | (c2 >> 4)
     w1 = ((c2 & 0xF) << 28) | (c3 << 16) | (c4 << 4) | (c5 >> 8)
@@ -80,7 +112,7 @@ def _per_token_cast_to_e5m6_kernel(
     stride_xm, stride_om, stride_sfm,
     IS_BF16: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
 ):
     """Rows ``[pid*BLOCK_M, +BLOCK_M)``; the row is covered by NUM_K_CHUNKS chunks of BLOCK_K columns.
 
@@ -112,12 +144,12 @@ def _per_token_cast_to_e5m6_kernel(
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store(x, sf_inv, o_row, row_ok, 0, K, BLOCK_K)
+        _encode_store(x, sf_inv, o_row, row_ok, 0, K, BLOCK_K, HW_RTZ)
     else:
         for c in range(NUM_K_CHUNKS):
             kk = c * BLOCK_K + cols
             xc = _load_f32(x_row + kk[None, :], row_ok[:, None] & (kk[None, :] < K), IS_BF16)
-            _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K)
+            _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K, HW_RTZ)
 
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
@@ -141,6 +173,14 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
     sf = alloc_sf(num_tokens, hidden, (1, hidden), use_tma_aligned_col_major_sf, use_packed_ue8m0, x.device)
     if num_tokens > 0:
         block_m, block_k, chunks, num_warps = _launch_config(num_tokens, hidden, block_k)
+        # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): BLOCK_M, BLOCK_K (a power of two >= 8; rows
+        # wider than it take two passes), num_warps, HW_RTZ (see _e5m6_code_bounded)
+        c = tuned("per_token_cast_to_e5m6", {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": num_warps,
+                                             "HW_RTZ": True})
+        block_m, block_k, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
+        if block_k < 8 or block_k & (block_k - 1) or block_m < 1 or block_m & (block_m - 1):
+            raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: powers of two, BLOCK_K >= 8")
+        chunks = -(-hidden // block_k)
         grid = (triton.cdiv(num_tokens, block_m),)
         is_bf16 = x.dtype == torch.bfloat16
         _per_token_cast_to_e5m6_kernel[grid](
@@ -149,7 +189,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             x.stride(0), out.stride(0), sf.stride(0),
             IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
             CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
-            BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks,
+            BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks, HW_RTZ=bool(c["HW_RTZ"]),
             num_warps=num_warps,
         )
     return out.view(torch.uint8), sf

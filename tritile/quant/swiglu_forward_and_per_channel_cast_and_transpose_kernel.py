@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_bf16_bits
-from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs
+from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs,
+                       tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._per_channel_common import per_channel_quant_tile
 from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int, _swiglu_act, _swiglu_clamp
@@ -30,7 +31,7 @@ __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
 def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, stride_xm, stride_om, stride_sm, clamp_value,
         H: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
-        TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+        TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, FINITE_BRANCH: tl.constexpr):
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -45,7 +46,7 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
         l, r = _swiglu_clamp(l, r, clamp_value)
     # act rounded to bf16 before the amax and the cast; masked elements are +0
     act = bf16_bits_to_f32(f32_to_bf16_bits(_swiglu_act(l, r)))
-    codes, sf = per_channel_quant_tile(act, NPT, ROUND_SF)
+    codes, sf = per_channel_quant_tile(act, NPT, ROUND_SF, FINITE_BRANCH)
     if TRANSPOSE:
         tl.store(out_ptr + cols[:, None] * stride_om + rows[None, :], tl.trans(codes),
                  mask=col_ok[:, None] & row_ok[None, :])
@@ -75,12 +76,21 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     if m == 0 or H == 0:
         return out, sf
     bm, bk, num_warps = _config(H, npt)
+    # tritile.runtime.tuned("swiglu_forward_and_per_channel_cast_and_transpose", ...): BLOCK_M (a multiple of
+    # npt), BLOCK_K (a power of two), num_warps, FINITE_BRANCH (GPU: a uniform branch drops the NaN patch of
+    # the e4m3 encode when the tile is finite; fewer instructions, more registers)
+    c = tuned("swiglu_forward_and_per_channel_cast_and_transpose",
+              {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False})
+    bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
+    if bm % npt or bm & (bm - 1) or bk < 1 or bk & (bk - 1):
+        raise ValueError(f"bad swiglu_forward_and_per_channel_cast_and_transpose launch config {c}: BLOCK_M a "
+                         f"power of two and a multiple of num_per_tokens={npt}, BLOCK_K a power of two")
     grid = (ceil_div(m, bm), ceil_div(H, bk))
     _swiglu_forward_and_per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out.view(torch.uint8), sf, m, x.stride(0), out.stride(0), sf.stride(0),
         clamp if clamp is not None else 0.0,
         H=H, NPT=npt, ROUND_SF=round_sf, HAS_CLAMP=clamp is not None, TRANSPOSE=not without_transpose,
-        BM=bm, BK=bk, num_warps=num_warps,
+        BM=bm, BK=bk, FINITE_BRANCH=bool(c["FINITE_BRANCH"]), num_warps=num_warps,
         enable_fp_fusion=False)  # no FMA contraction of 1 + exp(-l) (see swiglu_forward_and_per_token_cast_kernel)
     return out, sf
 
