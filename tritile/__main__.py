@@ -22,11 +22,15 @@ def main(argv=None) -> int:
     t.add_argument("--op", action="append", help="only these ops (repeatable)")
     t.add_argument("--top", type=int, default=6, help="how many of the fastest candidates to print")
     t.add_argument("--json", help="write every candidate's result as JSON here")
+    t.add_argument("--compile-only", action="store_true", help="run and check each candidate once, no timing")
+    t.add_argument("--shard", default="0/1", help="I/N: only every N-th tunable case, from the I-th")
     args = p.parse_args(argv)
     if args.cmd == "tune":
         from .bench.tune import run as tune
 
-        tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json)
+        i, n = (int(v) for v in args.shard.split("/"))
+        tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json, compile_only=args.compile_only,
+             shard=(i, n))
         return 0
     if args.cmd != "bench":
         p.print_help()

@@ -40,24 +40,32 @@ def _same(a, b) -> bool:
     return True
 
 
-def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout) -> List[Dict[str, Any]]:
+def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, compile_only: bool = False,
+        shard=(0, 1)) -> List[Dict[str, Any]]:
+    """``compile_only``: run each candidate once and check its bits, without timing (several such processes can
+    fill Triton's on-disk cache in parallel before a timing run).  ``shard=(i, n)``: only every n-th case from i."""
     from ..testing.bench import copy_bandwidth_gbs, time_graph
     from ..runtime import override_config
 
     if not torch.cuda.is_available():
         raise SystemExit("python -m tritile tune needs a GPU")
-    copy_bw = copy_bandwidth_gbs()
+    copy_bw = 0.0 if compile_only else copy_bandwidth_gbs()
     print(f"# {torch.cuda.get_device_name()}; copy {copy_bw:.0f} GB/s", file=out, flush=True)
     results: List[Dict[str, Any]] = []
+    index = -1
     for bop in load_all(modules or MODULES):
         if ops is not None and bop.op not in ops:
             continue
         for case in bop.make_cases(torch.device("cuda"), False):
             if case.tune is None:
                 continue
+            index += 1
+            if index % shard[1] != shard[0]:
+                continue
             name, candidates = case.tune
             base = _snapshot(case.fn())
-            time_graph(case.fn, calls_per_graph=10, rep=5)  # warm-up: the first timing of a process runs slow
+            if not compile_only:
+                time_graph(case.fn, calls_per_graph=10, rep=5)  # warm-up: the first timing of a process runs slow
             rows = []
             for cand in [{}] + list(candidates):
                 row = dict(op=bop.op + (f"[{case.label}]" if case.label else ""), config=name, overrides=cand,
@@ -67,7 +75,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout) ->
                         got = case.fn()
                         row["same_bits"] = _same(got, base)
                         del got
-                        us = time_graph(case.fn, calls_per_graph=10, rep=10)
+                        us = None if compile_only else time_graph(case.fn, calls_per_graph=10, rep=10)
                     row["us"] = None if us is None else round(us, 2)
                     if us and case.nbytes:
                         row["gbs"] = round(case.nbytes / us / 1e3, 1)
@@ -75,6 +83,13 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout) ->
                 except Exception as e:  # a candidate that does not compile or launch
                     row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 rows.append(row)
+            if compile_only:
+                bad = [r for r in rows if r.get("error") or r.get("same_bits") is False]
+                print(f"## {rows[0]['op']}: {len(rows)} candidates run, {len(bad)} bad", file=out)
+                for r in bad:
+                    print(f"   BAD {r['overrides']}: {r.get('error') or 'output differs'}", file=out)
+                results += rows
+                continue
             ok = [r for r in rows if r.get("us") and r.get("same_bits")]
             ok.sort(key=lambda r: r["us"])
             default = rows[0]
