@@ -114,7 +114,7 @@ def _cast_back_e5m6_launch(data, sfi, bm, bk, out_dtype):
     block_m, block_g, num_warps = c["BLOCK_M"], c["BLOCK_G"], c["num_warps"]
     if block_m < 1 or block_m & (block_m - 1) or block_g < 1 or block_g & (block_g - 1):
         raise ValueError(f"bad cast_back_e5m6 launch config {c}: BLOCK_M and BLOCK_G powers of two")
-    grid = (triton.cdiv(num_tokens, block_m), triton.cdiv(hidden // 8, block_g))
+    grid = (ceil_div(num_tokens, block_m), ceil_div(hidden // 8, block_g))
     words = data.view(torch.int32)
     _cast_back_e5m6_kernel[grid](
         words, sfi.tensor, out,

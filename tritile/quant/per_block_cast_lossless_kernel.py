@@ -366,14 +366,14 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     if words:
         out_w = out.view(torch.uint8).view(torch.int32)
-        grid = (triton.cdiv(num_tokens, tm), triton.cdiv(ks_out_pad * bko, 8 * c["TW"]))
+        grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, 8 * c["TW"]))
         _per_block_cast_lossless_words_kernel[grid](
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
             BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], num_warps=c["num_warps"])
     else:
-        grid = (triton.cdiv(num_tokens, tm), triton.cdiv(ks_out_pad * bko, c["TK"]))
+        grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, c["TK"]))
         _per_block_cast_lossless_kernel[grid](
             data, sfi.tensor, out.view(torch.uint8), out_sf, *common,
             data.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0), out_sf.stride(0), out_sf.stride(1),

@@ -16,7 +16,7 @@ import triton.language as tl
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
 from ..language.cast import EMULATE
 from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs, tuned
-from ..utils import next_power_of_two
+from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
 from .types import QuantTensor
 
@@ -181,7 +181,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         if block_k < 8 or block_k & (block_k - 1) or block_m < 1 or block_m & (block_m - 1):
             raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: powers of two, BLOCK_K >= 8")
         chunks = -(-hidden // block_k)
-        grid = (triton.cdiv(num_tokens, block_m),)
+        grid = (ceil_div(num_tokens, block_m),)
         is_bf16 = x.dtype == torch.bfloat16
         _per_token_cast_to_e5m6_kernel[grid](
             x.view(torch.int16) if is_bf16 else x, out, sf,
