@@ -97,8 +97,25 @@ def _fwd_cases(device, quick):
                   num_tokens=T, num_topk=K, round_sf=True, swiglu_clamp_value=0.5, use_packed_ue8m0=True,
                   use_tma_aligned_col_major_sf=True, with_weights=False)
     yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, ref=ref, check=_check_pair,
-               nbytes=count_bytes(x, out), anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None)
+               nbytes=count_bytes(x, out), anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None,
+               tune=("swiglu_forward_and_per_token_cast", _FWD_TUNE) if gpu else None)
     del out
+
+
+# Tuning candidates at the forward anchor (H = 3584, packed sf: CH in {512, 1024}; the default is
+# BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).
+_FWD_TUNE = (
+    [dict(programs_per_sm=p) for p in (4, 6, 10, 12, 16)]
+    + [dict(PREFETCH=True), dict(PREFETCH=True, programs_per_sm=6), dict(PREFETCH=True, programs_per_sm=10)]
+    + [dict(BLOCK_R=1, CH=1024, num_warps=2), dict(BLOCK_R=1, CH=1024, num_warps=4, programs_per_sm=4),
+       dict(BLOCK_R=4, CH=512, num_warps=4, programs_per_sm=4), dict(BLOCK_R=2, CH=512, num_warps=4),
+       dict(BLOCK_R=1, CH=512, num_warps=1, programs_per_sm=16), dict(BLOCK_R=2, CH=1024, num_warps=4,
+                                                                    programs_per_sm=4)]
+    + [dict(maxnreg=80, programs_per_sm=12), dict(maxnreg=88, programs_per_sm=11)]
+    # the structural flags one at a time (off), to see what each is worth on the GPU
+    + [dict(FAST_MAX=False), dict(FAST_ENC=False), dict(PACKED_COUNT=False), dict(MINMAX_CLAMP=False),
+       dict(FAST_MAX=False, FAST_ENC=False, PACKED_COUNT=False, MINMAX_CLAMP=False)]
+)
 
 
 @register(_M, "swiglu_backward_and_per_token_cast")
@@ -131,8 +148,25 @@ def _bwd_cases(device, quick):
                   round_sf=True, swiglu_clamp_value=0.5)
     yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, ref=ref, check=check,
                nbytes=count_bytes(xq, g, w, p2tk, tk2p, res),
-               anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None)
+               anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None,
+               tune=("swiglu_backward_and_per_token_cast", _BWD_TUNE) if gpu else None)
     del res
+
+
+# Tuning candidates at the backward anchor (H = 7168, npc = 128; the default is BLOCK_R=1, CH=1024,
+# 2 warps, FAST_MAX/FAST_ENC/MINMAX_CLAMP/MASK_FLAGS on).  weight_grad is a float32 row sum whose
+# order follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM
+# can differ from the default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4)
+# and then show as "output differs" in the bitwise sweep; compare their other outputs by hand.
+_BWD_TUNE = (
+    [dict(maxnreg=128), dict(maxnreg=112)]
+    + [dict(CH=1024, num_warps=4), dict(CH=2048, num_warps=4), dict(CH=512, num_warps=1), dict(CH=512, num_warps=2),
+       dict(CH=2048, num_warps=8), dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2),
+       dict(CH=1024, num_warps=4, maxnreg=128), dict(CH=2048, num_warps=8, maxnreg=128)]
+    + [dict(TILE_ROWSUM=True), dict(RCP=True)]
+    + [dict(FAST_MAX=False), dict(FAST_ENC=False), dict(MINMAX_CLAMP=False), dict(MASK_FLAGS=False),
+       dict(FAST_MAX=False, FAST_ENC=False, MINMAX_CLAMP=False, MASK_FLAGS=False)]
+)
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")

@@ -17,12 +17,13 @@ import triton
 import triton.language as tl
 
 from ..language import EMULATE, e4m3_bits_to_f32, exp_f32, f32_to_bf16_bits, quant_scale, ue8m0_to_f32
+from ..language.cast import _libdevice, f32_to_e4m3_bits_satfinite
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
-                       empty, interpreter_configs)
+                       empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
 from .common import alloc_sf, sf_info
-from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3,
-                                                       _nan_as_inf_abs, _swiglu_clamp)
+from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3, _group_amax,
+                                                       _nan_as_inf_abs, _swiglu_clamp, _swiglu_clamp_minmax)
 from .types import QuantTensor
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
@@ -52,14 +53,31 @@ def _load_sf(sf_ptr, rows, gidx, stride_m, stride_k, m, SF_PACKED: tl.constexpr)
 
 @triton.jit
 def _quant_store(v, rows, cols, m, gidx, gm, q_ptr, stride_qm, sf_ptr, stride_sm,
-                 ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr):
+                 ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr, FAST_MAX: tl.constexpr,
+                 FAST_ENC: tl.constexpr):
     """Per-group (last axis) e4m3 cast of ``v [R, G, NPC]`` (0 where masked): codes at ``cols`` (mask
-    ``m``), float32 sf at ``gidx`` (mask ``gm``)."""
-    amax = tl.max(_nan_as_inf_abs(v), axis=2)
+    ``m``), float32 sf at ``gidx`` (mask ``gm``).  FAST_MAX / FAST_ENC: as in the forward kernel (a
+    NaN-propagating group max; the plain encode, whose NaN codes' sign is free)."""
+    if FAST_MAX:
+        amax = _group_amax(v)
+    else:
+        amax = tl.max(_nan_as_inf_abs(v), axis=2)
     sf, sf_inv = quant_scale(amax, 1e-4, 448.0, ROUND_SF)
-    q = tl.reshape(_encode_e4m3(v, sf_inv[:, :, None]), (BLOCK_R, CH))
+    if FAST_ENC:
+        q = tl.reshape(f32_to_e4m3_bits_satfinite(v * sf_inv[:, :, None]), (BLOCK_R, CH))
+    else:
+        q = tl.reshape(_encode_e4m3(v, sf_inv[:, :, None]), (BLOCK_R, CH))
     tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=m)
     tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :], sf, mask=gm)
+
+
+@triton.jit
+def _recip_rn(t):
+    """``div_rn(1, t)``: the IEEE reciprocal ``rcp.rn`` on GPUs (correctly rounded, so identical)."""
+    if EMULATE:
+        return tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+    else:
+        return _libdevice.rcp_rn(t)
 
 
 @triton.jit
@@ -70,7 +88,13 @@ def _swiglu_backward_and_per_token_cast_kernel(
         stride_qm, stride_sfm, stride_sfk, stride_gm, stride_om, stride_dqm, stride_dsm, stride_xgm,
         clamp_value,
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
-        ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr):
+        ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
+        FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
+        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr):
+    """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
+    int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
+    held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
+    slot over the chunks and reduced once per row block (another float32 summation order)."""
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -80,6 +104,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
     w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
     w3 = w[:, None, None]
     rowsum = tl.zeros([BLOCK_R], tl.float32)
+    if TILE_ROWSUM:
+        rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
     for c0 in range(0, H, CH):
         cols = c0 + tl.arange(0, CH)
         gx = c0 // NPC + tl.arange(0, G)
@@ -95,29 +121,53 @@ def _swiglu_backward_and_per_token_cast_kernel(
         gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
         g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
         if HAS_CLAMP:
-            cx = xf > clamp_value
-            cy = (yf > clamp_value) | (yf < -clamp_value)
-            xf, yf = _swiglu_clamp(xf, yf, clamp_value)
-        t = 1.0 + exp_f32(-xf)
-        s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+            if MASK_FLAGS:
+                # -1 keeps dx, 0 clears it to +0; |yf| > c is (yf > c) | (yf < -c) for c >= 0 (NaN: false)
+                kx = tl.where(xf > clamp_value, 0, -1)
+                ky = tl.where(tl.abs(yf) > clamp_value, 0, -1)
+            else:
+                cx = xf > clamp_value
+                cy = (yf > clamp_value) | (yf < -clamp_value)
+            if MINMAX_CLAMP:
+                xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
+            else:
+                xf, yf = _swiglu_clamp(xf, yf, clamp_value)
+        if FAST_ENC:
+            t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
+        else:
+            t = 1.0 + exp_f32(-xf)
+        if RCP:
+            s = _recip_rn(t)
+        else:
+            s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
         act = tl.math.div_rn(xf, t) * yf
         gws = (g * w3) * s
         # the one fused step of the reference: fma(xf, 1 - s, 1)
         dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
         dxy = gws * xf
         if HAS_CLAMP:
-            dxx = tl.where(cx, 0.0, dxx)
-            dxy = tl.where(cy, 0.0, dxy)
-        rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
+            if MASK_FLAGS:
+                dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
+                dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
+            else:
+                dxx = tl.where(cx, 0.0, dxx)
+                dxy = tl.where(cy, 0.0, dxy)
+        if TILE_ROWSUM:
+            rs += g * act
+        else:
+            rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
         out = tl.reshape(f32_to_bf16_bits(act * w3), (BLOCK_R, CH))
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m)
         tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
                  tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m)
         tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
                  tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m)
-        _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH)
+        _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
+                     FAST_MAX, FAST_ENC)
         _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
-                     BLOCK_R, CH)
+                     BLOCK_R, CH, FAST_MAX, FAST_ENC)
+    if TILE_ROWSUM:
+        rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
     tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
 
 
@@ -142,6 +192,25 @@ def _chunk(H: int, npc: int) -> int:
     return npc
 
 
+def _config(H: int, npc: int) -> dict:
+    """Default launch config (passed through ``tuned("swiglu_backward_and_per_token_cast")``).
+
+    16 columns per thread.  sm_90a SASS at the anchor (H = 7168, npc = 128, clamp, round_sf):
+    109.2 executed instructions per column (x and y element) with every flag off, 81.2 with the
+    defaults below (FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS); about 164 registers, no spills."""
+    ch = _chunk(H, npc)
+    return dict(BLOCK_R=64 if interpreter_configs() else 1, CH=ch, num_warps=max(1, ch // 512),
+                FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
+                maxnreg=None)
+
+
+def _check_config(cfg: dict, npc: int) -> None:
+    """Reject a (tuning) config the kernel cannot run, with a ValueError."""
+    pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
+    if not (pow2(cfg["CH"]) and pow2(cfg["BLOCK_R"]) and pow2(cfg["num_warps"])) or cfg["CH"] < npc:
+        raise ValueError(f"CH (>= npc = {npc}), BLOCK_R and num_warps must be powers of two, got {cfg}")
+
+
 def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     num_rows, two_h = q.shape
     H = two_h // 2
@@ -153,10 +222,10 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     wg = empty(tuple(weight.shape), torch.float32, dev)
     rowsum = empty((max(num_rows, 1),), torch.float32, dev)
     if num_rows > 0:
-        ch = _chunk(H, npc)
-        block_r = 64 if interpreter_configs() else 1
-        # 16 elements per thread (sm_90a SASS: ~120 instructions per column against ~128 with 8)
-        num_warps = max(1, ch // 512)
+        cfg = tuned("swiglu_backward_and_per_token_cast", _config(H, npc))
+        _check_config(cfg, npc)
+        block_r = cfg["BLOCK_R"]
+        extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
         _swiglu_backward_and_per_token_cast_kernel[(ceil_div(num_rows, block_r),)](
             q.view(torch.uint8), sfi.tensor, grad_out.view(torch.int16), ptt, weight,
             out.view(torch.int16), dq.view(torch.uint8), dsf, xg.view(torch.int16), rowsum,
@@ -165,8 +234,10 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             dsf.stride(0), xg.stride(0),
             clamp if clamp is not None else 0.0,
             H=H, NPC=npc, SF_PACKED=sfi.packed, HAS_CLAMP=clamp is not None, ROUND_SF=round_sf,
-            BLOCK_R=block_r, CH=ch, num_warps=num_warps,
-            enable_fp_fusion=False)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
+            BLOCK_R=block_r, CH=cfg["CH"], FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
+            MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), MASK_FLAGS=bool(cfg["MASK_FLAGS"]), RCP=bool(cfg["RCP"]),
+            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), num_warps=cfg["num_warps"],
+            enable_fp_fusion=False, **extra)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
     n = ttp.numel()
     if n > 0:
         block = 16384 if interpreter_configs() else 1024

@@ -3,8 +3,8 @@
 ``tile_kernels.quant.swiglu_forward_and_per_token_cast`` (``spec/quant.md`` §3.8).  One pass over x:
 each program loads ``[BLOCK_R, CH]`` tiles of the gate half ``l`` and the up half ``r`` of its rows,
 computes ``act`` in float32, takes the amax of each ``npc``-wide group, and stores the e4m3 codes and
-the scales (any §2.3 layout).  With ``clamped_count`` the grid is persistent (``get_num_sms() * 8``
-programs) so each program adds its three counts with one integer atomic each; integer atomics make
+the scales (any §2.3 layout).  With ``clamped_count`` the grid is persistent
+(``get_num_sms() * programs_per_sm`` programs) so each program adds its three counts with one integer atomic each; integer atomics make
 the counts independent of the grid.
 
 Exactness on GPUs: every SwiGLU kernel here launches with ``enable_fp_fusion=False``.  libdevice's
@@ -25,9 +25,10 @@ import triton
 import triton.language as tl
 
 from .. import config
-from ..language import bf16_bits_to_f32, exp_f32, f32_to_e4m3_bits, quant_scale, sf_to_ue8m0
+from ..language import EMULATE, bf16_bits_to_f32, exp_f32, f32_to_e4m3_bits, quant_scale, sf_to_ue8m0
+from ..language.cast import f32_to_e4m3_bits_satfinite
 from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, check_same_device, check_shape,
-                       check_tensor, empty, interpreter_configs)
+                       check_tensor, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, alloc_sf, check_sf_flags, pack_ue8m0_words
 from .types import QuantTensor
@@ -81,6 +82,41 @@ def _encode_e4m3(x, sf_inv):
 # Kernel
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _swiglu_clamp_minmax(l, r, c):
+    """``_swiglu_clamp`` without predicates on GPUs: NaN-propagating min/max (``FMNMX.NAN``; IEEE
+    754-2019 minimum/maximum order -0 below +0, so every result, signed zeros and NaN included,
+    equals the comparisons').  The interpreter's numpy min/max break ties by operand order (c = 0
+    would lose a -0), so it keeps the comparisons."""
+    if EMULATE:
+        return _swiglu_clamp(l, r, c)
+    else:
+        l = tl.minimum(l, c, propagate_nan=tl.PropagateNan.ALL)
+        r = tl.minimum(tl.maximum(r, -c, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
+        return l, r
+
+
+@triton.jit
+def _swiglu_act_neg_mul(l, r):
+    """``_swiglu_act`` with ``-l`` written as ``l * -1`` (an exact negation the GPU folds into expf's
+    first FMA; ``0 - l`` is not foldable).  The two differ only for l = +0, where exp gives 1 either way."""
+    t = 1.0 + exp_f32(l * -1.0)
+    return tl.math.div_rn(l, t) * r
+
+
+@triton.jit
+def _group_amax(v):
+    """Max |v| over the last axis; a group holding NaN gives +inf (as ``max(_nan_as_inf_abs(v))``):
+    a NaN-propagating max (one ``FMNMX.NAN`` per element on GPUs) and one fix-up per group."""
+    a = tl.reduce(tl.abs(v), 2, _max_nan)
+    return tl.where(a == a, a, float("inf"))
+
+
+@triton.jit
 def _swiglu_forward_and_per_token_cast_kernel(
         x_ptr, out_ptr, sf_ptr, ptt_ptr, w_ptr, p2e_ptr, cnt_ptr,
         num_rows, num_weights, num_groups, num_words,
@@ -88,14 +124,25 @@ def _swiglu_forward_and_per_token_cast_kernel(
         clamp_value, sf_clamp_min,
         H: tl.constexpr, X_BF16: tl.constexpr, HAS_WEIGHTS: tl.constexpr, HAS_P2E: tl.constexpr,
         HAS_CLAMP: tl.constexpr, COUNT: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
-        BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr):
+        BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr,
+        FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
+        MINMAX_CLAMP: tl.constexpr):
+    """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
+    e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
+    codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
+    next chunk's loads are issued before the current chunk is computed.  PACKED_COUNT: the three
+    clamp counts of each element slot are kept in one int32 lane (10-bit fields, flushed once per row
+    block) instead of three row reductions per chunk."""
     G: tl.constexpr = CH // GB  # groups per chunk
+    NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
     acc_l = tl.zeros([BLOCK_R], tl.int64)
     acc_rp = tl.zeros([BLOCK_R], tl.int64)
     acc_rn = tl.zeros([BLOCK_R], tl.int64)
+    if PACKED_COUNT:
+        tl.static_assert(NCH < 1024)
     rb = pid
     while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -110,28 +157,62 @@ def _swiglu_forward_and_per_token_cast_kernel(
             w = tl.load(w_ptr + idx, mask=w_ok, other=0.0)
             w = tl.where(w_ok, w, 0.0)
         x_row = x_ptr + rows[:, None] * stride_xm
+        if PACKED_COUNT:
+            pc = tl.zeros([BLOCK_R, CH], tl.int32)
+        if PREFETCH:
+            cols_n = tl.arange(0, CH)
+            m_n = active[:, None] & (cols_n < H)[None, :]
+            l_n = _load_f32(x_row, cols_n[None, :], m_n, X_BF16)
+            r_n = _load_f32(x_row, cols_n[None, :] + H, m_n, X_BF16)
         for c0 in range(0, H, CH):
             cols = c0 + tl.arange(0, CH)
             col_ok = cols < H
-            m = active[:, None] & col_ok[None, :]
-            l = _load_f32(x_row, cols[None, :], m, X_BF16)
-            r = _load_f32(x_row, cols[None, :] + H, m, X_BF16)
+            if PREFETCH:
+                l = l_n
+                r = r_n
+                # the next chunk (all masked after the last one)
+                cols_n = cols + CH
+                m_n = active[:, None] & (cols_n < H)[None, :]
+                l_n = _load_f32(x_row, cols_n[None, :], m_n, X_BF16)
+                r_n = _load_f32(x_row, cols_n[None, :] + H, m_n, X_BF16)
+            else:
+                m = active[:, None] & col_ok[None, :]
+                l = _load_f32(x_row, cols[None, :], m, X_BF16)
+                r = _load_f32(x_row, cols[None, :] + H, m, X_BF16)
             if HAS_CLAMP:
                 if COUNT:
                     # masked elements load as 0 and c >= 0, so they never count: no mask needed
-                    acc_l += tl.sum((l > clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                    acc_rp += tl.sum((r > clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                    acc_rn += tl.sum((r < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                l, r = _swiglu_clamp(l, r, clamp_value)
-            act = _swiglu_act(l, r)
+                    if PACKED_COUNT:
+                        pc += (tl.where(l > clamp_value, 1, 0) + tl.where(r > clamp_value, 1 << 10, 0)
+                               + tl.where(r < -clamp_value, 1 << 20, 0))
+                    else:
+                        acc_l += tl.sum((l > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                        acc_rp += tl.sum((r > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                        acc_rn += tl.sum((r < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                if MINMAX_CLAMP:
+                    l, r = _swiglu_clamp_minmax(l, r, clamp_value)
+                else:
+                    l, r = _swiglu_clamp(l, r, clamp_value)
+            if FAST_ENC:
+                act = _swiglu_act_neg_mul(l, r)
+            else:
+                act = _swiglu_act(l, r)
             if HAS_WEIGHTS:
                 act = act * w[:, None]
-            # padding rows (pos_to_expert < 0) are all-zero activations
-            act = tl.where(active[:, None], act, 0.0)
+            if HAS_P2E or not FAST_ENC:
+                # padding rows (pos_to_expert < 0) are all-zero activations (rows past num_rows are
+                # never stored: nothing to clear there)
+                act = tl.where(active[:, None], act, 0.0)
             act3 = tl.reshape(act, (BLOCK_R, G, GB))
-            amax = tl.max(_nan_as_inf_abs(act3), axis=2)
+            if FAST_MAX:
+                amax = _group_amax(act3)
+            else:
+                amax = tl.max(_nan_as_inf_abs(act3), axis=2)
             sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
-            q = tl.reshape(_encode_e4m3(act3, sf_inv[:, :, None]), (BLOCK_R, CH))
+            if FAST_ENC:
+                q = tl.reshape(f32_to_e4m3_bits_satfinite(act3 * sf_inv[:, :, None]), (BLOCK_R, CH))
+            else:
+                q = tl.reshape(_encode_e4m3(act3, sf_inv[:, :, None]), (BLOCK_R, CH))
             tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], q,
                      mask=row_ok[:, None] & col_ok[None, :])
             g0 = c0 // GB
@@ -146,6 +227,10 @@ def _swiglu_forward_and_per_token_cast_kernel(
                 gidx = g0 + tl.arange(0, G)
                 tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :] * stride_sk, sf,
                          mask=row_ok[:, None] & (gidx[None, :] < num_groups))
+        if PACKED_COUNT and COUNT:
+            acc_l += tl.sum(pc & 0x3FF, axis=1).to(tl.int64)
+            acc_rp += tl.sum((pc >> 10) & 0x3FF, axis=1).to(tl.int64)
+            acc_rn += tl.sum(pc >> 20, axis=1).to(tl.int64)
         rb += nprog
     if COUNT:
         tl.atomic_add(cnt_ptr + 0, tl.sum(acc_l))
@@ -193,24 +278,41 @@ def _chunk_width(H: int, packed: bool) -> int:
     return 512 if packed else 128
 
 
-def _config(H: int, npc: int, packed: bool):
-    """(BLOCK_R, CH, GB, num_warps) for one row block.
+def _config(H: int, npc: int, packed: bool) -> dict:
+    """Default launch config of one row block (passed through ``tuned("swiglu_forward_and_per_token_cast")``).
 
-    The kernel is instruction-heavy (two IEEE divisions, exp, e4m3 encode per element): 16 elements
-    per thread amortize the per-step work best (sm_90a SASS: ~65 instructions per element against
-    ~82 with 8 per thread).  GPU: ``[BLOCK_R, CH]`` = 1024 elements of each half per step with 2 warps
-    (80 registers at H = 3584); npc = H keeps the whole row (CH = next_pow2(H)) in registers, with
-    CH / 512 warps.  Interpreter: 64 (32) rows per program."""
+    The kernel is instruction-bound (two IEEE divisions, exp, e4m3 encode per element): 16 elements
+    per thread amortize the per-step work best.  GPU: ``[BLOCK_R, CH]`` = 1024 elements of each half
+    per step with 2 warps; npc = H keeps the whole row (CH = next_pow2(H)) in registers, with CH / 512
+    warps.  Interpreter: 64 (32) rows per program.  sm_90a SASS at the anchor (H = 3584, clamp with
+    counts, packed sf): 60.4 executed instructions per element with every flag off, 45.8 with the
+    defaults below (96 registers, no spills).  ``programs_per_sm``: the persistent grid of the
+    clamp-counting launch."""
     if npc == H:
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
-        return block_r, ch, ch, max(2, min(16, ch // 512))
-    ch = _chunk_width(H, packed)
-    block_r = 64 if interpreter_configs() else max(1, 1024 // ch)
-    return block_r, ch, 128, 2
+        cfg = dict(BLOCK_R=block_r, CH=ch, num_warps=max(2, min(16, ch // 512)))
+    else:
+        ch = _chunk_width(H, packed)
+        cfg = dict(BLOCK_R=64 if interpreter_configs() else max(1, 1024 // ch), CH=ch, num_warps=2)
+    cfg.update(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PACKED_COUNT=True,
+               MINMAX_CLAMP=True, maxnreg=None)
+    return cfg
 
 
-_PROGRAMS_PER_SM = 8
+def _check_config(cfg: dict, H: int, npc: int, packed: bool) -> None:
+    """Reject a (tuning) config the kernel cannot run, with a ValueError."""
+    ch, br = cfg["CH"], cfg["BLOCK_R"]
+    pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
+    if not (pow2(ch) and pow2(br) and pow2(cfg["num_warps"])):
+        raise ValueError(f"CH, BLOCK_R and num_warps must be powers of two, got {cfg}")
+    if npc == H:
+        if ch < H:
+            raise ValueError(f"npc = H = {H} needs CH >= H, got CH={ch}")
+    elif ch < 128 or (packed and ch < 512):
+        raise ValueError(f"CH must be >= 128 (>= 512 with packed sf), got CH={ch}")
+    if cfg["programs_per_sm"] < 1:
+        raise ValueError(f"programs_per_sm must be >= 1, got {cfg['programs_per_sm']}")
 
 
 def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamped_count, sf_clamp_min):
@@ -221,14 +323,18 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
     sf = alloc_sf(num_rows, H, (1, npc), col_major, packed, dev)
     if num_rows == 0:
         return out, sf
-    block_r, ch, gb, num_warps = _config(H, npc, packed)
+    cfg = tuned("swiglu_forward_and_per_token_cast", _config(H, npc, packed))
+    _check_config(cfg, H, npc, packed)
+    block_r, ch = cfg["BLOCK_R"], cfg["CH"]
+    gb = ch if npc == H else 128
     num_rb = ceil_div(num_rows, block_r)
     count = clamped_count is not None
-    # counting: a persistent grid (8 programs per SM) so the counts take 3 atomics per program
-    grid = (min(num_rb, config.get_num_sms() * _PROGRAMS_PER_SM),) if count else (num_rb,)
+    # counting: a persistent grid (programs_per_sm per SM) so the counts take 3 atomics per program
+    grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if count else (num_rb,)
     num_groups = ceil_div(H, npc)
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     dummy = out  # never read when its flag is off
+    extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
     _swiglu_forward_and_per_token_cast_kernel[grid](
         x_arg, out.view(torch.uint8), sf,
         ptt if ptt is not None else dummy, weights if weights is not None else dummy,
@@ -239,8 +345,10 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
         sf_clamp_min if sf_clamp_min is not None else FMT_CLAMP["e4m3"],
         H=H, X_BF16=x.dtype == torch.bfloat16, HAS_WEIGHTS=ptt is not None, HAS_P2E=p2e is not None,
         HAS_CLAMP=clamp is not None, COUNT=count, ROUND_SF=round_sf, PACKED=packed,
-        BLOCK_R=block_r, CH=ch, GB=gb, num_warps=num_warps,
-        enable_fp_fusion=False)  # see the module docstring
+        BLOCK_R=block_r, CH=ch, GB=gb, FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
+        PREFETCH=bool(cfg["PREFETCH"]), PACKED_COUNT=bool(cfg["PACKED_COUNT"]),
+        MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), num_warps=cfg["num_warps"],
+        enable_fp_fusion=False, **extra)  # see the module docstring
     return out, sf
 
 
