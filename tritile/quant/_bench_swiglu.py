@@ -169,6 +169,15 @@ _BWD_TUNE = (
 )
 
 
+_CHANNEL_TUNE = [
+    dict(BLOCK_K=64, num_warps=2), dict(BLOCK_K=64, num_warps=4), dict(BLOCK_K=128, num_warps=8),
+    dict(BLOCK_K=256, num_warps=8), dict(BLOCK_K=256, num_warps=4), dict(BLOCK_K=512, num_warps=8),
+    dict(BLOCK_K=32, num_warps=1), dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=64, num_warps=4),
+    dict(BLOCK_M=64, BLOCK_K=128, num_warps=8), dict(FINITE_BRANCH=True),
+    dict(BLOCK_K=64, num_warps=2, FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8, FINITE_BRANCH=True),
+    dict(BLOCK_K=256, num_warps=8, FINITE_BRANCH=True)]
+
+
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")
 def _channel_cases(device, quick):
     from tritile.torch import cast, swiglu_forward
@@ -191,5 +200,7 @@ def _channel_cases(device, quick):
         yield Case(params=params, fn=fn, ref=ref, check=_check_pair, nbytes=count_bytes(x, out),
                    label=f"without_transpose={without_transpose}",
                    anchor=("swiglu_forward_and_per_channel_cast_and_transpose", params)
+                   if gpu and without_transpose else None,
+                   tune=("swiglu_forward_and_per_channel_cast_and_transpose", _CHANNEL_TUNE)
                    if gpu and without_transpose else None)
         del out
