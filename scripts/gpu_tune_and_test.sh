@@ -32,7 +32,7 @@ echo "compile phase done at $(( $(date +%s) - start )) s"; grep -h "BAD" "$OUT"/
 
 # phase 2: timing, one process, whatever the budget allows (leaving 150 s for TESTS1)
 CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 150 )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
-  --top 4 --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1
+  --top 5 --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1
 echo "tune done at $(( $(date +%s) - start )) s"; grep -v "^   BAD" "$OUT/tune.txt" | head -150
 
 CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS1 \
