@@ -95,7 +95,12 @@ def _cast_back_e5m6_kernel(
 def _launch_config(num_tokens: int, hidden: int):
     """(BLOCK_M, BLOCK_G, num_warps): ~8192 elements per program on GPU, bigger tiles in the interpreter."""
     groups = hidden // 8
-    target = 65536 if interpreter_configs() else 8192
+    if not interpreter_configs():
+        # H200 sweep (8001 x 7168): one row, 1024 groups, 16 warps: 50.1 us (bf16 out), 80.0 (fp32);
+        # 2 x 512 groups, 8 warps: 52.7 / 83.2
+        block_g = min(next_power_of_two(groups), 1024)
+        return 1, block_g, max(1, min(16, block_g // 64))
+    target = 65536
     block_g = min(next_power_of_two(groups), target // 8, 512)
     block_m = max(1, min(target // (block_g * 8), next_power_of_two(num_tokens)))
     num_warps = 4 if block_m * block_g * 8 <= 4096 else 8
