@@ -284,7 +284,11 @@ def f32_to_e4m3_bits_satfinite(x):
 def e4m3_bits_to_f32_hw(bits):
     """e4m3fn byte (uint8/int8) -> float32 through the hardware conversion (exact: every e4m3 value,
     subnormals included, is a float16 and a float32).  NaN codes give a NaN (payload unspecified)."""
-    return bits.to(tl.uint8, bitcast=True).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    if bits.dtype.primitive_bitwidth == 8:
+        b8 = bits.to(tl.uint8, bitcast=True)
+    else:  # wider integer codes (0..255): truncate to the byte (a bitcast needs equal widths)
+        b8 = bits.to(tl.uint8)
+    return b8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
