@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine: GPU 0 runs the GPU tests of $TESTS0 while GPU 1 first fills Triton's
 # cache with every tune candidate (parallel compile-only processes), then times them (`python -m tritile
-# tune`), then runs the tests of $TESTS1.  Logs and JSON go under $OUT.  Budget in seconds: $BUDGET.
+# tune`), then runs the tests of $TESTS1.  Logs and JSON are packed into $OUT/results.tgz.  Budget in seconds: $BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; R=$(mktemp -d)  # logs go to $R, packed into $OUT/results.tgz at the end
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 BUDGET=${BUDGET:-570}
 start=$(date +%s)
@@ -13,30 +13,31 @@ TESTS0=${TESTS0:-tests/quant}
 TESTS1=${TESTS1:-"tests/moe tests/engram"}
 COMPILE_PROCS=${COMPILE_PROCS:-12}
 OPS=${OPS:-"per_token_cast per_block_cast per_token_cast_back per_channel_cast per_channel_cast_fused per_channel_cast_and_transpose per_token_cast_to_e5m6 cast_back_e5m6 per_block_cast_lossless swiglu_forward_and_per_token_cast swiglu_backward_and_per_token_cast swiglu_forward_and_per_channel_cast_and_transpose get_fused_mapping expand_to_fused expand_to_fused_with_sf reduce_fused topk_gate normalize_weight aux_fi fused_weight engram_gate_fwd engram_gate_bwd engram_hash transpose batched_transpose"}
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count(), 'GPUs')" | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count(), 'GPUs')" | tee "$R/env.txt"
 
 ( CUDA_VISIBLE_DEVICES=0 timeout $(( BUDGET - 20 )) python3 -m pytest -q -p no:cacheprovider -n ${NPROC0:-4} $TESTS0 \
-    > "$OUT/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$OUT/tests0.log" ) &
+    > "$R/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$R/tests0.log" ) &
 tests0=$!
 
 # phase 1: compile (and check) every candidate, ops spread over processes
 i=0; pids=()
 for op in $OPS; do
   ( CUDA_VISIBLE_DEVICES=1 timeout ${COMPILE_S:-200} python3 -m tritile tune --compile-only --op $op \
-      > "$OUT/compile_$op.log" 2>&1 ) &
+      > "$R/compile_$op.log" 2>&1 ) &
   pids+=($!); i=$((i+1))
   if (( i % COMPILE_PROCS == 0 )); then wait "${pids[@]}"; pids=(); fi
 done
 wait "${pids[@]}" 2>/dev/null
-echo "compile phase done at $(( $(date +%s) - start )) s"; grep -h "BAD" "$OUT"/compile_*.log | head -40
+echo "compile phase done at $(( $(date +%s) - start )) s"; grep -h "BAD" "$R"/compile_*.log | head -40
 
 # phase 2: timing, one process, whatever the budget allows (leaving 150 s for TESTS1)
 CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 150 )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
-  --top 5 --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1
-echo "tune done at $(( $(date +%s) - start )) s"; grep -v "^   BAD" "$OUT/tune.txt" | head -150
+  --top 5 --json "$R/tune.json" > "$R/tune.txt" 2>&1
+echo "tune done at $(( $(date +%s) - start )) s"; grep -v "^   BAD" "$R/tune.txt" | head -150
 
 CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS1 \
-  > "$OUT/tests1.log" 2>&1; echo "tests1 rc=$?" >> "$OUT/tests1.log"
+  > "$R/tests1.log" 2>&1; echo "tests1 rc=$?" >> "$R/tests1.log"
 wait $tests0
-tail -3 "$OUT/tests0.log"; tail -3 "$OUT/tests1.log"
-grep -h "FAILED\|Error" "$OUT/tests0.log" "$OUT/tests1.log" | head -30
+tail -3 "$R/tests0.log"; tail -3 "$R/tests1.log"
+grep -h "FAILED\|Error" "$R/tests0.log" "$R/tests1.log" | head -30
+tar -czf "$OUT/results.tgz" -C "$R" .
