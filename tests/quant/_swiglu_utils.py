@@ -50,12 +50,15 @@ def ref_per_token_cast(act: torch.Tensor, npc: int, round_sf: bool, col_major: b
     pad[:, :k] = ax
     amax = pad.reshape(m, ks, npc).amax(dim=2)
     a = torch.maximum(amax, torch.tensor(clamp_min, dtype=torch.float32, device=act.device))
-    sf = a / 448.0
+    # Divisions by and of tensors: torch on CUDA computes ``t / 448.0`` as ``t * (1 / 448)`` and ``448.0 / t``
+    # as ``reciprocal(t) * 448``, neither IEEE (docs/DEVELOPING.md); found by the H200 run of 2026-11-30
+    mx = torch.full_like(a, 448.0)
+    sf = torch.div(a, mx)
     if round_sf:
         sf = ((sf.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)
-        sf_inv = torch.where(sf == float("inf"), 0.0, 1.0 / sf)
+        sf_inv = torch.where(sf == float("inf"), 0.0, torch.div(torch.ones_like(sf), sf))
     else:
-        sf_inv = 448.0 / a
+        sf_inv = torch.div(mx, a)
     out = _encode(act * sf_inv.repeat_interleave(npc, dim=1)[:, :k], act, "e4m3")
     return out, _layout_sf(sf, round_sf, col_major, packed)
 
