@@ -207,19 +207,10 @@ def _engram_gate_fwd_op(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.T
 # backward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _engram_gate_bwd_gamma_kernel(
-    go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
-    T, hc, H,
-    s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
-    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    hh = tl.arange(0, HC_P2)
-    tmask = t < T
-    hmask = hh < hc
-    th_mask = tmask[:, None] & hmask[None, :]
-    gate = tl.load(gate_ptr + t[:, None] * hc + hh[None, :], mask=th_mask, other=0.0)  # [TOK, HC]
+def _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
+                      HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Pass 1's sweep over H for TOK tokens: stores grad_v = sum_h g_h G_h (bf16) and returns gamma = G . v
+    ``[TOK, HC_P2]``."""
     g_row = t[:, None, None] * s_g0 + hh[None, :, None] * s_g1
     acc = tl.zeros((TOK, HC_P2, BLOCK_D), tl.float32)
     step = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
@@ -235,6 +226,25 @@ def _engram_gate_bwd_gamma_kernel(
         tl.store(gv_ptr + t[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv), mask=m2)
         step += 1
     gamma = tl.sum(acc, axis=2)
+    return gamma
+
+
+@triton.jit
+def _engram_gate_bwd_gamma_kernel(
+    go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
+    T, hc, H,
+    s_g0, s_g1, s_v0, s_gv0,
+    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
+    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    hh = tl.arange(0, HC_P2)
+    tmask = t < T
+    hmask = hh < hc
+    th_mask = tmask[:, None] & hmask[None, :]
+    gate = tl.load(gate_ptr + t[:, None] * hc + hh[None, :], mask=th_mask, other=0.0)  # [TOK, HC]
+    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
+                              HC_P2, TOK, BLOCK_D)
     tl.store(gamma_ptr + t[:, None] * hc + hh[None, :], gamma, mask=th_mask)
 
 
@@ -301,21 +311,8 @@ def _engram_gate_bwd_coef_kernel(
     th_mask = tmask[:, None] & hmask[None, :]
     sc = t[:, None] * hc + hh[None, :]
     gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)  # [TOK, HC]
-    g_row = t[:, None, None] * s_g0 + hh[None, :, None] * s_g1
-    acc = tl.zeros((TOK, HC_P2, BLOCK_D), tl.float32)
-    step = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
-    while step * BLOCK_D < H:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        d = step * BLOCK_D + tl.arange(0, BLOCK_D)  # (a multiple of BLOCK_D: vector loads)
-        dmask = d < H
-        m3 = th_mask[:, :, None] & dmask[None, None, :]
-        go = bf16_bits_to_f32(tl.load(go_ptr + g_row + d[None, None, :], mask=m3, other=0))
-        m2 = tmask[:, None] & dmask[None, :]
-        v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=m2, other=0))
-        acc += go * v[:, None, :]
-        gv = tl.sum(gate[:, :, None] * go, axis=1)
-        tl.store(gv_ptr + t[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv), mask=m2)
-        step += 1
-    gamma = tl.sum(acc, axis=2)
+    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
+                              HC_P2, TOK, BLOCK_D)
     dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
     rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
     rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
