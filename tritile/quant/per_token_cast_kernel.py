@@ -121,15 +121,7 @@ def _block_amax(x, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.c
 
     Only shapes the GPU compiler handles well: per-token rows (BM == 1) reshaped to ``[MB, G, BK]``, a
     whole-row group (G == 1), or a tile that is exactly one 2D block (MB == G == 1)."""
-    ax = tl.where(x == x, tl.abs(x), float("inf"))
-    if BM == 1:
-        if G == 1:
-            return tl.max(ax, axis=1, keep_dims=True)
-        else:
-            return tl.max(tl.reshape(ax, (MB, G, BK)), axis=2)
-    else:
-        tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
-        return tl.max(tl.max(ax, axis=1, keep_dims=True), axis=0, keep_dims=True)
+    return _block_max(tl.where(x == x, tl.abs(x), float("inf")), MB, BM, G, BK)
 
 
 @triton.jit
@@ -182,19 +174,25 @@ def _raw_to_f32(raw, IN_KIND: tl.constexpr):
 
 
 @triton.jit
+def _block_max(a, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """max of ``a`` per ``(BM, BK)`` block of an ``[MB*BM, G*BK]`` tile -> ``[MB, G]`` (the shapes of
+    :func:`_block_amax`)."""
+    if BM == 1:
+        if G == 1:
+            return tl.max(a, axis=1, keep_dims=True)
+        else:
+            return tl.max(tl.reshape(a, (MB, G, BK)), axis=2)
+    else:
+        tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
+        return tl.max(tl.max(a, axis=1, keep_dims=True), axis=0, keep_dims=True)
+
+
+@triton.jit
 def _block_amax_fast(x, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Same value as :func:`_block_amax` (NaN counts as +inf), by an integer max over the float32 bit
     patterns ``bits & 0x7FFFFFFF`` (non-negative floats order like their patterns; NaN patterns sort
     above inf and are clamped to it): two integer ops per element instead of compare/select/max."""
-    ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    if BM == 1:
-        if G == 1:
-            m = tl.max(ab, axis=1, keep_dims=True)
-        else:
-            m = tl.max(tl.reshape(ab, (MB, G, BK)), axis=2)
-    else:
-        tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
-        m = tl.max(tl.max(ab, axis=1, keep_dims=True), axis=0, keep_dims=True)
+    m = _block_max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, MB, BM, G, BK)
     return tl.minimum(m, 0x7F800000).to(tl.float32, bitcast=True)
 
 
@@ -204,15 +202,7 @@ def _raw_amax(raw, MB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, BK: tl.c
     ``bits & 0x7FFF`` (NaN patterns sort above inf 0x7F80), so the float32 tile need not stay live
     across the reduction."""
     if IN_KIND == 0:
-        ab = raw & 0x7FFF
-        if BM == 1:
-            if G == 1:
-                m = tl.max(ab, axis=1, keep_dims=True)
-            else:
-                m = tl.max(tl.reshape(ab, (MB, G, BK)), axis=2)
-        else:
-            tl.static_assert(MB == 1 and G == 1, "a 2D-block tile holds exactly one scale block")
-            m = tl.max(tl.max(ab, axis=1, keep_dims=True), axis=0, keep_dims=True)
+        m = _block_max(raw & 0x7FFF, MB, BM, G, BK)
         return (tl.minimum(m, 0x7F80).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
         return _block_amax_fast(raw, MB, BM, G, BK)
