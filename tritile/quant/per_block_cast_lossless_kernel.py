@@ -30,6 +30,24 @@ _SIGN_BITS = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: bit 7 of each 
 
 
 @triton.jit
+def _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok,
+                      NOM: tl.constexpr, NOK: tl.constexpr, OUT_PACKED: tl.constexpr):
+    """The ``[NOM, NOK]`` output scale exponents ``e_out`` of a tile: packed UE8M0 bytes (one per block,
+    written through a byte view of the int32 words; blocks past Ks up to the word boundary lie outside the
+    tensor, so their E is 0: unused bytes are written as zeros) or float32 ``2^(e - 127)``."""
+    ob_m = pid_m * NOM + tl.arange(0, NOM).to(tl.int64)
+    ob_k = pid_k * NOK + tl.arange(0, NOK).to(tl.int64)
+    ob_ok = (ob_m < MS_OUT)[:, None] & (ob_k < KS_OUT_PAD)[None, :]
+    if OUT_PACKED:
+        bp = sf_out_ptr.to(tl.pointer_type(tl.uint8))
+        off = 4 * (ob_m[:, None] * stride_som + (ob_k // 4)[None, :] * stride_sok) + (ob_k % 4)[None, :]
+        tl.store(bp + off, e_out.to(tl.uint8), mask=ob_ok)
+    else:
+        sf = (e_out << 23).to(tl.float32, bitcast=True)
+        tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
+
+
+@triton.jit
 def _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
                                 IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
                                 RM: tl.constexpr, RK: tl.constexpr):
@@ -93,19 +111,8 @@ def _per_block_cast_lossless_kernel(
     mask = row_ok[:, None] & (cols[None, :] < K)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], f32_to_e4m3_bits(v), mask=mask)
 
-    # ---- output scales
-    ob_m = pid_m * NOM + tl.arange(0, NOM).to(tl.int64)
-    ob_k = pid_k * NOK + tl.arange(0, NOK).to(tl.int64)
-    ob_ok = (ob_m < MS_OUT)[:, None] & (ob_k < KS_OUT_PAD)[None, :]
-    if OUT_PACKED:
-        # one UE8M0 byte per block, written through a byte view of the int32 words; blocks past Ks (up to
-        # the word boundary) lie outside the tensor, so their E is 0: unused bytes are written as zeros
-        bp = sf_out_ptr.to(tl.pointer_type(tl.uint8))
-        off = 4 * (ob_m[:, None] * stride_som + (ob_k // 4)[None, :] * stride_sok) + (ob_k % 4)[None, :]
-        tl.store(bp + off, e_out.to(tl.uint8), mask=ob_ok)
-    else:
-        sf = (e_out << 23).to(tl.float32, bitcast=True)
-        tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
+    _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
+                      OUT_PACKED)
 
 
 @triton.jit
@@ -194,17 +201,8 @@ def _per_block_cast_lossless_words_kernel(
             hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
     tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
 
-    # ---- output scales
-    ob_m = pid_m * NOM + tl.arange(0, NOM).to(tl.int64)
-    ob_k = pid_k * NOK + tl.arange(0, NOK).to(tl.int64)
-    ob_ok = (ob_m < MS_OUT)[:, None] & (ob_k < KS_OUT_PAD)[None, :]
-    if OUT_PACKED:
-        bp = sf_out_ptr.to(tl.pointer_type(tl.uint8))
-        off = 4 * (ob_m[:, None] * stride_som + (ob_k // 4)[None, :] * stride_sok) + (ob_k % 4)[None, :]
-        tl.store(bp + off, e_out.to(tl.uint8), mask=ob_ok)
-    else:
-        sf = (e_out << 23).to(tl.float32, bitcast=True)
-        tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
+    _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
+                      OUT_PACKED)
 
 
 def _tile(bmo: int, bko: int):
