@@ -15,7 +15,7 @@ COMPILE_PROCS=${COMPILE_PROCS:-12}
 OPS=${OPS:-"per_token_cast per_block_cast per_token_cast_back per_channel_cast per_channel_cast_fused per_channel_cast_and_transpose per_token_cast_to_e5m6 cast_back_e5m6 per_block_cast_lossless swiglu_forward_and_per_token_cast swiglu_backward_and_per_token_cast swiglu_forward_and_per_channel_cast_and_transpose get_fused_mapping expand_to_fused expand_to_fused_with_sf reduce_fused topk_gate normalize_weight aux_fi fused_weight engram_gate_fwd engram_gate_bwd engram_hash transpose batched_transpose"}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count(), 'GPUs')" | tee "$R/env.txt"
 
-( CUDA_VISIBLE_DEVICES=0 timeout $(( BUDGET - 20 )) python3 -m pytest -q -p no:cacheprovider -n ${NPROC0:-4} $TESTS0 \
+( CUDA_VISIBLE_DEVICES=0 timeout $(( BUDGET - 20 )) python3 -m pytest -v -rf -p no:cacheprovider -n ${NPROC0:-4} $TESTS0 ${K0:+-k "$K0"} \
     > "$R/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$R/tests0.log" ) &
 tests0=$!
 
@@ -31,13 +31,20 @@ wait "${pids[@]}" 2>/dev/null
 echo "compile phase done at $(( $(date +%s) - start )) s"; grep -h "BAD" "$R"/compile_*.log | head -40
 
 # phase 2: timing, one process, whatever the budget allows (leaving 150 s for TESTS1)
-CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 150 )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
+CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - ${RESERVE1:-150} )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
   --top 5 --json "$R/tune.json" > "$R/tune.txt" 2>&1
 echo "tune done at $(( $(date +%s) - start )) s"; grep -v "^   BAD" "$R/tune.txt" | head -150
 
-CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS1 \
-  > "$R/tests1.log" 2>&1; echo "tests1 rc=$?" >> "$R/tests1.log"
+if [ -n "$TESTS1" ]; then
+  CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - ${SAN_S:-0} - 10 )) python3 -m pytest -v -rf -p no:cacheprovider -n 4 $TESTS1 \
+    ${K1:+-k "$K1"} > "$R/tests1.log" 2>&1; echo "tests1 rc=$?" >> "$R/tests1.log"
+fi
+# compute-sanitizer memcheck on a fast subset at the CPU's small shapes
+if [ -n "${SANITIZER_TESTS:-}" ]; then
+  CUDA_VISIBLE_DEVICES=1 TRITILE_SMALL_SHAPES=1 timeout $(( $(left) - 8 )) compute-sanitizer --tool memcheck \
+    --leak-check no --print-limit 20 python3 -m pytest -q -p no:cacheprovider $SANITIZER_TESTS ${KS:+-k "$KS"} \
+    > "$R/sanitizer.log" 2>&1; echo "sanitizer rc=$?" >> "$R/sanitizer.log"
+fi
 wait $tests0
-tail -3 "$R/tests0.log"; tail -3 "$R/tests1.log"
-grep -h "FAILED\|Error" "$R/tests0.log" "$R/tests1.log" | head -30
+for f in tests0 tests1 sanitizer; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
 tar -czf "$OUT/results.tgz" -C "$R" .
