@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import tritile.config
+
 from tritile.testing import assert_equal, pick
 from tritile.torch.transpose import batched_transpose_ref, transpose_ref
 from tritile.transpose import batched_transpose, transpose
@@ -70,6 +72,20 @@ def test_word_path_matches_generic(device):
     b = batched_transpose_with_config(x, {"word_path": False})
     assert_equal(a, b)
     assert_equal(a, batched_transpose_ref(x))
+
+
+@pytest.mark.parametrize("shape", [(3, 96, 160), (2, 100, 36)])
+def test_word_path_persistent(shape, device):
+    """The persistent word kernel (several tiles per program, next tile prefetched; ragged edges on the second
+    shape) gives the reference's bytes."""
+    x = _rand(shape, torch.float8_e4m3fn, device)
+    old = tritile.config.get_num_sms()
+    tritile.config.set_num_sms(5)
+    try:
+        for cfg in ({"PERSIST": 1, "BLOCK_M4": 4, "BLOCK_N4": 4}, {"PERSIST": 2, "BLOCK_M4": 8, "BLOCK_N4": 4}):
+            assert_equal(batched_transpose_with_config(x, cfg), batched_transpose_ref(x))
+    finally:
+        tritile.config.set_num_sms(old)
 
 
 @pytest.mark.parametrize("shape", [(0, 64, 64), (2, 0, 64), (2, 64, 0)])

@@ -14,6 +14,9 @@ def _tune(dt: str, batched: bool):
     """Launch-config candidates for ``python -m tritile tune`` (name "transpose")."""
     if dt == "fp8":
         cands = [dict(BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w) for bm in (32, 64) for bn in (16, 32, 64) for w in (4, 8)]
+        cands += [dict(PERSIST=p, BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w)
+                  for p, bm, bn, w in [(2, 64, 32, 4), (4, 64, 32, 4), (8, 64, 32, 4), (4, 32, 32, 4), (2, 64, 64, 8),
+                                       (1, 64, 64, 8)]]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
     return [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),

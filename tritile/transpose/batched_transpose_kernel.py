@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import get_num_sms
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
 
@@ -86,6 +87,64 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
         tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
 
 
+@triton.jit
+def _u8x4_tile_words(x_ptr, t, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
+                     BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
+    """The [BLOCK_M4, 4, BLOCK_N4] input words of tile ``t`` (tiles ordered batch, then m, then n)."""
+    b = (t // tiles_mn).to(tl.int64)
+    rem = t % tiles_mn
+    r = (rem // tiles_n).to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
+    w = (rem % tiles_n).to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
+    i = tl.arange(0, 4)
+    x_ptrs = x_ptr + b * stride_xb + (4 * r[:, None, None] + i[None, :, None]) * stride_xm + w[None, None, :]
+    if EVEN:
+        return tl.load(x_ptrs)
+    else:
+        return tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
+
+
+@triton.jit
+def _batched_transpose_u8x4_persist_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
+                                           tiles_n, tiles_mn, num_tiles,
+                                           BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
+    """The word transpose of ``_batched_transpose_u8x4_kernel`` on a persistent grid: program ``p`` handles
+    tiles ``p, p + P, p + 2P, ...`` and loads its next tile before it shuffles and stores the current one
+    (two tiles of loads in flight per program, no tail wave)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    i = tl.arange(0, 4)
+    shifts = (8 * i)[None, :, None]
+    words = _u8x4_tile_words(x_ptr, pid, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm, BLOCK_M4, BLOCK_N4, EVEN)
+    t = pid
+    while t < num_tiles:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
+        # prefetch the next tile (the last program re-reads its own tile instead of running past the end)
+        nxt = tl.minimum(t + nprog, num_tiles - 1)
+        words_next = _u8x4_tile_words(x_ptr, nxt, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
+                                      BLOCK_M4, BLOCK_N4, EVEN)
+        b = (t // tiles_mn).to(tl.int64)
+        rem = t % tiles_mn
+        r = (rem // tiles_n).to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
+        w = (rem % tiles_n).to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
+        o0 = tl.trans(tl.sum(((words >> 0) & 0xFF) << shifts, axis=1))  # [BN4, BM4]
+        o1 = tl.trans(tl.sum(((words >> 8) & 0xFF) << shifts, axis=1))
+        o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
+        o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
+        o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
+        if EVEN:
+            tl.store(o_ptrs, o0)
+            tl.store(o_ptrs + stride_on, o1)
+            tl.store(o_ptrs + 2 * stride_on, o2)
+            tl.store(o_ptrs + 3 * stride_on, o3)
+        else:
+            omask = (w[:, None] < N4) & (r[None, :] < M4)
+            tl.store(o_ptrs, o0, mask=omask)
+            tl.store(o_ptrs + stride_on, o1, mask=omask)
+            tl.store(o_ptrs + 2 * stride_on, o2, mask=omask)
+            tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
+        words = words_next
+        t += nprog
+
+
 def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for the generic kernel, by element size (measured on an H200)."""
     if interpreter_configs():
@@ -111,12 +170,21 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             bm4, bn4, warps = config.get("BLOCK_M4", bm4), config.get("BLOCK_N4", bn4), config.get("num_warps", warps)
         xw = x.view(torch.uint8).view(torch.int32)
         ow = out.view(torch.uint8).view(torch.int32)
+        even = m % (4 * bm4) == 0 and n % (4 * bn4) == 0
+        if config and config.get("PERSIST"):  # persistent grid: PERSIST programs per SM
+            tiles_n, tiles_m = ceil_div(n // 4, bn4), ceil_div(m // 4, bm4)
+            num_tiles = b * tiles_m * tiles_n
+            grid = (min(num_tiles, int(config["PERSIST"]) * get_num_sms()),)
+            _batched_transpose_u8x4_persist_kernel[grid](
+                xw, ow, m // 4, n // 4, xw.stride(0), xw.stride(1), ow.stride(0), ow.stride(1), tiles_n,
+                tiles_m * tiles_n, num_tiles, BLOCK_M4=bm4, BLOCK_N4=bn4, EVEN=even, num_warps=warps)
+            return
         for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
             grid = (ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), xs.shape[0])
             _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
                                                  os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4,
-                                                 EVEN=(m % (4 * bm4) == 0 and n % (4 * bn4) == 0), num_warps=warps)
+                                                 EVEN=even, num_warps=warps)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
@@ -183,6 +251,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 
 def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
     """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
-    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``."""
+    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PERSIST`` (word path on a persistent grid of PERSIST programs
+    per SM)."""
     _check(x, 3)
     return _batched_transpose_impl(x, config)
