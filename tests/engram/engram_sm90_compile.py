@@ -31,6 +31,11 @@ def _types(spec):
 FWD = _types({"x_ptr k_ptr v_ptr out_ptr": "*i16", "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr": "*fp32",
               "num_rows hc H s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_o0 s_o1": "i32",
               "hidden_f eps clamp_value scale": "fp32"})
+FWDP = dict(FWD, T="i32", chunk="i32")
+FUSED_BWD = _types({"go_ptr x_ptr k_ptr v_ptr gx_ptr gk_ptr gv_ptr": "*i16",
+                    "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gw_ptr": "*fp32",
+                    "T hc H SW tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gv0 "
+                    "s_gw0 s_gw1": "i32", "hidden_f clamp_value scale": "fp32"})
 GAMMA = _types({"go_ptr v_ptr gv_ptr": "*i16", "gate_ptr gamma_ptr": "*fp32", "T hc H s_g0 s_g1 s_v0 s_gv0": "i32"})
 BWD = _types({"go_ptr x_ptr k_ptr gx_ptr gk_ptr": "*i16",
               "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gamma_ptr gw_ptr": "*fp32",
@@ -48,7 +53,7 @@ FUSED = _types({"wh_ptr we_ptr": "*i16", "out_ptr": "*fp32", "H s_wh s_we s_out"
 HASH = _types({"ids_ptr off_ptr out_ptr vocab_ptr": "*i32", "mult_ptr": "*i64", "T s_id0 s_out0": "i32"})
 
 
-def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P")):
+def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW")):
     """Compile ``fn`` as Triton would for 16-byte aligned pointers and strides divisible by 16."""
     sig = {n: ("constexpr" if n in consts else types[n]) for n in fn.arg_names}
     attrs = {}
@@ -68,6 +73,18 @@ def main():
     for save in (True, False):
         ops = compile_kernel(gk._engram_gate_fwd_kernel, FWD, dict(SAVE=save, ROWS=rows, BLOCK_H=bh), nw)
         assert "ld.global.v4.b32" in ops, "the fwd kernel's row loads do not vectorise"
+    fcfg = gk._fwd_launch_config(H)
+    for save in (True, False):
+        for pf in (True, False):
+            ops = compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
+                                 dict(SAVE=save, BLOCK_H=fcfg["BLOCK_H"], PREFETCH=pf), fcfg["WARPS"])
+            assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the persistent fwd does not vectorise"
+    bcfg = gk._bwd_launch_config(H, hc)
+    for pf in (0, 1, 2):
+        for wr in (True, False):
+            ops = compile_kernel(gk._engram_gate_bwd_fused_kernel, FUSED_BWD,
+                                 dict(HC_P2=4, BLOCK_H=8192, BLOCK_S=2048, PREFETCH=pf, W_RESIDENT=wr), bcfg["FWARPS"])
+            assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the one-pass bwd does not vectorise"
     hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
     ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)
     assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
@@ -98,6 +115,10 @@ def main():
     compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
     compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT, dict(HC_P2=1, BLOCK_D=1, SPLIT=1, PREFETCH=True, hc=1,
                                                                  H=1, s_gw1=1), 4)
+    compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
+                   dict(SAVE=True, BLOCK_H=1, PREFETCH=True, H=1, hc=1, s_x1=1, s_o1=1), 4)
+    compile_kernel(gk._engram_gate_bwd_fused_kernel, FUSED_BWD,
+                   dict(HC_P2=1, BLOCK_H=1, BLOCK_S=1, PREFETCH=2, W_RESIDENT=False, hc=1, H=1, SW=1, s_gw1=1), 4)
     print("ok")
 
 

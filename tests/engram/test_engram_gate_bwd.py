@@ -3,6 +3,7 @@ import torch
 
 from tritile.config import get_num_sms, set_num_sms
 from tritile.engram import engram_gate_bwd
+from tritile.runtime import override_config
 from tritile.testing import assert_equal, calc_diff, is_gpu_run
 from tritile.torch.engram import engram_gate_ref
 
@@ -148,7 +149,36 @@ def test_engram_gate_bwd_gpu_like_blocks(device, monkeypatch, tok, bd1, bd2):
     T, hc, H = 7, 3, 200
     x, k, v, wh, we = make_gate_data(T, hc, H, device)
     grad_out = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
-    _run_and_check(x, k, v, wh, we, grad_out)
+    with override_config("engram_gate_bwd", FUSED=False):  # the two-pass kernels
+        _run_and_check(x, k, v, wh, we, grad_out)
+
+
+@pytest.mark.parametrize("cfg", [dict(FUSED=False, COEF=True, PREFETCH=True, SPLIT=2),
+                                 dict(FUSED=False, COEF=True, PREFETCH=False, SPLIT=1),
+                                 dict(FUSED=False, COEF=False),
+                                 dict(FUSED=True, FPREFETCH=0, W_RESIDENT=True),
+                                 dict(FUSED=True, FPREFETCH=1, W_RESIDENT=False),
+                                 dict(FUSED=True, FPREFETCH=2, W_RESIDENT=True)])
+@pytest.mark.parametrize("num_sms", [2, 5])
+def test_engram_gate_bwd_variants(device, cfg, num_sms):
+    # every bwd code path: the two-pass kernels and the one-pass kernel with each prefetch depth, w in registers
+    # or re-read; token chunks of 4 with a partial last one (num_sms=2) and of 2 with an unused last row (5);
+    # hc = 3 (the one-pass kernel's grad_v column split: 3 slices of 80 columns, the last one partial)
+    T, hc, H = 7, 3, 232
+    x, k, v, wh, we = make_gate_data(T, hc, H, device)
+    grad_out = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
+    old = get_num_sms()
+    set_num_sms(num_sms)
+    try:
+        with override_config("engram_gate_bwd", **cfg):
+            got = _run_and_check(x, k, v, wh, we, grad_out)
+    finally:
+        set_num_sms(old)
+    if cfg["FUSED"]:  # the one-pass variants only differ in scheduling: the same bits
+        with override_config("engram_gate_bwd", FUSED=True, FPREFETCH=1, W_RESIDENT=True):
+            want = _run_and_check(x, k, v, wh, we, grad_out)
+        for a, b in zip(got[:3], want[:3]):
+            assert_equal(a, b)
 
 
 def test_engram_gate_bwd_opcheck(device):

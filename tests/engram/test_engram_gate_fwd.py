@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
+from tritile.config import get_device_num_sms, get_num_sms, set_num_sms
 from tritile.engram import engram_gate_fwd, fused_weight
+from tritile.runtime import override_config
 from tritile.testing import assert_equal, calc_diff, is_gpu_run
 from tritile.torch.engram import engram_gate_ref
 
@@ -138,12 +140,31 @@ def test_engram_gate_fwd_bad_inputs(device):
 
 @pytest.mark.parametrize("rows", [1, 4])
 def test_engram_gate_fwd_gpu_like_blocks(device, monkeypatch, rows):
-    # the GPU's launch rule (few rows per program) on the interpreter too: row masks with a partial last program
+    # the row kernel with the GPU's launch rule (few rows per program): row masks with a partial last program
     import tritile.engram.engram_gate_kernel as gk
     import triton
 
     monkeypatch.setattr(gk, "_fwd_config", lambda H: (triton.next_power_of_2(H), rows, 4))
-    _check_fwd(*make_gate_data(7, 3, 200, device))
+    with override_config("engram_gate_fwd", PERSIST=False):
+        _check_fwd(*make_gate_data(7, 3, 200, device))
+
+
+@pytest.mark.parametrize("num_sms,waves,prefetch", [(1, 1, True), (6, 1, True), (6, 2, False), (64, 1, True)])
+def test_engram_gate_fwd_persistent(device, num_sms, waves, prefetch):
+    # the persistent kernel (program = one head of a token chunk): one chunk, chunks of 4 tokens with a partial
+    # last one (7 = 4 + 3), with and without the prefetch, one token per chunk; every grid gives the same bits
+    x, k, v, wh, we = make_gate_data(7, 3, 200, device)
+    old = get_num_sms()
+    set_num_sms(min(num_sms, get_device_num_sms()) if is_gpu_run() else num_sms)
+    try:
+        with override_config("engram_gate_fwd", PERSIST=True, WARPS=4, WAVES=waves, PREFETCH=prefetch):
+            got = _check_fwd(x, k, v, wh, we)
+    finally:
+        set_num_sms(old)
+    with override_config("engram_gate_fwd", PERSIST=True, WARPS=4, WAVES=1, PREFETCH=True):
+        want = engram_gate_fwd(x, k, v, wh.float() * we.float(), EPS, CLAMP)
+    for a, b in zip(got, want):
+        assert_equal(a, b)
 
 
 def test_engram_gate_fwd_opcheck(device):

@@ -15,18 +15,20 @@ EPS, CLAMP = 1e-20, 1e-6
 # Tuning candidates (``python -m tritile tune --module engram``) at the GPU anchor shapes.
 _FUSED_WEIGHT_TUNE = [dict(BLOCK=b, WARPS=w) for b in (256, 512, 1024, 2048, 4096) for w in (1, 2, 4, 8)
                       if b // (32 * w) >= 4]
-# BLOCK_H / ROWS / WARPS change the fwd's reduction layout: a candidate that changes them may differ in the last
-# bits of dot / rstd (hence "output differs"); the tests' calc_diff bounds still hold for each of them.
-_GATE_FWD_TUNE = [dict(WARPS=w) for w in (4, 8, 32)] + [dict(ROWS=2, WARPS=w) for w in (8, 16, 32)]
-# pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; pass-1 knobs (TOK, BLOCK_D1, WARPS1)
-# change the order of the gamma / grad_v sums and may show "output differs"
+# BLOCK_H / ROWS / WARPS / PERSIST change the fwd's reduction layout: a candidate that changes them may differ in the
+# last bits of dot / rstd (hence "output differs"); the tests' calc_diff bounds still hold for each of them.
+# Default: the persistent kernel (PERSIST, 16 warps, PREFETCH); PERSIST=False, ROWS=1, WARPS=16 is the old default.
+_GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, ROWS=1, WARPS=32),
+                   dict(PERSIST=False, ROWS=2, WARPS=16)]
+                  + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
+                     dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
+# Default: the one-pass kernel (FUSED, 16 warps, FPREFETCH=1, W_RESIDENT).  FUSED=False is the old two-pass default
+# (pass-2 knobs BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF never change a bit; the pass-1 and one-pass kernels sum
+# gamma / grad_v in other orders and may show "output differs").
 _GATE_BWD_TUNE = (
-    [dict(SPLIT=s, PREFETCH=pf) for s in (1, 2, 3, 4, 7, 14) for pf in (True, False)]
-    + [dict(BLOCK_D2=256, WARPS2=4, SPLIT=s, PREFETCH=pf) for s in (2, 4, 7, 28) for pf in (True, False)]
-    + [dict(BLOCK_D2=1024, WARPS2=8, SPLIT=s, PREFETCH=False) for s in (1, 2, 7)]
-    + [dict(BLOCK_D2=512, WARPS2=4, SPLIT=s, PREFETCH=False) for s in (2, 4)]
-    + [dict(COEF=False, BLOCK_D2=1024, WARPS2=8), dict(COEF=False)]  # the first version, its tiles and ours
-    + [dict(TOK=2), dict(WARPS1=4), dict(BLOCK_D1=2048), dict(BLOCK_D1=2048, WARPS1=16)]
+    [dict(FUSED=False), dict(FUSED=False, BLOCK_D2=256, WARPS2=4, SPLIT=4)]
+    + [dict(FPREFETCH=0), dict(FPREFETCH=2), dict(W_RESIDENT=False), dict(FPREFETCH=2, W_RESIDENT=False),
+       dict(FWARPS=32), dict(FWARPS=32, FPREFETCH=0), dict(FWARPS=32, FPREFETCH=0, W_RESIDENT=False)]
 )
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

@@ -8,12 +8,17 @@ Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w
     g   = sigmoid(copysign(sqrt(max(|s|, clamp_value)), s))
     out = bf16(x + g * v)
 
-The backward runs in two passes, so that no pass needs a whole (hc, H) accumulator per program:
+The forward's default is ``_engram_gate_fwd_persist_kernel`` (program = one head of a token chunk, w[h] in
+registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.
 
-1. ``_engram_gate_bwd_gamma_kernel``, one program per token: ``gamma[t, h] = sum_d G_d v_d`` (dL/dg)
-   and ``grad_v[t] = sum_h g_h G_h``.
-2. ``_engram_gate_bwd_kernel``, one program per (token chunk p, H tile): grad_x, grad_k and
-   ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
+The backward's default is one pass, ``_engram_gate_bwd_fused_kernel`` (program = one head of a token chunk: the
+row's gamma = G . v, then grad_x, grad_k, the grad_w accumulator and a column slice of grad_v).  The earlier two
+passes remain as tuning alternatives (``FUSED=False``):
+
+1. ``_engram_gate_bwd_coef_kernel`` (or ``_engram_gate_bwd_gamma_kernel``), one program per token:
+   ``gamma[t, h] = sum_d G_d v_d`` (dL/dg) and ``grad_v[t] = sum_h g_h G_h``.
+2. ``_engram_gate_bwd_split_kernel`` (or ``_engram_gate_bwd_kernel``), programs over (token chunk p, H tiles):
+   grad_x, grad_k and ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
 """
 
 from __future__ import annotations
@@ -36,25 +41,8 @@ from ._utils import bits16, check_float, check_rows, empty_like, interp
 # forward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _engram_gate_fwd_kernel(
-    x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
-    num_rows, hc, H, hidden_f, eps, clamp_value, scale,
-    s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
-    SAVE: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    # ROWS (token, head) rows per program, each held whole in registers: x, k, w and v are read once.
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    rmask = rows < num_rows
-    t = rows // hc
-    h = rows % hc
-    d = tl.arange(0, BLOCK_H)
-    mask = rmask[:, None] & (d < H)[None, :]
-    x = bf16_bits_to_f32(tl.load(x_ptr + t[:, None] * s_x0 + h[:, None] * s_x1 + d[None, :], mask=mask, other=0))
-    k = bf16_bits_to_f32(tl.load(k_ptr + t[:, None] * s_k0 + h[:, None] * s_k1 + d[None, :], mask=mask, other=0))
-    w = tl.load(w_ptr + h[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
-    v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=mask, other=0))
-
-    hf = hidden_f  # float(H), passed as fp32 so H keeps Triton's divisibility specialisation (vector loads)
+def _gate_row_math(x, k, w, v, hf, eps, clamp_value, scale):
+    """The gate of ``[ROWS, BLOCK_H]`` fp32 tiles (masked lanes 0): returns (out fp32, dot, g, rstd_x, rstd_k)."""
     sum_xx = tl.sum(x * x, axis=1)
     sum_kk = tl.sum(k * k, axis=1)
     dot = tl.sum((x * w) * k, axis=1)
@@ -71,8 +59,30 @@ def _engram_gate_fwd_kernel(
     sign = (s.to(tl.int32, bitcast=True) >> 31) << 31
     u = ((q & 0x7FFFFFFF) | sign).to(tl.float32, bitcast=True)
     g = tl.math.div_rn(tl.full(u.shape, 1.0, tl.float32), 1.0 + exp_f32(-u))
-
     out = x + g[:, None] * v
+    return out, dot, g, rstd_x, rstd_k
+
+
+@triton.jit
+def _engram_gate_fwd_kernel(
+    x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    num_rows, hc, H, hidden_f, eps, clamp_value, scale,
+    s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
+    SAVE: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # ROWS (token, head) rows per program, each held whole in registers: x, k, w and v are read once per row.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < num_rows
+    t = rows // hc
+    h = rows % hc
+    d = tl.arange(0, BLOCK_H)
+    mask = rmask[:, None] & (d < H)[None, :]
+    x = bf16_bits_to_f32(tl.load(x_ptr + t[:, None] * s_x0 + h[:, None] * s_x1 + d[None, :], mask=mask, other=0))
+    k = bf16_bits_to_f32(tl.load(k_ptr + t[:, None] * s_k0 + h[:, None] * s_k1 + d[None, :], mask=mask, other=0))
+    w = tl.load(w_ptr + h[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
+    v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=mask, other=0))
+    # hidden_f: float(H), passed as fp32 so H keeps Triton's divisibility specialisation (vector loads)
+    out, dot, g, rstd_x, rstd_k = _gate_row_math(x, k, w, v, hidden_f, eps, clamp_value, scale)
     tl.store(out_ptr + t[:, None] * s_o0 + h[:, None] * s_o1 + d[None, :], f32_to_bf16_bits(out), mask=mask)
     if SAVE:
         tl.store(dot_ptr + rows, dot, mask=rmask)
@@ -81,19 +91,93 @@ def _engram_gate_fwd_kernel(
         tl.store(rstd_k_ptr + rows, rstd_k, mask=rmask)
 
 
+@triton.jit(do_not_specialize=["T", "chunk"])
+def _engram_gate_fwd_persist_kernel(
+    x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    T, hc, H, chunk, hidden_f, eps, clamp_value, scale,
+    s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
+    SAVE: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    # Program (c, h): head h of the tokens [c * chunk, (c + 1) * chunk), one token at a time.  w[h] is loaded
+    # once and stays in registers (the row kernel re-reads it from L2 for every row); the hc programs of a
+    # chunk are neighbours in the grid, so v[t] comes from DRAM once and from L2 for the other heads.
+    # With PREFETCH, token t + 1's x, k and v are in flight while token t is reduced and stored.
+    pid = tl.program_id(0)
+    h = pid % hc
+    t = (pid // hc).to(tl.int64) * chunk
+    t_end = tl.minimum(t + chunk, T)
+    d = tl.arange(0, BLOCK_H)[None, :]
+    dmask = d < H
+    w = tl.load(w_ptr + h * s_w0 + d, mask=dmask, other=0.0)
+    xp = x_ptr + h * s_x1 + d
+    kp = k_ptr + h * s_k1 + d
+    vp = v_ptr + d
+    op = out_ptr + h * s_o1 + d
+    one = tl.full([1], 0, tl.int64) + h  # [1]-shaped row index of the saved tensors
+    if PREFETCH:
+        pm = dmask & (t < t_end)
+        n_x = tl.load(xp + t * s_x0, mask=pm, other=0)
+        n_k = tl.load(kp + t * s_k0, mask=pm, other=0)
+        n_v = tl.load(vp + t * s_v0, mask=pm, other=0)
+    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        if PREFETCH:
+            c_x = n_x
+            c_k = n_k
+            c_v = n_v
+            pm = dmask & (t + 1 < t_end)
+            n_x = tl.load(xp + (t + 1) * s_x0, mask=pm, other=0)
+            n_k = tl.load(kp + (t + 1) * s_k0, mask=pm, other=0)
+            n_v = tl.load(vp + (t + 1) * s_v0, mask=pm, other=0)
+        else:
+            c_x = tl.load(xp + t * s_x0, mask=dmask, other=0)
+            c_k = tl.load(kp + t * s_k0, mask=dmask, other=0)
+            c_v = tl.load(vp + t * s_v0, mask=dmask, other=0)
+        x = bf16_bits_to_f32(c_x)
+        k = bf16_bits_to_f32(c_k)
+        v = bf16_bits_to_f32(c_v)
+        out, dot, g, rstd_x, rstd_k = _gate_row_math(x, k, w, v, hidden_f, eps, clamp_value, scale)
+        tl.store(op + t * s_o0, f32_to_bf16_bits(out), mask=dmask)
+        if SAVE:
+            row = t * hc + one
+            tl.store(dot_ptr + row, dot)
+            tl.store(gate_ptr + row, g)
+            tl.store(rstd_x_ptr + row, rstd_x)
+            tl.store(rstd_k_ptr + row, rstd_k)
+        t += 1
+
+
 def _scale(H: int) -> float:
     """fp32(H^-0.5), the 1/sqrt(H) of the scaled dot product."""
     return float(np.float32(H ** -0.5))
 
 
 def _fwd_config(H: int):
-    """(BLOCK_H, ROWS, num_warps): ROWS whole rows per program, about 16 fp32 elements per thread per tensor."""
+    """(BLOCK_H, ROWS, num_warps) of the row kernel: ROWS whole rows per program, ~16 fp32 elements per thread."""
     block_h = next_power_of_two(H)
     if interp():
         return block_h, max(1, 32768 // block_h), 4
     rows = max(1, 4096 // block_h)
     num_warps = min(16, max(4, rows * block_h // 512))
     return block_h, rows, num_warps
+
+
+def _fwd_launch_config(H: int) -> dict:
+    """The fwd launch config, through ``tuned("engram_gate_fwd", ...)``.
+
+    PERSIST: the persistent kernel (program = one head of a token chunk, w[h] held in registers, the next
+    token's rows prefetched when PREFETCH); False: the row kernel (ROWS (token, head) rows per program, which
+    re-reads w and v from L2 for every row: 519 us at T=8001, hc=4, H=7168 on the H200, 2026-11-30).
+    WARPS: warps per program of either kernel.  WAVES: the persistent grid is about WAVES * num_sms programs
+    (the programs per SM that fit: ~100 registers per thread at 16 fp32 elements per thread and tensor)."""
+    block_h, rows, num_warps = _fwd_config(H)
+    if interp():
+        return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps, PERSIST=True,
+                                             WAVES=1, PREFETCH=True))
+    # SASS (sm_90, H = 7168, BLOCK_H = 8192, 16 warps): 16 bf16 of x, k, v per thread in 2 LDG.E.128 each,
+    # w[h] in 4 LDG.E.128 once per program, out in 2 STG.E.128; no spills
+    warps = min(16, max(4, block_h // 512))
+    return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=warps, PERSIST=True,
+                                         WAVES=max(1, 16 // warps), PREFETCH=True))
 
 
 def _check_gate_inputs(hidden_states, k, v, weight_fused):
@@ -117,20 +201,29 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
     num_rows = T * hc
     if num_rows == 0:
         return (out, *saved)
-    block_h, rows, num_warps = _fwd_config(H)
-    # BLOCK_H, ROWS, WARPS change the reduction layout (so the last bits of dot / rstd, hence of the output);
-    # save_for_backward never does (same config, same code, stores only added)
-    cfg = tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps))
-    block_h, rows, num_warps = max(cfg["BLOCK_H"], next_power_of_two(H)), cfg["ROWS"], cfg["WARPS"]
+    # BLOCK_H, ROWS, WARPS, PERSIST change the reduction layout (so the last bits of dot / rstd, hence of the
+    # output); save_for_backward never does (same config, same code, stores only added)
+    cfg = _fwd_launch_config(H)
+    block_h, num_warps = max(cfg["BLOCK_H"], next_power_of_two(H)), cfg["WARPS"]
     dummy = out
-    _engram_gate_fwd_kernel[(ceil_div(num_rows, rows),)](
-        bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
-        *(s if s is not None else dummy for s in saved),
-        num_rows, hc, H, float(H), eps, clamp_value, _scale(H),
-        hidden_states.stride(0), hidden_states.stride(1), k.stride(0), k.stride(1), v.stride(0),
-        weight_fused.stride(0), out.stride(0), out.stride(1),
-        SAVE=bool(save_for_backward), ROWS=rows, BLOCK_H=block_h, num_warps=num_warps,
-    )
+    ptrs = (bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
+            *(s if s is not None else dummy for s in saved))
+    strides = (hidden_states.stride(0), hidden_states.stride(1), k.stride(0), k.stride(1), v.stride(0),
+               weight_fused.stride(0), out.stride(0), out.stride(1))
+    if cfg["PERSIST"]:
+        n_chunks = max(1, min(T, int(cfg["WAVES"]) * get_num_sms() // hc))
+        chunk = ceil_div(T, n_chunks)
+        n_chunks = ceil_div(T, chunk)
+        _engram_gate_fwd_persist_kernel[(n_chunks * hc,)](
+            *ptrs, T, hc, H, chunk, float(H), eps, clamp_value, _scale(H), *strides,
+            SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps,
+        )
+    else:
+        rows = cfg["ROWS"]
+        _engram_gate_fwd_kernel[(ceil_div(num_rows, rows),)](
+            *ptrs, num_rows, hc, H, float(H), eps, clamp_value, _scale(H), *strides,
+            SAVE=bool(save_for_backward), ROWS=rows, BLOCK_H=block_h, num_warps=num_warps,
+        )
     return (out, *saved)
 
 
@@ -404,6 +497,99 @@ def _engram_gate_bwd_split_kernel(
         j += SPLIT
 
 
+@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
+def _engram_gate_bwd_fused_kernel(
+    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
+    T, hc, H, SW, hidden_f, tokens_per_chunk, clamp_value, scale,
+    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
+    HC_P2: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, PREFETCH: tl.constexpr,
+    W_RESIDENT: tl.constexpr,
+):
+    # One pass.  Program (p, h): head h of token chunk p (grad_w_partial[p, h]), one whole row at a time:
+    # gamma = G . v (dL/dg) reduced over the row held in registers, then delta, grad_x, grad_k and the grad_w
+    # accumulator (w[h] and the accumulator stay in registers).  grad_v[t] = sum_h g_h G_h is split by columns:
+    # this program writes columns [h * SW, (h + 1) * SW), reading the other heads' G slices, which the hc
+    # programs of the chunk (neighbours in the grid, in step) have just brought into L2.
+    pid = tl.program_id(0)
+    h = pid % hc
+    p = (pid // hc).to(tl.int64)
+    t = p * tokens_per_chunk
+    t_end = tl.minimum(t + tokens_per_chunk, T)
+    d = tl.arange(0, BLOCK_H)[None, :]
+    dmask = d < H
+    if W_RESIDENT:
+        w = tl.load(w_ptr + h * s_w0 + d, mask=dmask, other=0.0)
+    gp = go_ptr + h * s_g1 + d
+    xp = x_ptr + h * s_x1 + d
+    kp = k_ptr + h * s_k1 + d
+    vp = v_ptr + d
+    one = tl.full([1], 0, tl.int64) + h  # [1]-shaped head index into the (T, hc) saved tensors
+    # grad_v slice
+    hh = tl.arange(0, HC_P2)
+    e = h * SW + tl.arange(0, BLOCK_S)
+    smask = (tl.arange(0, BLOCK_S) < SW) & (e < H)
+    s2 = (hh < hc)[:, None] & smask[None, :]
+    gsp = go_ptr + hh[:, None] * s_g1 + e[None, :]
+    hf = hidden_f
+    acc = tl.zeros((1, BLOCK_H), tl.float32)
+    if PREFETCH >= 1:
+        pm = dmask & (t < t_end)
+        n_go = tl.load(gp + t * s_g0, mask=pm, other=0)
+        n_v = tl.load(vp + t * s_v0, mask=pm, other=0)
+    if PREFETCH >= 2:
+        n_x = tl.load(xp + t * s_x0, mask=pm, other=0)
+        n_k = tl.load(kp + t * s_k0, mask=pm, other=0)
+    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        if PREFETCH >= 1:  # 1: G and v (the reduction's inputs) of token t + 1 in flight; 2: also x and k
+            c_go = n_go
+            c_v = n_v
+            pm = dmask & (t + 1 < t_end)
+            n_go = tl.load(gp + (t + 1) * s_g0, mask=pm, other=0)
+            n_v = tl.load(vp + (t + 1) * s_v0, mask=pm, other=0)
+        else:
+            c_go = tl.load(gp + t * s_g0, mask=dmask, other=0)
+            c_v = tl.load(vp + t * s_v0, mask=dmask, other=0)
+        if PREFETCH >= 2:
+            c_x = n_x
+            c_k = n_k
+            n_x = tl.load(xp + (t + 1) * s_x0, mask=pm, other=0)
+            n_k = tl.load(kp + (t + 1) * s_k0, mask=pm, other=0)
+        else:
+            c_x = tl.load(xp + t * s_x0, mask=dmask, other=0)
+            c_k = tl.load(kp + t * s_k0, mask=dmask, other=0)
+        if not W_RESIDENT:  # w[h] again for every token (an L1 hit): 16 fewer registers at 16 warps
+            w = tl.load(w_ptr + h * s_w0 + d, mask=dmask, other=0.0, eviction_policy="evict_last")
+        row = t * hc + one
+        dot = tl.load(dot_ptr + row)
+        g = tl.load(gate_ptr + row)
+        rx = tl.load(rstd_x_ptr + row)
+        rk = tl.load(rstd_k_ptr + row)
+        go = bf16_bits_to_f32(c_go)
+        gamma = tl.sum(go * bf16_bits_to_f32(c_v), axis=1)
+        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
+        s = dot * rx * rk * scale
+        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
+        delta = gamma * (g * (1.0 - g)) * 0.5 * dsqrt
+        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
+        a_x = tl.math.div_rn(dot * rx * rx, hf)
+        a_k = tl.math.div_rn(dot * rk * rk, hf)
+        x = bf16_bits_to_f32(c_x)
+        k = bf16_bits_to_f32(c_k)
+        gx = go + delta[:, None] * (w * k - x * a_x[:, None])
+        gk = delta[:, None] * (w * x - k * a_k[:, None])
+        tl.store(gx_ptr + t * s_gx0 + h * s_gx1 + d, f32_to_bf16_bits(gx), mask=dmask)
+        tl.store(gk_ptr + t * s_gk0 + h * s_gk1 + d, f32_to_bf16_bits(gk), mask=dmask)
+        acc += delta[:, None] * (x * k)
+        # grad_v columns of this program: all heads' G (L2 hits), summed over the heads
+        gates = tl.load(gate_ptr + t * hc + hh, mask=hh < hc, other=0.0)
+        gs = bf16_bits_to_f32(tl.load(gsp + t * s_g0, mask=s2, other=0))
+        gv = tl.sum(gates[:, None] * gs, axis=0)
+        tl.store(gv_ptr + t * s_gv0 + e, f32_to_bf16_bits(gv), mask=smask)
+        t += 1
+    tl.store(gw_ptr + p * s_gw0 + h * s_gw1 + d, acc, mask=dmask)
+
+
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -425,7 +611,10 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
     division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
-    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.
+    FUSED: one pass instead (``_engram_gate_bwd_fused_kernel``, program = one head of a token chunk, the
+    other knobs unused); FWARPS: its warps; FPREFETCH: 0, 1 (token t + 1's G and v in flight while token t is
+    computed), 2 (also its x and k); W_RESIDENT: w[h] held in registers (else re-read from L1 every token)."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -435,8 +624,14 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
         # its token chunk: one wave, no tail (one tile per program gave 3.5 waves of long programs)
         split = min(2, n_tiles)
         nw2 = 8 if hc_p2 * bd2 >= 2048 else 4
+    # FUSED: the one-pass kernel (G, x, k, v read once from DRAM: 2.52 GB at T=8001, hc=4, H=7168, against 2.98 GB
+    # for the two passes, which took 1165 us on the H200, 2026-11-30).  SASS (sm_90, BLOCK_H = 8192, 16 warps,
+    # FPREFETCH=1, W_RESIDENT): 128 registers, 4 scalar spills (16 bytes) per token, 16-byte loads and stores of
+    # every row; FPREFETCH=2 spills 104 bytes, 32 warps cap at 64 registers and spill in the loop.
+    fwarps = min(16, max(4, next_power_of_two(H) // 512)) if not interp() else 4
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=True))
+                                         COEF=True, SPLIT=split, PREFETCH=True,
+                                         FUSED=True, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True))
 
 
 def engram_gate_bwd(
@@ -520,6 +715,19 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
             grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
             HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
+        )
+        return grad_x, grad_k, grad_v, grad_w_partial
+    if cfg["FUSED"]:
+        sw = ceil_div(ceil_div(H, hc), 16) * 16  # grad_v columns per program: a multiple of 16 (vector access)
+        _engram_gate_bwd_fused_kernel[(num_parts * hc,)](
+            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
+            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
+            T, hc, H, sw, float(H), chunk, clamp_value, _scale(H),
+            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
+            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
+            HC_P2=hc_p2, BLOCK_H=next_power_of_two(H), BLOCK_S=next_power_of_two(sw),
+            PREFETCH=int(cfg["FPREFETCH"]), W_RESIDENT=bool(cfg["W_RESIDENT"]), num_warps=cfg["FWARPS"],
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
