@@ -68,13 +68,26 @@ def test_get_fused_mapping(params, alignment):
         _assert_same(outs, ref)
 
 
-@pytest.mark.parametrize("single", [True, False], ids=["one-launch", "two-launch"])
+_PATHS = {
+    "one-launch": dict(single_max=1 << 30),
+    # count + scatter; the scatter sums the count table itself; packed ranks where E <= 4
+    "two-launch": dict(single_max=0, chunk=64, sb=16, scan_tp=2, scan_eb=16),
+    # count + scan + scatter, [SB, SB] ranks for every E
+    "three-launch": dict(single_max=0, chunk=64, sb=16, scan_tp=2, scan_eb=16, packed=False, fuse_scan=0),
+    # two launches without packing (E <= 4 too), and three launches with packing
+    "two-launch-unpacked": dict(single_max=0, chunk=32, sb=16, packed=False),
+    "three-launch-packed": dict(single_max=0, chunk=32, scan_tp=4, fuse_scan=0),
+}
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
 @pytest.mark.parametrize("num_tokens,num_topk,num_experts,alignment", [
-    (1, 1, 1, 1), (7, 3, 5, 4), (33, 9, 4, 128), (130, 8, 32, 16), (57, 2, 9, 1), (41, 6, 72, 7), (25, 4, 300, 3)])
-def test_get_fused_mapping_shapes(single, num_tokens, num_topk, num_experts, alignment, device):
-    """Random ids with -1 anywhere (duplicates allowed), odd sizes and alignments, both launch paths
+    (1, 1, 1, 1), (7, 3, 5, 4), (33, 9, 4, 128), (130, 8, 32, 16), (57, 2, 9, 1), (41, 6, 72, 7), (25, 4, 300, 3),
+    (70, 9, 3, 16), (45, 7, 2, 1)])
+def test_get_fused_mapping_shapes(path, num_tokens, num_topk, num_experts, alignment, device):
+    """Random ids with -1 anywhere (duplicates allowed), odd sizes and alignments, every launch path
     (multi-launch with small chunks, so that several programs and scan steps take part)."""
-    cfg = dict(single_max=1 << 30) if single else dict(single_max=0, chunk=64, sb=16, scan_tp=2, scan_eb=16)
+    cfg = _PATHS[path]
     topk_idx = torch.randint(-1, num_experts, (num_tokens, num_topk), device=device)
     ref = ref_fused_mapping(topk_idx, num_experts, 0, alignment)
     with override_config("get_fused_mapping", **cfg):
@@ -86,17 +99,19 @@ def test_get_fused_mapping_shapes(single, num_tokens, num_topk, num_experts, ali
 
 
 @pytest.mark.parametrize("cfg", [dict(chunk=16, sb=16), dict(chunk=64, sb=32, scan_tp=4), dict(chunk=256, sb=64),
-                                 dict(single_max=1 << 30, sb=128)])
+                                 dict(single_max=1 << 30, sb=128), dict(chunk=64, fuse_scan=0),
+                                 dict(chunk=16, sb=16, fuse_scan=0, packed=False)])
 def test_get_fused_mapping_launch_configs(cfg, device):
     """Chunk and step sizes (GPU ones included) change nothing, with padding longer and shorter than a step,
-    in both modes."""
-    topk_idx = torch.randint(-1, 12, (150, 6), device=device)
-    with override_config("get_fused_mapping", **dict(dict(single_max=0), **cfg)):
-        for alignment in (1, 16, 2000):
-            ref = ref_fused_mapping(topk_idx, 12, 0, alignment)
-            _assert_same(get_fused_mapping(topk_idx, 12, 0, alignment), ref)
-        n = int(ref[6].sum()) + 1500
-        _assert_same(get_fused_mapping(topk_idx, 12, n, 2000), ref_fused_mapping(topk_idx, 12, n, 2000, sync=False))
+    in both modes; E = 4 takes the packed ranks unless the config turns them off."""
+    for e in (12, 4):
+        topk_idx = torch.randint(-1, e, (150, 6), device=device)
+        with override_config("get_fused_mapping", **dict(dict(single_max=0), **cfg)):
+            for alignment in (1, 16, 2000):
+                ref = ref_fused_mapping(topk_idx, e, 0, alignment)
+                _assert_same(get_fused_mapping(topk_idx, e, 0, alignment), ref)
+            n = int(ref[6].sum()) + 1500
+            _assert_same(get_fused_mapping(topk_idx, e, n, 2000), ref_fused_mapping(topk_idx, e, n, 2000, sync=False))
 
 
 @pytest.mark.parametrize("extra", [0, 1, 77])

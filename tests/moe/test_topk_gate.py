@@ -49,3 +49,22 @@ def test_topk_gate_bad_input(device):
         moe.topk_gate(x, 2.0)
     with pytest.raises(TypeError, match="scores"):
         moe.topk_gate(x.tolist(), 2)
+
+
+@pytest.mark.parametrize("cfg", [dict(KEY32=False), dict(KEY32=False, SPLIT=True, BLOCK_T=1, num_warps=1),
+                                 dict(KEY32=False, SPLIT=True, BLOCK_T=2, num_warps=2),
+                                 dict(KEY32=True, SPLIT=True, BLOCK_T=2, num_warps=1),
+                                 dict(KEY32=True, SPLIT=True, BLOCK_T=4, num_warps=4),
+                                 dict(KEY32=True, SPLIT=False, BLOCK_T=1, num_warps=2)])
+@pytest.mark.parametrize("num_experts,num_topk", [(256, 8), (72, 6), (33, 33)])
+def test_topk_gate_configs(device, cfg, num_experts, num_topk):
+    """Both arg-max forms (64-bit packed keys, two 32-bit passes), split and plain rows: the same bits, ties included."""
+    from tritile.runtime import override_config
+    scores = torch.randn(37, num_experts, device=device)
+    scores[0] = 0.0
+    scores[1, ::3] = -0.0
+    scores[2, ::2] = float("-inf")
+    scores[3, 5] = float("nan")
+    scores[4] = torch.randint(-2, 3, (num_experts,), device=device).float()
+    with override_config("topk_gate", **cfg):
+        assert_equal(moe.topk_gate(scores, num_topk), stable_topk(scores, num_topk))

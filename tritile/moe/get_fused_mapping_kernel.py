@@ -7,19 +7,24 @@ back.  The result depends neither on the SM count nor on the launch configuratio
 Launch scheme (no grid barrier, no spin-wait; the CPU interpreter runs programs one after another).  The flat
 slot range is cut into ``P`` chunks of ``CHUNK`` slots:
 
-1. ``_fused_mapping_count_kernel`` (``P`` programs): per-chunk expert histograms ``counts[P, E]``;
-2. ``_fused_mapping_scan_kernel`` (one program per ``EB`` experts): turns each column of ``counts`` into its
-   exclusive prefix over chunks, and appends the totals as row ``P``;
+1. ``_fused_mapping_count_kernel`` (``P`` programs): per-chunk expert histograms ``counts[P, E]`` (with
+   ``PACKED``, E <= 4: one int64 sum of ``1 << 16*e``, four 16-bit counters, instead of ``tl.histogram``);
+2. only when the table is large (``next_pow2(P) * BLOCK_E > fuse_scan``): ``_fused_mapping_scan_kernel`` (one
+   program per ``EB`` experts) turns each column of ``counts`` into its exclusive prefix over chunks and appends
+   the totals as row ``P``.  Otherwise (``TABLE_ROWS > 0``) every scatter program loads the whole small table
+   and sums it itself: the totals, and its prefix over the earlier chunks;
 3. ``_fused_mapping_scatter_kernel`` (``P`` programs): forms the aligned segments from the totals, then places
-   its chunk ``SB`` slots at a time: a slot's position is its expert's running base (a gather from a
-   ``[BLOCK_E]`` vector) plus its rank among the earlier slots of the same expert in the sub-block (an
-   ``[SB, SB]`` comparison, independent of the number of experts).  It also writes the padding of the
-   segments it owns (experts ``pid, pid + P, ...``) and, with a caller-given length, its share of the
+   its chunk.  ``PACKED``: the whole chunk at once; the exclusive cumsum of the int64 ``1 << 16*e`` gives in
+   field ``e`` each slot's rank among the earlier slots of its expert, and the expert's base is picked by
+   ``BLOCK_E`` selects.  Otherwise ``SB`` slots at a time: a slot's position is its expert's running base (a
+   gather from a ``[BLOCK_E]`` vector) plus its rank among the earlier slots of the same expert in the
+   sub-block (an ``[SB, SB]`` comparison, independent of the number of experts).  It also writes the padding
+   of the segments it owns (experts ``pid, pid + P, ...``) and, with a caller-given length, its share of the
    positions past the last segment.
 
 Small inputs (``T*K <= single_max``) take one launch of one program that counts, scans and scatters.
 All outputs (and the small scratch table) live in one int32 allocation, so a call costs one allocation, one
-or three launches and, in the synchronising mode, one device-to-host copy.
+to three launches and, in the synchronising mode, one device-to-host copy.
 """
 
 from __future__ import annotations
@@ -43,18 +48,30 @@ MAX_EXPERTS = 1024
 
 @triton.jit
 def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
-                                CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
-    """counts[pid, e] = #slots of expert e in the flat range [pid*CHUNK, (pid+1)*CHUNK)."""
+                                CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
+                                PACKED: tl.constexpr):
+    """counts[pid, e] = #slots of expert e in the flat range [pid*CHUNK, (pid+1)*CHUNK).  ``PACKED``
+    (``BLOCK_E <= 4``, ``CHUNK < 2**16``): one int64 sum of ``1 << 16*e`` (four 16-bit counters) instead of a
+    histogram (shared-memory atomics)."""
     pid = tl.program_id(0).to(tl.int64)
-    acc = tl.zeros([BLOCK_E], dtype=tl.int32)
+    e_ar = tl.arange(0, BLOCK_E)
+    if PACKED:
+        s = tl.zeros([BLOCK], dtype=tl.int64)
+    else:
+        acc = tl.zeros([BLOCK_E], dtype=tl.int32)
     # Trip counts are compile-time constants: the CPU interpreter (numpy >= 2.4) cannot loop to a run-time bound.
     for it in range(CHUNK // BLOCK):
         offs = pid * CHUNK + it * BLOCK + tl.arange(0, BLOCK)
         m = offs < numel
         e = tl.load(topk_ptr + offs, mask=m, other=-1)
         valid = m & (e >= 0) & (e < num_experts)
-        acc += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
-    tl.store(counts_ptr + pid * BLOCK_E + tl.arange(0, BLOCK_E), acc)
+        if PACKED:
+            s += tl.where(valid, tl.full([BLOCK], 1, tl.int64) << (tl.where(valid, e, 0) * 16), 0)
+        else:
+            acc += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
+    if PACKED:
+        acc = ((tl.sum(s, axis=0) >> (e_ar.to(tl.int64) * 16)) & 0xFFFF).to(tl.int32)
+    tl.store(counts_ptr + pid * BLOCK_E + e_ar, acc)
 
 
 @triton.jit
@@ -78,13 +95,19 @@ def _fused_mapping_scan_kernel(counts_ptr, num_chunks, TP: tl.constexpr, EB: tl.
 @triton.jit
 def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr,
                                   token_topk_to_pos_ptr, expert_start_ptr, expert_end_ptr, num_per_expert_ptr,
-                                  numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
-                                  SINGLE: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
+                                  numel, num_experts, num_expanded, alignment, num_chunks,
+                                  NUM_TOPK: tl.constexpr, SINGLE: tl.constexpr, TABLE_ROWS: tl.constexpr,
+                                  PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
                                   PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     e_ar = tl.arange(0, BLOCK_E)
+    c_start = pid.to(tl.int64) * CHUNK
+    if PACKED:  # the chunk's ids first, so that their load overlaps the count table's
+        offs = c_start + tl.arange(0, CHUNK)
+        m = offs < numel
+        e = tl.load(topk_ptr + offs, mask=m, other=-1)
 
     # ---- expert totals and this chunk's prefix over earlier chunks ----
     if SINGLE:
@@ -96,6 +119,13 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
             e = tl.load(topk_ptr + offs, mask=m, other=-1)
             valid = m & (e >= 0) & (e < num_experts)
             total += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
+    elif TABLE_ROWS > 0:
+        # The per-chunk counts (not scanned): every program sums the whole small table itself (one [rows, E]
+        # load from L2), so no scan launch is needed.
+        r = tl.arange(0, TABLE_ROWS)
+        tab = tl.load(counts_ptr + r[:, None] * BLOCK_E + e_ar[None, :], mask=(r < num_chunks)[:, None], other=0)
+        total = tl.sum(tab, axis=0)
+        prefix = tl.sum(tl.where((r < pid)[:, None], tab, 0), axis=0)
     else:
         total = tl.load(counts_ptr + num_chunks * BLOCK_E + e_ar)
         prefix = tl.load(counts_ptr + pid.to(tl.int64) * BLOCK_E + e_ar)
@@ -110,27 +140,46 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
         tl.store(expert_end_ptr + e_ar, seg_end, mask=em)
         tl.store(num_per_expert_ptr + e_ar, aligned, mask=em)
 
-    # ---- scatter this program's chunk in ascending flat order, SB slots at a time ----
+    # ---- scatter this program's chunk in ascending flat order ----
     base = seg_start + prefix
-    i_ar = tl.arange(0, SB)
-    earlier = i_ar[None, :] < i_ar[:, None]  # [i, j]: j comes before i
-    c_start = pid.to(tl.int64) * CHUNK
-    for it in range(CHUNK // SB):
-        offs = c_start + it * SB + i_ar
-        m = offs < numel
-        e = tl.load(topk_ptr + offs, mask=m, other=-1)
+    if PACKED:
+        # BLOCK_E <= 4: the whole chunk at once.  Each valid slot contributes 1 << 16*e to an int64 whose four
+        # 16-bit fields count the experts; the exclusive cumsum's field e is the slot's rank among the
+        # earlier slots of its expert (CHUNK < 2**16).  The base is picked by BLOCK_E selects (no gather).
         valid = m & (e >= 0) & (e < num_experts)
+        sh = tl.where(valid, e, 0) * 16
+        one = tl.where(valid, tl.full([CHUNK], 1, tl.int64) << sh, 0)
+        excl = tl.cumsum(one, axis=0) - one
         e32 = tl.where(valid, e, -1).to(tl.int32)
-        rank = tl.sum(((e32[:, None] == e32[None, :]) & earlier).to(tl.int32), axis=1)
-        eg = tl.where(valid, e32, 0)
-        pos = tl.gather(base, eg, axis=0) + rank
-        base += tl.histogram(eg, BLOCK_E, mask=valid)
+        pos = ((excl >> sh) & 0xFFFF).to(tl.int32)
+        for ej in tl.static_range(BLOCK_E):
+            pos += tl.where(e32 == ej, tl.sum(tl.where(e_ar == ej, base, 0), axis=0), 0)
         ok = valid & (pos < num_expanded)
         tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
         pos64 = pos.to(tl.int64)
         tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
-        tl.store(pos_to_token_ptr + pos64, (offs // num_topk).to(tl.int32), mask=ok)
+        tl.store(pos_to_token_ptr + pos64, (offs // NUM_TOPK).to(tl.int32), mask=ok)
         tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
+    else:
+        # ---- this program's chunk in ascending flat order, SB slots at a time ----
+        i_ar = tl.arange(0, SB)
+        earlier = i_ar[None, :] < i_ar[:, None]  # [i, j]: j comes before i
+        for it in range(CHUNK // SB):
+            offs = c_start + it * SB + i_ar
+            m = offs < numel
+            e = tl.load(topk_ptr + offs, mask=m, other=-1)
+            valid = m & (e >= 0) & (e < num_experts)
+            e32 = tl.where(valid, e, -1).to(tl.int32)
+            rank = tl.sum(((e32[:, None] == e32[None, :]) & earlier).to(tl.int32), axis=1)
+            eg = tl.where(valid, e32, 0)
+            pos = tl.gather(base, eg, axis=0) + rank
+            base += tl.histogram(eg, BLOCK_E, mask=valid)
+            ok = valid & (pos < num_expanded)
+            tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
+            pos64 = pos.to(tl.int64)
+            tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
+            tl.store(pos_to_token_ptr + pos64, (offs // NUM_TOPK).to(tl.int32), mask=ok)
+            tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
 
     # ---- padding at the back of the segments this program owns (experts pid, pid + P, ...) ----
     p_ar = tl.arange(0, PAD_BLOCK)
@@ -167,6 +216,8 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
 
 
 def _check_int(name: str, v, lo: int, hi: int = None) -> int:
+    if type(v) is int and v >= lo and (hi is None or v <= hi):  # the common case, first
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     if v < lo or (hi is not None and v > hi):
@@ -175,18 +226,26 @@ def _check_int(name: str, v, lo: int, hi: int = None) -> int:
     return v
 
 
-def _default_config(numel: int, interp: bool) -> dict:
+@functools.lru_cache(maxsize=64)
+def _default_config(num_experts: int, interp: bool) -> dict:
     """Launch config (a dict, so that ``python -m tritile tune`` can override it).  ``chunk``: slots per program;
     ``sb``: slots placed per step (the rank is an ``[sb, sb]`` comparison); ``single_max``: largest ``T*K``
     that takes the one-program path."""
     if interp:
-        return dict(chunk=4096, sb=64, single_max=512, num_warps=4, scan_tp=64, scan_eb=64)
-    return dict(chunk=512, sb=64, single_max=1024, num_warps=2, scan_tp=32, scan_eb=32)  # H200 sweep: 30 vs 60 us
+        return dict(chunk=4096, sb=64, single_max=512, num_warps=4, scan_tp=64, scan_eb=64, packed=True,
+                    fuse_scan=8192)
+    if num_experts <= 4:
+        # Packed ranks, two launches.  SASS (sm_90, T*K = 324612): 984 instructions per 1024-slot program
+        # (8 slots per thread, no loop, 25 barriers) against 8 x 733 per 512 slots (96 barriers) before.
+        return dict(chunk=1024, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
+                    fuse_scan=8192)
+    return dict(chunk=512, sb=64, single_max=1024, num_warps=2, scan_tp=32, scan_eb=32, packed=True,
+                fuse_scan=8192)  # H200 sweep (unpacked, 3 launches): 30 vs 60 us
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(numel: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int, num_warps: int,
-          scan_tp: int, scan_eb: int) -> dict:
+def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int,
+          num_warps: int, scan_tp: int, scan_eb: int, packed: bool, fuse_scan: int) -> dict:
     """Block sizes and chunking.  Constexprs are rounded to powers of two so that a GPU compiles few variants
     while T varies.  Cached: the host path is latency-critical."""
     block_e = max(2, next_power_of_two(num_experts))
@@ -200,30 +259,42 @@ def _plan(numel: int, num_experts: int, alignment: int, chunk: int, sb: int, sin
         num_chunks = ceil_div(numel, chunk)
     pad_block = min(1024, max(16, next_power_of_two(alignment - 1)))
     scan_eb = min(next_power_of_two(scan_eb), block_e)
-    return dict(single=single, num_chunks=num_chunks, block_e=block_e, num_warps=num_warps,
-                count=dict(CHUNK=chunk, BLOCK=min(chunk, 2048), BLOCK_E=block_e),
+    # packed: one int64 of four 16-bit counters per slot (E <= 4) instead of the [SB, SB] rank comparison.
+    packed = bool(packed) and block_e <= 4 and chunk < 2**16
+    if packed:
+        sb = 64  # unused: keep one variant
+    # table_rows > 0: the scatter sums the per-chunk count table itself (no scan launch).
+    table_rows = 0 if single else next_power_of_two(num_chunks)
+    if table_rows * block_e > fuse_scan:
+        table_rows = 0
+    return dict(single=single, num_chunks=num_chunks, block_e=block_e, num_warps=num_warps, table_rows=table_rows,
+                count=dict(CHUNK=chunk, BLOCK=min(chunk, 2048), BLOCK_E=block_e, PACKED=packed),
                 scan=dict(TP=next_power_of_two(scan_tp), EB=scan_eb, BLOCK_E=block_e),
                 scan_grid=block_e // scan_eb,
-                scatter=dict(SINGLE=single, CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
+                scatter=dict(NUM_TOPK=num_topk, SINGLE=single, TABLE_ROWS=table_rows, PACKED=packed, CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
                              PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
                              PAD_BLOCK=pad_block, TAIL_BLOCK=1024))
+
+
+@functools.lru_cache(maxsize=256)
+def _pieces(num_expanded: int, num_experts: int, numel: int, table: int):
+    """One int32 allocation cut by one split; every part starts on a 128-byte boundary.  The scratch table has
+    a row per chunk plus one for the totals.  Cached: the host path is latency-critical."""
+    pieces = []
+    for n in (num_expanded, num_expanded, num_expanded, num_experts, num_experts, num_experts, numel, table):
+        pieces += [n, align(n, 32) - n]
+    return pieces, sum(pieces)
 
 
 def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
     num_tokens, num_topk = topk_idx.shape
     numel = num_tokens * num_topk
-    c = tuned("get_fused_mapping", _default_config(numel, interpreter_configs()))
-    cfg = _plan(numel, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"], c["scan_tp"],
-                c["scan_eb"])
+    c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
+    cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
+                c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
     num_chunks = cfg["num_chunks"]
-    # One int32 allocation cut by one split; every part starts on a 128-byte boundary.  The scratch table has
-    # a row per chunk plus one for the totals.
-    sizes = (num_expanded, num_expanded, num_expanded, num_experts, num_experts, num_experts, numel,
-             0 if cfg["single"] else (num_chunks + 1) * cfg["block_e"])
-    pieces = []
-    for n in sizes:
-        pieces += [n, align(n, 32) - n]
-    buf = empty((sum(pieces),), torch.int32, topk_idx.device)
+    pieces, total = _pieces(num_expanded, num_experts, numel, 0 if cfg["single"] else (num_chunks + 1) * cfg["block_e"])
+    buf = empty((total,), torch.int32, topk_idx.device)
     parts = buf.split_with_sizes(pieces)[::2]
     pos_to_expert, pos_to_token, pos_to_token_topk, expert_start, expert_end, num_per_expert, flat_pos, counts = parts
     token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
@@ -237,12 +308,13 @@ def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignme
     if not cfg["single"]:
         _fused_mapping_count_kernel[(num_chunks,)](topk_idx, counts, numel, num_experts, **cfg["count"],
                                                    num_warps=4)
-        _fused_mapping_scan_kernel[(cfg["scan_grid"],)](counts, num_chunks, **cfg["scan"], num_warps=4)
+        if not cfg["table_rows"]:
+            _fused_mapping_scan_kernel[(cfg["scan_grid"],)](counts, num_chunks, **cfg["scan"], num_warps=4)
     # The synchronising mode slices the outputs to the segments' end, so it needs no tail fill.
     _fused_mapping_scatter_kernel[(num_chunks,)](
         topk_idx, counts, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
         expert_start, expert_end, num_per_expert,
-        numel, num_topk, num_experts, num_expanded, alignment, num_chunks,
+        numel, num_experts, num_expanded, alignment, num_chunks,
         FILL_TAIL=not sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
     return outs
 
@@ -299,7 +371,8 @@ def get_fused_mapping(
         raise ValueError("positions must fit in int32: T*K + (alignment-1)*num_experts and num_expanded_tokens "
                          f"must be < 2**31, got topk_idx of shape {(num_tokens, num_topk)}, alignment={alignment}, "
                          f"num_experts={num_experts}, num_expanded_tokens={num_expanded_tokens}")
-    if checks_enabled() and topk_idx.numel() > 0:
+    checks = checks_enabled()
+    if checks and topk_idx.numel() > 0:
         lo, hi = int(topk_idx.min()), int(topk_idx.max())
         if lo < -1 or hi >= num_experts:
             raise ValueError(f"topk_idx values must be in [-1, num_experts={num_experts}), got values in [{lo}, {hi}]")
@@ -317,7 +390,7 @@ def get_fused_mapping(
         per_expert_list = per_expert.tolist()
         n = sum(per_expert_list)
         pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:n], pos_to_token[:n], pos_to_token_topk[:n]
-    elif checks_enabled() and num_expanded_tokens > 0:
+    elif checks and num_expanded_tokens > 0:
         need = int(per_expert.sum())
         if need > num_expanded_tokens:
             raise ValueError(f"num_expanded_tokens must be at least the sum of the aligned expert counts ({need}), "
