@@ -40,6 +40,14 @@ def _same(a, b) -> bool:
     return True
 
 
+def _differs(r) -> str:
+    if r.get("passes_check") is True:
+        return "output differs from the default's, but passes the op's check against the reference"
+    if r.get("passes_check") is False:
+        return "output differs and FAILS the op's check: " + r.get("check_error", "")
+    return "output differs"
+
+
 def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, compile_only: bool = False,
         shard=(0, 1)) -> List[Dict[str, Any]]:
     """``compile_only``: run each candidate once and check its bits, without timing (several such processes can
@@ -78,6 +86,15 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
                         with poison_outputs(True):
                             got = case.fn()
                         row["same_bits"] = _same(got, base)
+                        if not row["same_bits"] and case.ref is not None and case.check is not None:
+                            # bits differ from the default's: does the candidate still pass the op's own check
+                            # against the reference (bitwise for exact ops, a tolerance for reductions)?
+                            try:
+                                case.check(got, case.ref())
+                                row["passes_check"] = True
+                            except AssertionError as e:
+                                row["passes_check"] = False
+                                row["check_error"] = str(e)[:160]
                         del got
                         us = None if compile_only else time_graph(case.fn, calls_per_graph=10, rep=10)
                     row["us"] = None if us is None else round(us, 2)
@@ -91,7 +108,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
                 bad = [r for r in rows if r.get("error") or r.get("same_bits") is False]
                 print(f"## {rows[0]['op']}: {len(rows)} candidates run, {len(bad)} bad", file=out)
                 for r in bad:
-                    print(f"   BAD {r['overrides']}: {r.get('error') or 'output differs'}", file=out)
+                    print(f"   BAD {r['overrides']}: {r.get('error') or _differs(r)}", file=out)
                 results += rows
                 continue
             # Candidates whose bits differ are still timed and listed (marked): for ops whose reductions may
@@ -102,7 +119,9 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
             print(f"\n## {rows[0]['op']} {case.params}\n   default: {default.get('us')} us "
                   f"{default.get('pct_copy', '')}% copy", file=out)
             for r in ok[:top]:
-                tag = "" if r.get("same_bits") else "  [bits differ]"
+                tag = "" if r.get("same_bits") else ("  [bits differ, passes check]" if r.get("passes_check")
+                                                     else "  [bits differ, FAILS check]"
+                                                     if r.get("passes_check") is False else "  [bits differ]")
                 print(f"   {r['us']:9.2f} us {r.get('pct_copy', ''):>6}%  {r['overrides']}{tag}", file=out)
             for r in rows:
                 if r.get("error"):
