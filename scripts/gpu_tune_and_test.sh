@@ -19,6 +19,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
     > "$R/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$R/tests0.log" ) &
 tests0=$!
 
+# optional probes first, on GPU 1 ($EXTRA1: a command line, e.g. "python3 scripts/copy_size_probe.py")
+if [ -n "${EXTRA1:-}" ]; then
+  CUDA_VISIBLE_DEVICES=1 timeout ${EXTRA1_S:-120} bash -c "$EXTRA1" > "$R/extra1.log" 2>&1; echo "extra1 rc=$?" >> "$R/extra1.log"
+  echo "== extra1"; cat "$R/extra1.log" | tail -40
+fi
+
 # phase 1: compile (and check) every candidate, ops spread over processes
 i=0; pids=()
 for op in $OPS; do
