@@ -98,3 +98,23 @@ def test_grad_w_reduce_opcheck(device):
     args = (torch.randn(3, 4, 64, device=device), w, w.clone(), torch.zeros(4, 64, device=device),
             torch.zeros(4, 64, device=device))
     torch.library.opcheck(gm._grad_w_reduce_op.op, args)
+
+
+@pytest.mark.parametrize("cfg", [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32, num_warps=8),
+                                 dict(ROWS=4, BLOCK_D=16, num_warps=1)])
+def test_grad_w_reduce_launch_configs(device, cfg):
+    """The GPU's tune candidates (P = 132 in one step or several, partial column strips) against the reference."""
+    from tritile.runtime import override_config
+
+    P, hc, H = 132, 2, 200
+    partial = torch.randn(P, hc, H, dtype=torch.float32, device=device)
+    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    gwh = torch.randn(hc, H, dtype=torch.float32, device=device)
+    gwe = torch.randn(hc, H, dtype=torch.float32, device=device)
+    ref_h, ref_e = grad_w_reduce_ref(partial, wh, we, gwh, gwe)
+    with override_config("grad_w_reduce", **cfg):
+        grad_w_reduce(partial, wh, we, gwh, gwe)
+    assert calc_diff(gwh, ref_h) < 1e-10 and calc_diff(gwe, ref_e) < 1e-10
+    torch.testing.assert_close(gwh, ref_h, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(gwe, ref_e, rtol=1e-5, atol=1e-4)

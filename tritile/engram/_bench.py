@@ -151,7 +151,15 @@ def _grad_w_reduce(device, quick):
 
     yield Case(params=dict(hidden=H), fn=fn, ref=ref, check=check, latency_bound=True,
                nbytes=count_bytes(partial, wh, we, gwh, gwe),  # TileKernels: each tensor once
-               anchor=("grad_w_reduce", dict(hidden=H)) if _gpu(device) else None)
+               anchor=("grad_w_reduce", dict(hidden=H)) if _gpu(device) else None,
+               tune=("grad_w_reduce", _GWR_TUNE) if _gpu(device) else None)
+
+
+# grad_w_reduce (P = 132, hc = 4, H = 7168); the first version's [32, 128] steps, 4 warps, come first
+_GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32, num_warps=8),
+             dict(ROWS=128, BLOCK_D=64, num_warps=4), dict(ROWS=128, BLOCK_D=64, num_warps=8),
+             dict(ROWS=256, BLOCK_D=64, num_warps=8), dict(ROWS=64, BLOCK_D=128, num_warps=8),
+             dict(ROWS=128, BLOCK_D=32, num_warps=4), dict(ROWS=256, BLOCK_D=16, num_warps=4)]
 
 
 @register("engram", "engram_hash")
