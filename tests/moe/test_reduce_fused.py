@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tritile.moe import get_fused_mapping, reduce_fused
+from tritile.runtime import override_config
 from tritile.testing import assert_equal, generate_hidden_sizes, is_gpu_run
 from tritile.torch import reduce_fused as ref_reduce
 
@@ -82,6 +83,46 @@ def test_reduce_fused_shapes(num_tokens, num_topk, hidden, device):
     out = reduce_fused(x, w, t2p, "e4m3", sf)
     assert bool((out[0].view(torch.uint8) == 0x80).all())  # sf * (+0) = -0.0
 
+
+
+# launch configs of the GPU paths (tune candidates included), run on small shapes: compacted gathers (NG) with
+# tokens holding 0, 1, 2 and more valid slots, each prefetch depth, the FMA-skipping branch, both e4m3 paths
+PATH_CONFIGS = [
+    dict(BT=1, BH=64, COL_ITERS=4, NG=1, PREFETCH=3, PREFETCH_DENSE=0, SKIP=True),
+    dict(BT=1, BH=32, COL_ITERS=5, NG=1, PREFETCH=2, PREFETCH_DENSE=3, SKIP=False, SATFINITE=False),
+    dict(BT=1, BH=64, COL_ITERS=3, NG=2, PREFETCH=1, PREFETCH_DENSE=2, SKIP=True, num_warps=2),
+    dict(BT=2, BH=32, COL_ITERS=2, NG=2, PREFETCH=3, PREFETCH_DENSE=1, SKIP=True),
+    dict(BT=1, BH=64, COL_ITERS=4, NG=0, PREFETCH=2, SKIP=True),
+    dict(BT=4, BH=64, COL_ITERS=2, NG=0, PREFETCH=1, SKIP=False, WORDS=False),
+    dict(BT=1, BH=128, COL_ITERS=1, NG=4, PREFETCH=0, SKIP=True),
+    dict(GATHER=False, BT=2, BH=64, COL_ITERS=2, SKIP=True),
+]
+
+
+@pytest.mark.parametrize("cfg", PATH_CONFIGS, ids=[str(i) for i in range(len(PATH_CONFIGS))])
+def test_reduce_fused_paths(cfg, device):
+    num_tokens, num_topk, n = 16, 6, 40
+    t2p = torch.full((num_tokens, num_topk), -1, dtype=torch.int32, device=device)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    for t in range(num_tokens):  # 0, 1, 2, ... valid slots, at random places
+        nv = [0, 1, 1, 1, 2, 1, 3, 6][t % 8]
+        ks = torch.randperm(num_topk, generator=g)[:nv]
+        t2p[t, ks] = torch.randint(0, n, (nv,), generator=g, dtype=torch.int32).to(device)
+    x = torch.randn((n, 130), dtype=torch.bfloat16, device=device)
+    w = torch.rand((num_tokens, num_topk), device=device)
+    x_sf = torch.randn((n,), device=device)
+    sf = -torch.rand((1,), device=device) - 0.5
+    with override_config("reduce_fused", **cfg):
+        for args in ((x, w, t2p, "e4m3", sf), ((x, x_sf), None, t2p, "", None), (x.float(), w, t2p, "e4m3", None),
+                     (x[:, :96], w, t2p, "", None)):
+            assert_equal(reduce_fused(*args), ref_reduce(*args))
+
+
+def test_reduce_fused_bad_config(device):
+    x = torch.randn((8, 64), device=device)
+    t2p = torch.zeros((4, 2), dtype=torch.int32, device=device)
+    with override_config("reduce_fused", NG=3), pytest.raises(ValueError, match="NG"):
+        reduce_fused(x, None, t2p)
 
 def test_reduce_fused_strided(device):
     """Row-strided x and non-contiguous weights / mapping."""

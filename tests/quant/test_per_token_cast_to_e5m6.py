@@ -8,6 +8,7 @@ from tritile.testing.generator import generate_e5m6_inputs
 from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
 from tritile.quant.per_token_cast_to_e5m6_kernel import _per_token_cast_to_e5m6_launch, per_token_cast_to_e5m6
 from tritile.testing import assert_equal, calc_diff, generate_hidden_sizes, generate_num_tokens
+from tritile.runtime import override_config
 from tritile.torch.cast_e5m6 import cast_back_from_e5m6, cast_to_e5m6
 
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed), as TileKernels tests
@@ -81,6 +82,37 @@ def test_per_token_cast_to_e5m6_chunked_rows(device):
     x = torch.randn(2, k, device=device, dtype=torch.bfloat16)
     _check(x, k, CONFIGS[1])
 
+
+
+@pytest.mark.parametrize("block_q", [4, 8])
+def test_per_token_cast_to_e5m6_quad_chunked(block_q, device):
+    """The quad kernel (bf16, K % 32 == 0) with rows wider than one block: two passes (576 = 18 quads: a
+    partial last chunk), non-finite rows included."""
+    x = (torch.randn(9, 576, device=device) * 3).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    x[2, 300] = float("-inf")
+    x[3, 575] = float("inf")
+    for flags in CONFIGS + EXTRA_CONFIGS:
+        out, sf = _per_token_cast_to_e5m6_launch(x, *flags, block_q=block_q)
+        ref_out, ref_sf = cast_to_e5m6(x, 576, *flags)
+        assert_equal(out, ref_out)
+        assert_equal(sf, ref_sf)
+
+
+def test_per_token_cast_to_e5m6_kernel_choice(device):
+    """bf16 rows that the quad kernel cannot read as int32 words (odd row stride, K % 32 != 0) and the
+    QUAD=False / BLOCK_Q overrides (tune candidates) give the same bits."""
+    big = torch.randn(7, 2 * 577, device=device, dtype=torch.bfloat16)
+    _check(big[:, 1:577].as_strided((7, 576), (577, 1)), 576, CONFIGS[0])  # odd row stride
+    _check(torch.randn(5, 72, device=device, dtype=torch.bfloat16), 72, CONFIGS[1])  # 72 % 32 != 0
+    x = torch.randn(6, 576, device=device, dtype=torch.bfloat16)
+    x[2, 5] = float("nan")
+    with override_config("per_token_cast_to_e5m6", QUAD=False):
+        _check(x, 576, CONFIGS[0])
+    with override_config("per_token_cast_to_e5m6", BLOCK_M=2, BLOCK_Q=8, num_warps=1):
+        _check(x, 576, CONFIGS[1])
+    with override_config("per_token_cast_to_e5m6", HW_RTZ=False):
+        _check(x, 576, CONFIGS[0])
 
 def _codes(out):
     """uint8 (M, K*3/2) -> int codes (M, K)."""

@@ -2,13 +2,14 @@
 
 One launch; one program per ``BT`` tokens and ``COL_ITERS`` chunks of ``BH`` columns (GPU default: one token,
 its whole row).  The program loads the ``K`` positions and scales ``s = w[t, k] (* x_sf[pos])`` once, then per
-chunk gathers the ``K`` rows ``x[token_topk_to_pos[t, k]]`` in one ``[KP, BT, BH]`` load (all in flight
-before the first FMA; the next chunk is prefetched) and accumulates ``acc = fma(x, s, acc)`` in float32 over
-``k = 0..K-1`` in order; slots with ``-1`` leave ``acc`` untouched.  Then ``acc *= sf`` (fp8 output) and
-one exact conversion (bf16 RNE / e4m3 clamp + RNE) on store.  The kernel is close to instruction-bound on
-the H200 (bf16 -> e4m3, K = 6: ~20 SASS instructions per output element), hence bf16 read as int32 pairs
-(one integer op to widen each value) and positions / scales shared by all chunks of a row.  Launch configs
-go through ``tritile.runtime.tuned("reduce_fused", ...)``.
+chunk gathers the slots' rows ``x[token_topk_to_pos[t, k]]`` in one ``[NS, BT, BH]`` load (all in flight
+before the first FMA; the next chunks are prefetched) and accumulates ``acc = fma(x, s, acc)`` in float32 over
+the valid slots in order ``k = 0..K-1``; slots with ``-1`` leave ``acc`` untouched.  Then ``acc *= sf`` (fp8
+output) and one exact conversion (bf16 RNE / e4m3 clamp + RNE) on store.  With ``NG``, a tile whose tokens
+hold at most NG valid slots gathers only those (compacted, in order): at the anchor (ep 64, 4 local experts)
+a token holds ~1 of its 6 slots, so summing all six (zeros included) cost ~22 SASS instructions per output
+element where the compacted path takes ~5.  bf16 rows are read as int32 pairs (one integer op to widen each
+value).  Launch configs go through ``tritile.runtime.tuned("reduce_fused", ...)``.
 
 ``tl.fma`` is one rounding on GPUs and two under the CPU interpreter; ``tritile.torch.reduce_fused``
 computes the same way on each backend, so results are bit-exact on both.
@@ -46,7 +47,8 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
                          WITH_XSF: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                          COL_ITERS: tl.constexpr, EVEN_H: tl.constexpr, KP: tl.constexpr, GATHER: tl.constexpr,
                          WORDS: tl.constexpr, PREFETCH: tl.constexpr,
-                         SATFINITE: tl.constexpr):
+                         SATFINITE: tl.constexpr, SKIP: tl.constexpr, NG: tl.constexpr,
+                         PREFETCH_DENSE: tl.constexpr):
     """One program per ``[BT tokens, COL_ITERS * BH columns]``.
 
     ``GATHER``: the ``K`` positions / scales are loaded once as ``[KP, BT]`` tiles and each ``BH``-wide
@@ -55,8 +57,13 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
     terms are the additive identity: ``0`` for integer bits, ``-0.0`` for floats, so it is exactly the
     selected value).  Otherwise (the first version) slot by slot, loads interleaved with the FMAs.
 
-    Invalid slots (``-1`` / out of range) contribute ``x = +0`` and ``s = 0``: ``fma(0, 0, acc) == acc``
-    because ``acc`` (starting at ``+0.0``) is never ``-0.0``, so no select is needed.
+    Invalid slots (``-1`` / out of range) contribute ``x = +0`` and ``s = -0.0``: ``fma(+0, -0.0, acc)``
+    is ``-0.0 + acc == acc`` for every ``acc`` (``-0.0`` included), exactly the reference's ``where``, so no
+    select is needed.
+
+    ``NG > 0``: tiles whose rows hold at most ``NG`` valid slots gather only those (the j-th valid slot of
+    each row, in order); the others gather all ``K`` (``PREFETCH_DENSE``).  ``SKIP``: a slot that no row of
+    the tile holds is skipped by a uniform branch (its loads are masked off anyway).
     """
     pid = tl.program_id(0)
     tb = pid // num_col_groups
@@ -65,6 +72,8 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
     rm = rows < num_tokens
     if WITH_SF:
         sfv = tl.load(sf_ptr)
+    else:
+        sfv = 1.0
     if GATHER:
         ks = tl.arange(0, KP)
         m2 = (ks < K)[:, None] & rm[None, :]  # [KP, BT]
@@ -77,21 +86,32 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
             s = tl.where(ok, 1.0, 0.0)
         if WITH_XSF:
             s = s * tl.load(xsf_ptr + p64 * stride_xsf, mask=ok, other=0.0)
-        xrow = x_ptr + p64[:, :, None] * stride_x  # [KP, BT, 1]
-        if PREFETCH:  # software pipelining: chunk c + 1 is in flight while chunk c is summed
-            nxt = _gather_chunk(xrow, ok, cg * COL_ITERS, hidden, IN_BF16, BH, EVEN_H, WORDS)
-        for c in tl.static_range(COL_ITERS):
-            if PREFETCH:
-                xt = nxt
-                if c + 1 < COL_ITERS:
-                    nxt = _gather_chunk(xrow, ok, cg * COL_ITERS + c + 1, hidden, IN_BF16, BH, EVEN_H, WORDS)
+        # invalid slots: x = +0 (masked loads) and s = -0.0, so fma(x, s, acc) = -0.0 + acc == acc for every
+        # acc (-0.0 included), exactly the reference's where
+        s = tl.where(ok, s, -0.0)
+        if NG > 0:
+            # compaction: the j-th valid slot of each row (ascending k, so the FMA order is kept).  Tiles whose
+            # rows hold at most NG valid slots (at the anchor 97 % of tokens hold one) gather only those NG
+            # rows per chunk; the others take the full gather (a uniform branch per program).
+            nvmax = tl.max(tl.sum(ok.to(tl.int32), axis=0), axis=0)
+            if nvmax <= NG:
+                rank = tl.cumsum(ok.to(tl.int32), axis=0) - 1  # [KP, BT]
+                js = tl.arange(0, NG)
+                sel = ok[None, :, :] & (rank[None, :, :] == js[:, None, None])  # [NG, KP, BT]
+                gp = tl.sum(tl.where(sel, p64[None, :, :], 0), axis=1)  # [NG, BT]
+                gs = tl.sum(tl.where(sel, s[None, :, :], -0.0), axis=1)
+                gok = tl.max(sel.to(tl.int32), axis=1) > 0
+                _reduce_chunks(x_ptr + gp[:, :, None] * stride_x, gok, gs, js, sfv, out_ptr, rows, rm, hidden,
+                               stride_out, cg, NG, IN_BF16, OUT_KIND, WITH_SF, BT, BH, COL_ITERS, EVEN_H, WORDS,
+                               PREFETCH, SATFINITE, SKIP, 1)
             else:
-                xt = _gather_chunk(xrow, ok, cg * COL_ITERS + c, hidden, IN_BF16, BH, EVEN_H, WORDS)
-            acc = _sum_slots(xt, s, ks, K, IN_BF16, BT, BH, WORDS)
-            if WITH_SF:
-                acc = acc * sfv
-            cols = (cg * COL_ITERS + c) * BH + tl.arange(0, BH)
-            _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND, EVEN_H, SATFINITE)
+                _reduce_chunks(x_ptr + p64[:, :, None] * stride_x, ok, s, ks, sfv, out_ptr, rows, rm, hidden,
+                               stride_out, cg, K, IN_BF16, OUT_KIND, WITH_SF, BT, BH, COL_ITERS, EVEN_H, WORDS,
+                               PREFETCH_DENSE, SATFINITE, True, 0)
+        else:
+            _reduce_chunks(x_ptr + p64[:, :, None] * stride_x, ok, s, ks, sfv, out_ptr, rows, rm, hidden,
+                           stride_out, cg, K, IN_BF16, OUT_KIND, WITH_SF, BT, BH, COL_ITERS, EVEN_H, WORDS,
+                           PREFETCH, SATFINITE, SKIP, 0)
     else:
         for c in tl.static_range(COL_ITERS):
             cols = (cg * COL_ITERS + c) * BH + tl.arange(0, BH)
@@ -107,16 +127,69 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
                     s = tl.full([BT], 1.0, dtype=tl.float32)
                 if WITH_XSF:
                     s = s * tl.load(xsf_ptr + p64 * stride_xsf, mask=ok, other=0.0)
-                m2 = ok[:, None] & cm[None, :]
-                if IN_BF16:
-                    bits = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0)
-                    xv = bf16_bits_to_f32(bits)
+                if SKIP:
+                    if tl.max(ok.to(tl.int32), axis=0) > 0:
+                        acc = _slot_fma(x_ptr, p64, ok, s, cols, cm, acc, stride_x, IN_BF16)
                 else:
-                    xv = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0)
-                acc = tl.where(ok[:, None], tl.fma(xv, s[:, None], acc), acc)
+                    acc = _slot_fma(x_ptr, p64, ok, s, cols, cm, acc, stride_x, IN_BF16)
             if WITH_SF:
                 acc = acc * sfv
             _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND, EVEN_H, SATFINITE)
+
+
+@triton.jit
+def _slot_fma(x_ptr, p64, ok, s, cols, cm, acc, stride_x, IN_BF16: tl.constexpr):
+    """``acc = fma(x[p], s, acc)`` on the rows where the slot is valid (the others keep ``acc``)."""
+    m2 = ok[:, None] & cm[None, :]
+    if IN_BF16:
+        bits = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0)
+        xv = bf16_bits_to_f32(bits)
+    else:
+        xv = tl.load(x_ptr + p64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0)
+    return tl.where(ok[:, None], tl.fma(xv, s[:, None], acc), acc)
+
+
+@triton.jit
+def _reduce_chunks(xrow, gok, gs, gk, sfv, out_ptr, rows, rm, hidden, stride_out, cg, NS: tl.constexpr,
+                   IN_BF16: tl.constexpr, OUT_KIND: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr,
+                   BH: tl.constexpr, COL_ITERS: tl.constexpr, EVEN_H: tl.constexpr, WORDS: tl.constexpr,
+                   PREFETCH: tl.constexpr, SATFINITE: tl.constexpr, SKIP: tl.constexpr, SKIP_FROM: tl.constexpr):
+    """Sum the ``NS`` gathered slots (row pointers ``xrow`` ``[NS, BT, 1]``, validity ``gok`` and scales ``gs``
+    ``[NS, BT]``, in FMA order) over the program's ``COL_ITERS`` chunks, scale, convert and store.
+
+    Software pipelining, PREFETCH (0..3) chunks ahead: chunks ``c + 1 .. c + PREFETCH`` are in flight while
+    chunk ``c`` is summed (``n0`` = chunk c, ``n1`` = c + 1, ``n2`` = c + 2).  ``SKIP``: slots ``j >= SKIP_FROM``
+    valid in no row of the tile are skipped (bit j of ``vmask``)."""
+    vmask = tl.sum(tl.max(gok.to(tl.int32), axis=1) << gk, axis=0)
+    c0 = cg * COL_ITERS
+    if PREFETCH >= 1:
+        n0 = _gather_chunk(xrow, gok, c0, hidden, IN_BF16, BH, EVEN_H, WORDS)
+    if PREFETCH >= 2 and COL_ITERS > 1:
+        n1 = _gather_chunk(xrow, gok, c0 + 1, hidden, IN_BF16, BH, EVEN_H, WORDS)
+    if PREFETCH >= 3 and COL_ITERS > 2:
+        n2 = _gather_chunk(xrow, gok, c0 + 2, hidden, IN_BF16, BH, EVEN_H, WORDS)
+    for c in tl.static_range(COL_ITERS):
+        if PREFETCH == 0:
+            xt = _gather_chunk(xrow, gok, c0 + c, hidden, IN_BF16, BH, EVEN_H, WORDS)
+        else:
+            xt = n0
+            if PREFETCH >= 2:
+                if c + 1 < COL_ITERS:
+                    n0 = n1
+                if PREFETCH >= 3:
+                    if c + 2 < COL_ITERS:
+                        n1 = n2
+                    if c + 3 < COL_ITERS:
+                        n2 = _gather_chunk(xrow, gok, c0 + c + 3, hidden, IN_BF16, BH, EVEN_H, WORDS)
+                elif c + 2 < COL_ITERS:
+                    n1 = _gather_chunk(xrow, gok, c0 + c + 2, hidden, IN_BF16, BH, EVEN_H, WORDS)
+            elif c + 1 < COL_ITERS:
+                n0 = _gather_chunk(xrow, gok, c0 + c + 1, hidden, IN_BF16, BH, EVEN_H, WORDS)
+        acc = _sum_slots(xt, gs, vmask, gk, NS, IN_BF16, BT, BH, WORDS, SKIP, SKIP_FROM)
+        if WITH_SF:
+            acc = acc * sfv
+        cols = (c0 + c) * BH + tl.arange(0, BH)
+        _store_rows(out_ptr, acc, rows, rm, cols, hidden, stride_out, OUT_KIND, EVEN_H, SATFINITE)
 
 
 @triton.jit
@@ -141,30 +214,48 @@ def _gather_chunk(xrow, ok, chunk, hidden, IN_BF16: tl.constexpr, BH: tl.constex
 
 
 @triton.jit
-def _sum_slots(xt, s, ks, K: tl.constexpr, IN_BF16: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
-               WORDS: tl.constexpr):
+def _sum_slots(xt, s, vmask, ks, K: tl.constexpr, IN_BF16: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+               WORDS: tl.constexpr, SKIP: tl.constexpr, SKIP_FROM: tl.constexpr):
     """``acc = fma(x_k, s_k, acc)`` for ``k = 0..K-1`` in order (float32 ``[BT, BH]``).  Slot k is taken out
     of the ``[KP, ...]`` tiles by a select-sum whose other terms are the additive identity (integer 0,
-    float -0.0): exactly the selected value, and folded away by the compiler (the KP axis is in-thread)."""
+    float -0.0): exactly the selected value, and folded away by the compiler (the KP axis is in-thread).
+    ``SKIP``: slots ``k >= SKIP_FROM`` valid in no row of the tile (bit k of ``vmask`` clear) are skipped by
+    a uniform branch;
+    ``s_k`` is extracted outside the branch, so the extraction (shuffles) is shared by all chunks."""
     if WORDS:
         acc_lo = tl.zeros([BT, BH // 2], dtype=tl.float32)
         acc_hi = tl.zeros([BT, BH // 2], dtype=tl.float32)
         for k in tl.static_range(K):
             sk = tl.sum(tl.where((ks == k)[:, None], s, -0.0), axis=0)[:, None]
-            wk = tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0)
-            acc_lo = tl.fma(bf16_bits_to_f32(wk), sk, acc_lo)
-            acc_hi = tl.fma(bf16_bits_to_f32(wk >> 16), sk, acc_hi)
+            if SKIP and k >= SKIP_FROM:
+                if (vmask >> k) & 1 != 0:
+                    wk = tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0)
+                    acc_lo = tl.fma(bf16_bits_to_f32(wk), sk, acc_lo)
+                    acc_hi = tl.fma(bf16_bits_to_f32(wk >> 16), sk, acc_hi)
+            else:
+                wk = tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0)
+                acc_lo = tl.fma(bf16_bits_to_f32(wk), sk, acc_lo)
+                acc_hi = tl.fma(bf16_bits_to_f32(wk >> 16), sk, acc_hi)
         acc = tl.join(acc_lo, acc_hi).reshape([BT, BH])
     else:
         acc = tl.zeros([BT, BH], dtype=tl.float32)
         for k in tl.static_range(K):
             sk = tl.sum(tl.where((ks == k)[:, None], s, -0.0), axis=0)[:, None]
-            if IN_BF16:
-                xk = bf16_bits_to_f32(tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0))
+            if SKIP and k >= SKIP_FROM:
+                if (vmask >> k) & 1 != 0:
+                    acc = tl.fma(_slot_values(xt, ks, k, IN_BF16), sk, acc)
             else:
-                xk = tl.sum(tl.where((ks == k)[:, None, None], xt, -0.0), axis=0)
-            acc = tl.fma(xk, sk, acc)
+                acc = tl.fma(_slot_values(xt, ks, k, IN_BF16), sk, acc)
     return acc
+
+
+@triton.jit
+def _slot_values(xt, ks, k: tl.constexpr, IN_BF16: tl.constexpr):
+    """Slot ``k``'s ``[BT, BH]`` float32 values out of the gathered ``[KP, BT, BH]`` tile."""
+    if IN_BF16:
+        return bf16_bits_to_f32(tl.sum(tl.where((ks == k)[:, None, None], xt, 0), axis=0))
+    else:
+        return tl.sum(tl.where((ks == k)[:, None, None], xt, -0.0), axis=0)
 
 
 @triton.jit
@@ -190,22 +281,33 @@ def _config(num_tokens: int, num_topk: int, hidden: int, interp: bool) -> dict:
 
     GPU: one token per program, 1024-column chunks (4 warps, 8 columns = 16 bytes of bf16 per thread and
     slot), the whole row in one program when it has at most 8 chunks (positions and weights loaded once per
-    token), chunk c + 1 loaded while chunk c is summed.  Interpreter: big tiles, few programs.
+    token).  The token's valid slots are compacted: a token holding one (97 % at the anchor, ep 64 with 4
+    local experts) gathers only that row, 3 chunks ahead (``PREFETCH=3``: 4 x 16 bytes in flight per thread);
+    tokens holding more take the full gather of all K slots (``PREFETCH_DENSE`` chunks ahead, 0: fewer
+    registers for the whole kernel).  sm_90 SASS at the anchor (K = 6, bf16 -> e4m3): ~5 instructions per
+    output element on the one-slot path, 62 registers (the previous default, all 6 slots gathered and
+    summed: 22 per element, 62 registers, 1 x 16 bytes ahead per thread).  Interpreter: big tiles.
 
     Keys: ``BT`` tokens and ``BH`` columns per chunk (powers of two), ``COL_ITERS`` chunks per program,
     ``GATHER`` (all slots' rows of a chunk in one gather; else slot by slot), ``WORDS`` (bf16 read as int32
-    pairs; GATHER only), ``PREFETCH`` (GATHER only), ``num_warps``, ``num_stages``, ``SATFINITE`` (e4m3 output
-    through ``tritile.language.cast.f32_to_e4m3_bits_satfinite`` when it exists: no clamp, 3 fewer
-    instructions per element on GPUs; identical bits except the sign of NaN codes; off by default).
+    pairs; GATHER only), ``PREFETCH`` / ``PREFETCH_DENSE`` (0..3 chunks ahead; GATHER only), ``NG`` (0 or a
+    power of two: tiles whose rows hold at most NG valid slots gather only those, compacted; 0: always all
+    K), ``SKIP`` (skip by a uniform branch the FMAs of slots that no row of the tile holds), ``num_warps``,
+    ``num_stages``, ``SATFINITE`` (e4m3 output through ``tritile.language.cast.f32_to_e4m3_bits_satfinite``:
+    no clamp before the hardware's satfinite conversion, 3 fewer instructions per element; on the GPU the
+    same bits as the clamped conversion for every input: satfinite already maps overflow and +-inf to
+    +-448, and a NaN passes the clamp unchanged into the same conversion; the interpreter's software path
+    is shared).
     """
     if interp:
         bh = max(16, min(next_power_of_two(hidden), 4096))
         bt = max(1, min(32768 // bh, next_power_of_two(num_tokens)))
-        return dict(BT=bt, BH=bh, COL_ITERS=1, GATHER=True, WORDS=True, PREFETCH=False, num_warps=4)
+        return dict(BT=bt, BH=bh, COL_ITERS=1, GATHER=True, WORDS=True, PREFETCH=0, PREFETCH_DENSE=0, NG=1,
+                    SKIP=True, SATFINITE=True, num_warps=4)
     bh = max(16, min(next_power_of_two(hidden), 1024))
     chunks = ceil_div(hidden, bh)
     return dict(BT=1, BH=bh, COL_ITERS=chunks if chunks <= 8 else 1, GATHER=True, WORDS=True,
-                PREFETCH=True, num_warps=max(1, min(4, bh // 256)))
+                PREFETCH=3, PREFETCH_DENSE=0, NG=1, SKIP=True, SATFINITE=True, num_warps=max(1, min(4, bh // 256)))
 
 
 def reduce_fused(
@@ -225,7 +327,10 @@ def reduce_fused(
         token_topk_to_pos: int32 ``(T, K)``; ``-1`` = skip.  Positions ``>= N`` are skipped too (with
             ``TRITILE_CHECKS=1`` they raise ``ValueError``).
         fp8_format: ``''`` (output dtype = ``x.dtype``) or ``'e4m3'`` (float8_e4m3fn output: clamp to
-            +-448, then round to nearest even; torch's bare CUDA cast would give NaN on overflow).
+            +-448, then round to nearest even; torch's bare CUDA cast would give NaN on overflow).  A NaN sum
+            (NaN/inf inputs, unspecified by TileKernels) gives the hardware conversion's NaN code on the GPU
+            (the canonical e4m3 NaN, 0x7F: its sign is not kept) and ``0x7F | sign`` under the CPU
+            interpreter; finite and infinite sums give the same bits on both.
         sf: float32 ``(1,)``, multiplies the sum once at the end (even for tokens without a slot, so a
             negative ``sf`` gives ``-0.0``); only with ``fp8_format='e4m3'``.
         out: optional ``(T, H)`` output of the output dtype (unit stride along ``H``), written in place.
@@ -292,6 +397,11 @@ def reduce_fused(
     else:
         ok_ = out
     w = topk_weights if topk_weights is not None else token_topk_to_pos
+    kp = next_power_of_two(max(num_topk, 1))
+    ng = int(cfg.get("NG", 0)) if cfg["GATHER"] else 0
+    if ng < 0 or ng & (ng - 1):
+        raise ValueError(f"bad reduce_fused launch config {cfg}: NG must be 0 or a power of two")
+    ng = min(ng, kp)
     _reduce_fused_kernel[(ceil_div(num_tokens, bt) * num_col_groups,)](
         xk, x_sf if x_sf is not None else x, w, token_topk_to_pos, sf if sf is not None else x, ok_,
         num_tokens, num_expanded, hidden,
@@ -300,7 +410,8 @@ def reduce_fused(
         num_col_groups,
         K=num_topk, IN_BF16=x.dtype == torch.bfloat16, OUT_KIND=out_kind, WITH_W=topk_weights is not None,
         WITH_XSF=x_sf is not None, WITH_SF=sf is not None, BT=bt, BH=bh, COL_ITERS=col_iters,
-        EVEN_H=hidden % (bh * col_iters) == 0, KP=next_power_of_two(max(num_topk, 1)), GATHER=bool(cfg["GATHER"]),
-        WORDS=words, PREFETCH=bool(cfg["PREFETCH"]) and col_iters > 1, SATFINITE=bool(cfg.get("SATFINITE", False)),
+        EVEN_H=hidden % (bh * col_iters) == 0, KP=kp, GATHER=bool(cfg["GATHER"]),
+        WORDS=words, PREFETCH=min(3, int(cfg.get("PREFETCH", 0))) if col_iters > 1 else 0, SATFINITE=bool(cfg.get("SATFINITE", False)),
+        SKIP=bool(cfg.get("SKIP", False)), NG=ng, PREFETCH_DENSE=min(3, int(cfg.get("PREFETCH_DENSE", 0))) if col_iters > 1 else 0,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3))
     return out

@@ -18,13 +18,17 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 
 
 # Tuning sweeps (``python -m tritile tune --op OP``), GPU anchor cases (8001 x 7168) only.
-# per_token_cast_to_e5m6: default one row of 8192 (7168 used) per program, 8 warps, hardware fp16 RTZ.
+# per_token_cast_to_e5m6: default the quad kernel (bf16 read as int32 words; a thread owns 32 columns: 4 x 16-byte
+# loads, 3 x 16-byte stores), one pass over a whole row in registers (256 quads, 224 used), 8 warps, hardware fp16
+# RTZ; sm_90: ~16 SASS per element, 32 registers (the previous default, first candidate: two passes of
+# 2048-column chunks, 4-byte stores at a 12-byte stride, ~22 SASS per element, 120 registers).  BLOCK_Q=32
+# candidates: two passes of 7 exact 1024-column chunks, a warp per row (x re-read from L2).
 _TUNE_E5M6 = [
-    dict(num_warps=4), dict(num_warps=16), dict(HW_RTZ=False), dict(HW_RTZ=False, num_warps=4),
-    dict(BLOCK_M=2, num_warps=8), dict(BLOCK_M=2, num_warps=16), dict(BLOCK_M=4, num_warps=16),
-    dict(BLOCK_K=4096, num_warps=4), dict(BLOCK_K=4096, num_warps=8), dict(BLOCK_K=2048, num_warps=4),
-    dict(BLOCK_K=2048, num_warps=2), dict(BLOCK_K=2048, BLOCK_M=2, num_warps=4), dict(BLOCK_K=1024, num_warps=2),
-    dict(BLOCK_K=1024, BLOCK_M=4, num_warps=4),
+    dict(QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2), dict(BLOCK_M=4, BLOCK_Q=32, num_warps=4),
+    dict(BLOCK_M=2, BLOCK_Q=32, num_warps=2), dict(BLOCK_M=1, BLOCK_Q=32, num_warps=1),
+    dict(BLOCK_M=8, BLOCK_Q=32, num_warps=8), dict(BLOCK_Q=256, num_warps=4), dict(BLOCK_Q=128, num_warps=4),
+    dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8), dict(HW_RTZ=False),
+    dict(QUAD=False, BLOCK_M=1, BLOCK_K=1024, num_warps=2),
 ]
 # cast_back_e5m6: default [2 rows, 512 groups of 8] (8192 values), 8 warps
 _TUNE_CAST_BACK = [

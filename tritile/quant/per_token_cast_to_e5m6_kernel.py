@@ -3,6 +3,11 @@
 E5M6 keeps the top 12 bits of an fp16 pattern (sign, 5-bit exponent, 6-bit mantissa); 8 codes are
 packed into 3 little-endian uint32 words (96 bits), returned as ``uint8 (M, K*3/2)``.  One scale per
 row (``num_per_channels == K``).
+
+Two kernels: bf16 rows of whole 32-column quads (``K % 32 == 0``, rows readable as int32 words) go through
+the quad kernel, in which a thread owns whole quads: 4 x 16-byte loads in, 12 words = 3 x 16-byte stores
+out, and on the GPU a whole row of up to 8192 columns stays in registers (one pass).  Other inputs (fp32,
+odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ def _e5m6_code_bounded(v, HW_RTZ: tl.constexpr):
     else:
         # t = fp16 RTZ bits >> 4; t + 1 where (t & 1) + r > 0x10000, as a carry: (r + 0xFFFF + (t & 1)) >> 17
         # (r <= 0x1FFFF); no overflow past 12 bits for |v| < 65536 (t <= 0xFBF)
-        t = (v.to(tl.float16, fp_downcast_rounding="rtz").to(tl.int16, bitcast=True).to(tl.int32) >> 4) & 0xFFF
+        # zero-extended fp16 bits: t = h >> 4 < 0x1000 needs no mask
+        t = v.to(tl.float16, fp_downcast_rounding="rtz").to(tl.uint16, bitcast=True).to(tl.int32) >> 4
         r = v.to(tl.int32, bitcast=True) & 0x1FFFF
         return t + ((r + 0xFFFF + (t & 1)) >> 17)
 
@@ -152,6 +158,157 @@ def _per_token_cast_to_e5m6_kernel(
             _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K, HW_RTZ)
 
 
+@triton.jit
+def _pack3(c0, c1, c2, c3, c4, c5, c6, c7):
+    """Eight 12-bit codes -> the 3 words of their group."""
+    w0 = (c0 << 20) | (c1 << 8) | (c2 >> 4)
+    w1 = ((c2 & 0xF) << 28) | (c3 << 16) | (c4 << 4) | (c5 >> 8)
+    w2 = ((c5 & 0xFF) << 24) | (c6 << 12) | c7
+    return w0, w1, w2
+
+
+@triton.jit
+def _stack4(a, b, c, d):
+    """Four ``[R, Q]`` tensors -> ``[R, Q, 4]`` (``a, b, c, d`` along the last axis, in-thread)."""
+    R: tl.constexpr = a.shape[0]
+    Q: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), (R, Q, 4))
+
+
+@triton.jit
+def _split4(w):
+    """``[R, Q, 4]`` -> its four ``[R, Q]`` slices along the last axis."""
+    R: tl.constexpr = w.shape[0]
+    Q: tl.constexpr = w.shape[1]
+    e, o = tl.split(tl.reshape(w, (R, Q, 2, 2)))  # e = words 0, 2; o = words 1, 3
+    w0, w2 = tl.split(e)
+    w1, w3 = tl.split(o)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _load_group(xw_row, q, qm, gi: tl.constexpr):
+    """Group ``gi`` (8 bf16 = 4 int32 words, one 16-byte load) of every quad ``q``: ``[R, Q, 4]`` words."""
+    wd = tl.arange(0, 4)
+    return tl.load(xw_row + (16 * q + 4 * gi)[None, :, None] + wd[None, None, :], mask=qm[:, :, None], other=0)
+
+
+@triton.jit
+def _absmax_quads(g0, g1, g2, g3):
+    """Per row ``max |x|`` over the bf16 pairs of four ``[R, Q, 4]`` int32 word tiles, as float32 bits with
+    NaN as +inf (an integer max of the 15-bit magnitudes, which order like the values, NaN above inf);
+    elementwise first, then one reduction."""
+    lo = tl.maximum(tl.maximum(g0 & 0x7FFF, g1 & 0x7FFF), tl.maximum(g2 & 0x7FFF, g3 & 0x7FFF))
+    hi = tl.maximum(tl.maximum(g0 & 0x7FFF0000, g1 & 0x7FFF0000), tl.maximum(g2 & 0x7FFF0000, g3 & 0x7FFF0000))
+    m = tl.max(tl.max(tl.maximum(lo << 16, hi), axis=2), axis=1)
+    return tl.minimum(m, 0x7F800000)
+
+
+@triton.jit
+def _encode_group(w, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+    """The 3 output words (each ``[R, Q]``) of group ``w`` (``[R, Q, 4]`` words of bf16 pairs).  FINITE: every
+    row has ``sf_inv > 0`` (no NaN product, no NaN patch needed)."""
+    a0, a1, a2, a3 = _split4(w)
+    s = sf_inv[:, None]
+    c0 = _quad_code((a0 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c1 = _quad_code((a0 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c2 = _quad_code((a1 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c3 = _quad_code((a1 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c4 = _quad_code((a2 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c5 = _quad_code((a2 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c6 = _quad_code((a3 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c7 = _quad_code((a3 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    return _pack3(c0, c1, c2, c3, c4, c5, c6, c7)
+
+
+@triton.jit
+def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+    v = x * sf_inv
+    code = _e5m6_code_bounded(v, HW_RTZ)
+    if not FINITE:
+        code = tl.where(v != v, _NAN_CODE | ((x.to(tl.int32, bitcast=True) >> 20) & 0x800), code)
+    return code
+
+
+@triton.jit
+def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+    """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store each as three 16-byte vectors."""
+    u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
+    u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
+    u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
+    u9, u10, u11 = _encode_group(g3, sf_inv, HW_RTZ, FINITE)
+    wd = tl.arange(0, 4)
+    op = o_row + (12 * q)[None, :, None] + wd[None, None, :]
+    m = qm[:, :, None]
+    tl.store(op, _stack4(u0, u1, u2, u3), mask=m)
+    tl.store(op + 4, _stack4(u4, u5, u6, u7), mask=m)
+    tl.store(op + 8, _stack4(u8, u9, u10, u11), mask=m)
+
+
+@triton.jit
+def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr):
+    """Tiles whose rows are all finite (``sf_inv > 0``, the common case) skip the NaN patch: one uniform
+    branch around the whole chunk (so the compiler keeps it a branch, not per-element selects)."""
+    if tl.min(sf_inv) > 0.0:
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True)
+    else:
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False)
+
+
+@triton.jit
+def _per_token_cast_to_e5m6_quad_kernel(
+    xw_ptr, out_ptr, sf_ptr,
+    M, K,
+    stride_xw, stride_oq, stride_sfm,
+    ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
+):
+    """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
+    columns: 4 x 16-byte loads in (one per group of 8), 12 words = 3 x 16-byte stores out, so every global
+    access is a full 16-byte vector.  Tile ``[BLOCK_M rows, BLOCK_Q quads]``; NUM_K_CHUNKS == 1: one pass
+    (the row stays in registers), else two passes (amax, then encode re-reading x from L2)."""
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < M
+    qs = tl.arange(0, BLOCK_Q)
+    xw_row = (xw_ptr + rows * stride_xw)[:, None, None]
+    # the output row stride is passed in quads (12 words): rows start 16-byte aligned for any K, so the
+    # compiler can prove the 16-byte stores (an int32 stride argument is only known divisible by 16 or not)
+    o_row = (out_ptr + rows * stride_oq * 12)[:, None, None]
+    nq = K // 32
+
+    if NUM_K_CHUNKS == 1:
+        qm = row_ok[:, None] & (qs < nq)[None, :]
+        g0 = _load_group(xw_row, qs, qm, 0)
+        g1 = _load_group(xw_row, qs, qm, 1)
+        g2 = _load_group(xw_row, qs, qm, 2)
+        g3 = _load_group(xw_row, qs, qm, 3)
+        ab = _absmax_quads(g0, g1, g2, g3)
+    else:
+        ab = tl.zeros((BLOCK_M,), tl.int32)
+        for c in range(NUM_K_CHUNKS):
+            q = c * BLOCK_Q + qs
+            qm = row_ok[:, None] & (q < nq)[None, :]
+            ab = tl.maximum(ab, _absmax_quads(_load_group(xw_row, q, qm, 0), _load_group(xw_row, q, qm, 1),
+                                              _load_group(xw_row, q, qm, 2), _load_group(xw_row, q, qm, 3)))
+
+    sf, sf_inv = quant_scale(ab.to(tl.float32, bitcast=True), CLAMP, MAX, ROUND_SF)
+    if PACKED:
+        tl.store(sf_ptr + rows * stride_sfm, sf_to_ue8m0(sf), mask=row_ok)
+    else:
+        tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
+
+    if NUM_K_CHUNKS == 1:
+        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ)
+    else:
+        for c in range(NUM_K_CHUNKS):
+            q = c * BLOCK_Q + qs
+            qm = row_ok[:, None] & (q < nq)[None, :]
+            _encode_store_chunk(_load_group(xw_row, q, qm, 0), _load_group(xw_row, q, qm, 1),
+                                _load_group(xw_row, q, qm, 2), _load_group(xw_row, q, qm, 3),
+                                sf_inv, o_row, q, qm, HW_RTZ)
+
+
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
     """(BLOCK_M, BLOCK_K, NUM_K_CHUNKS, num_warps): a whole row per pass up to 8192 columns."""
     interp = interpreter_configs()
@@ -169,31 +326,68 @@ def _launch_config(num_tokens: int, hidden: int, block_k=None):
     return block_m, block_k, chunks, num_warps
 
 
-def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, block_k=None):
+def _quad_launch_config(num_tokens: int, hidden: int):
+    """(BLOCK_M, BLOCK_Q, num_warps) of the quad kernel: a whole row (up to 256 quads = 8192 columns) per
+    pass, one quad (32 columns) per thread, at most 8 warps."""
+    nq = hidden // 32
+    if interpreter_configs():
+        bq = min(next_power_of_two(nq), 512)
+        return max(1, min(128, 2048 // bq)), bq, 4
+    bq = min(next_power_of_two(nq), 256)
+    block_m = max(1, 256 // bq)
+    return block_m, bq, max(1, min(8, block_m * bq // 32))
+
+
+def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, block_k=None,
+                                   block_q=None):
+    """``block_k`` forces the plain kernel with that block, ``block_q`` the quad kernel's (tests)."""
     num_tokens, hidden = x.shape
     out = empty((num_tokens, hidden // 8 * 3), torch.int32, x.device)
     sf = alloc_sf(num_tokens, hidden, (1, hidden), use_tma_aligned_col_major_sf, use_packed_ue8m0, x.device)
-    if num_tokens > 0:
-        block_m, block_k, chunks, num_warps = _launch_config(num_tokens, hidden, block_k)
-        # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): BLOCK_M, BLOCK_K (a power of two >= 8; rows
-        # wider than it take two passes), num_warps, HW_RTZ (see _e5m6_code_bounded)
-        c = tuned("per_token_cast_to_e5m6", {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": num_warps,
-                                             "HW_RTZ": True})
-        block_m, block_k, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
-        if block_k < 8 or block_k & (block_k - 1) or block_m < 1 or block_m & (block_m - 1):
-            raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: powers of two, BLOCK_K >= 8")
-        chunks = -(-hidden // block_k)
-        grid = (ceil_div(num_tokens, block_m),)
-        is_bf16 = x.dtype == torch.bfloat16
-        _per_token_cast_to_e5m6_kernel[grid](
-            x.view(torch.int16) if is_bf16 else x, out, sf,
+    if num_tokens == 0:
+        return out.view(torch.uint8), sf
+    # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): QUAD (the quad kernel; bf16 rows of whole quads
+    # only, elsewhere ignored), BLOCK_M rows, num_warps, HW_RTZ (see _e5m6_code_bounded); QUAD: BLOCK_Q quads
+    # of 32 columns per pass (a wider row takes two passes); plain: BLOCK_K columns (a power of two >= 8).
+    # Only the overridden keys are taken; the rest come from the chosen kernel's own rule.
+    over = tuned("per_token_cast_to_e5m6", {})
+    quad_ok = (x.dtype == torch.bfloat16 and hidden % 32 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+               and block_k is None)
+    if quad_ok and bool(over.get("QUAD", True)):
+        block_m, bq, num_warps = _quad_launch_config(num_tokens, hidden)
+        if block_q is not None:
+            bq = block_q
+        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, **over}
+        block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
+        if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
+            raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: BLOCK_M and BLOCK_Q powers of two")
+        xw = torch.as_strided(x.view(torch.int16), (num_tokens, hidden), (x.stride(0), 1)).view(torch.int32)
+        _per_token_cast_to_e5m6_quad_kernel[(ceil_div(num_tokens, block_m),)](
+            xw, out, sf,
             num_tokens, hidden,
-            x.stride(0), out.stride(0), sf.stride(0),
-            IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
-            CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
-            BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks, HW_RTZ=bool(c["HW_RTZ"]),
+            xw.stride(0), out.stride(0) // 12, sf.stride(0),
+            ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
+            BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq), HW_RTZ=bool(c["HW_RTZ"]),
             num_warps=num_warps,
         )
+        return out.view(torch.uint8), sf
+    block_m, block_k, _, num_warps = _launch_config(num_tokens, hidden, block_k)
+    c = {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": num_warps, "HW_RTZ": True, **over}
+    block_m, block_k, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
+    if block_k < 8 or block_k & (block_k - 1) or block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: powers of two, BLOCK_K >= 8")
+    chunks = -(-hidden // block_k)
+    grid = (ceil_div(num_tokens, block_m),)
+    is_bf16 = x.dtype == torch.bfloat16
+    _per_token_cast_to_e5m6_kernel[grid](
+        x.view(torch.int16) if is_bf16 else x, out, sf,
+        num_tokens, hidden,
+        x.stride(0), out.stride(0), sf.stride(0),
+        IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
+        CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
+        BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks, HW_RTZ=bool(c["HW_RTZ"]),
+        num_warps=num_warps,
+    )
     return out.view(torch.uint8), sf
 
 
