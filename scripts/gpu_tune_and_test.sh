@@ -15,8 +15,14 @@ COMPILE_PROCS=${COMPILE_PROCS:-12}
 OPS=${OPS:-"per_token_cast per_block_cast per_token_cast_back per_channel_cast per_channel_cast_fused per_channel_cast_and_transpose per_token_cast_to_e5m6 cast_back_e5m6 per_block_cast_lossless swiglu_forward_and_per_token_cast swiglu_backward_and_per_token_cast swiglu_forward_and_per_channel_cast_and_transpose get_fused_mapping expand_to_fused expand_to_fused_with_sf reduce_fused topk_gate normalize_weight aux_fi fused_weight engram_gate_fwd engram_gate_bwd engram_hash transpose batched_transpose"}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count(), 'GPUs')" | tee "$R/env.txt"
 
-( CUDA_VISIBLE_DEVICES=0 timeout $(( BUDGET - 20 )) python3 -m pytest -v -rf -p no:cacheprovider -n ${NPROC0:-4} $TESTS0 ${K0:+-k "$K0"} \
-    > "$R/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$R/tests0.log" ) &
+( CUDA_VISIBLE_DEVICES=0 timeout $(( BUDGET - ${SAN0_S:-0} - 20 )) python3 -m pytest -v -rf -p no:cacheprovider \
+    -n ${NPROC0:-4} $TESTS0 ${K0:+-k "$K0"} > "$R/tests0.log" 2>&1; echo "tests0 rc=$?" >> "$R/tests0.log"
+  # $SANITIZER0: compute-sanitizer memcheck on GPU 0 after its tests (CPU's small shapes), in the time left
+  if [ -n "${SANITIZER0:-}" ]; then
+    CUDA_VISIBLE_DEVICES=0 TRITILE_SMALL_SHAPES=1 timeout $(( $(left) - 12 )) compute-sanitizer --tool memcheck \
+      --leak-check no --print-limit 20 python3 -m pytest -q -p no:cacheprovider $SANITIZER0 > "$R/sanitizer0.log" 2>&1
+    echo "sanitizer0 rc=$?" >> "$R/sanitizer0.log"
+  fi ) &
 tests0=$!
 
 # optional probes first, on GPU 1 ($EXTRA1: a command line, e.g. "python3 scripts/copy_size_probe.py")
@@ -52,5 +58,5 @@ if [ -n "${SANITIZER_TESTS:-}" ]; then
     > "$R/sanitizer.log" 2>&1; echo "sanitizer rc=$?" >> "$R/sanitizer.log"
 fi
 wait $tests0
-for f in tests0 tests1 sanitizer; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
+for f in tests0 tests1 sanitizer sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
 tar -czf "$OUT/results.tgz" -C "$R" .
