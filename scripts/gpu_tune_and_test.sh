@@ -58,5 +58,5 @@ if [ -n "${SANITIZER_TESTS:-}" ]; then
     > "$R/sanitizer.log" 2>&1; echo "sanitizer rc=$?" >> "$R/sanitizer.log"
 fi
 wait $tests0
-for f in tests0 tests1 sanitizer sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
+for f in tests0 tests1 sanitizer sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4; grep -m5 -E "Invalid|out of bounds" "$R/$f.log"; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
 tar -czf "$OUT/results.tgz" -C "$R" .
