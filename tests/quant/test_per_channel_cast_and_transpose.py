@@ -110,6 +110,32 @@ def test_per_channel_cast_and_transpose_launch_configs(config, num_per_tokens, d
     assert_equal(sf, ref_sf)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf * 0
+@pytest.mark.parametrize("finite_branch", [False, True])
+@pytest.mark.parametrize("num_per_tokens,bk,warps,reps", [(128, 64, 8, 4), (128, 64, 4, 8), (128, 128, 8, 8),
+                                                         (32, 128, 4, 4), (32, 128, 2, 8), (32, 256, 4, 8)])
+def test_per_channel_cast_and_transpose_permuted_rows(num_per_tokens, bk, warps, reps, finite_branch, device):
+    """The GPU tiles with VEC=8 and the row permutation that packs each word inside a thread (PERM_ROWS:
+    4 or 8 consecutive tokens per thread), with and without FINITE_BRANCH, several row and column tiles
+    (a partial last one), one block holding inf/NaN."""
+    from tritile.quant.per_channel_cast_and_transpose_kernel import _launch, _perm_rows
+
+    bm = num_per_tokens
+    assert _perm_rows(bm, bk, warps, 8, num_per_tokens, True) == bm // reps
+    x = torch.randn(256, 320, device=device)
+    x[3, 70] = float("inf")
+    x[200, 5] = -float("inf")
+    x[37, 129] = float("nan")
+    x = x.bfloat16()
+    for rnd in (False, True):
+        config = dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=warps, VEC=8, PERM=True, PACK_WORDS=True,
+                      FINITE_BRANCH=finite_branch)
+        out, sf = _launch(x, num_per_tokens, rnd, config)
+        ref_out, ref_sf = _ref(x, num_per_tokens, rnd)
+        assert_equal(out, ref_out)
+        assert_equal(sf, ref_sf)
+
+
 def test_per_channel_cast_and_transpose_torch_compile(device):
     x = torch.randn(128, 128, device=device).bfloat16()
     fn = torch.compile(lambda t: per_channel_cast_and_transpose(t, "e4m3", 32, True), backend="eager",

@@ -166,6 +166,39 @@ def test_per_channel_cast_fused_non_finite(device):
     assert bool(((codes[:50, 12] & 0x7F) != 0).any())  # other columns are untouched
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf * 0
+@pytest.mark.parametrize("config", [dict(BLOCK_K=128, ROWS_PER_STEP=16, VEC=8, FINITE_BRANCH=True),
+                                    dict(BLOCK_K=128, ROWS_PER_STEP=16, VEC=8, FINITE_BRANCH=False),
+                                    dict(BLOCK_K=64, ROWS_PER_STEP=128, VEC=8, FINITE_BRANCH=True),
+                                    dict(BLOCK_K=256, ROWS_PER_STEP=32, VEC=8, num_warps=8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_channel_cast_fused_vec_configs(config, dtype, device):
+    """The GPU defaults (VEC=8, FINITE_BRANCH, 16-row steps) and their candidates under the interpreter,
+    gathered, with non-finite blocks: bf16 takes the column max on the bf16 patterns (NaN and inf
+    patterns clamp to inf), float32 the NaN-propagating float max."""
+    from tritile.quant.per_channel_cast_fused_kernel import _launch
+
+    x = torch.randn(50, 320, device=device)
+    x[3, 10] = float("inf")
+    x[4, 11] = -float("nan")
+    x[7, 300] = -float("inf")
+    x = x.to(dtype)
+    pos = torch.randint(-1, 50, (256,), device=device, dtype=torch.int32)
+    pos[:50] = torch.arange(50, dtype=torch.int32)
+    for rnd in (False, True):
+        out, sf = _launch(x, None, False, pos, 256, rnd, config)
+        ref_out, ref_sf = ref_fused(x, 128, None, rnd, pos)
+        assert_equal(out, ref_out)
+        assert_equal(sf, ref_sf)
+    assert sf[0, 10] == float("inf") and sf[0, 11] == float("inf") and sf[0, 300] == float("inf")
+    # no map, plain rows
+    xs = torch.randn(256, 192, device=device).to(dtype)
+    out, sf = _launch(xs, None, False, None, 256, False, config)
+    ref_out, ref_sf = ref_fused(xs, 128, None, False, None)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+
+
 def test_per_channel_cast_fused_out_of_range_map(device, monkeypatch):
     """Entries past N: rejected under TRITILE_CHECKS=1, otherwise read as padding rows (no OOB access)."""
     x = torch.randn(20, 256, device=device)

@@ -169,13 +169,11 @@ _BWD_TUNE = (
 )
 
 
-_CHANNEL_TUNE = [
-    dict(BLOCK_K=64, num_warps=2), dict(BLOCK_K=64, num_warps=4), dict(BLOCK_K=128, num_warps=8),
-    dict(BLOCK_K=256, num_warps=8), dict(BLOCK_K=256, num_warps=4), dict(BLOCK_K=512, num_warps=8),
-    dict(BLOCK_K=32, num_warps=1), dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=64, num_warps=4),
-    dict(BLOCK_M=64, BLOCK_K=128, num_warps=8), dict(FINITE_BRANCH=True),
-    dict(BLOCK_K=64, num_warps=2, FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8, FINITE_BRANCH=True),
-    dict(BLOCK_K=256, num_warps=8, FINITE_BRANCH=True)]
+_CHANNEL_TUNE = [  # default [npt, 4096 // npt] x 4 warps, VEC=8 (8 columns per thread), FINITE_BRANCH off
+    dict(VEC=0), dict(FINITE_BRANCH=True), dict(BLOCK_K=64, num_warps=2), dict(BLOCK_K=64, num_warps=2, VEC=0),
+    dict(BLOCK_K=64, num_warps=4), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=256, num_warps=8),
+    dict(BLOCK_K=256, num_warps=8, FINITE_BRANCH=True), dict(BLOCK_K=32, num_warps=1),
+    dict(BLOCK_M=64, BLOCK_K=64, num_warps=4), dict(BLOCK_M=64, BLOCK_K=128, num_warps=8)]
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")

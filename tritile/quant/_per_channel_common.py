@@ -37,7 +37,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from ..language import f32_to_e4m3_bits, quant_scale
+from ..language import bf16_bits_to_f32, f32_to_e4m3_bits, quant_scale
 from ..language.cast import EMULATE
 
 try:  # the same bits as f32_to_e4m3_bits for every non-NaN input, without the clamp on the GPU
@@ -47,8 +47,8 @@ except ImportError:  # pragma: no cover - older tritile.language
 from ..runtime import interpreter_configs
 from ..utils import next_power_of_two
 
-__all__ = ["E4M3_MAX", "E4M3_CLAMP", "column_amax", "per_channel_scale", "per_channel_encode", "all_finite",
-           "per_channel_quant_tile", "TileConfig", "per_channel_launch_config"]
+__all__ = ["E4M3_MAX", "E4M3_CLAMP", "column_amax", "column_amax_bf16", "per_channel_scale", "per_channel_encode",
+           "all_finite", "per_channel_quant_tile", "per_channel_quant_tile_bf16", "TileConfig", "per_channel_launch_config"]
 
 #: e4m3 largest finite value and amax clamp (spec §2.2).
 E4M3_MAX = tl.constexpr(448.0)
@@ -56,17 +56,51 @@ E4M3_CLAMP = tl.constexpr(1e-4)
 
 
 @triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def column_amax(x, NPT: tl.constexpr):
     """Max |x| per column over each group of ``NPT`` rows: ``[BM, BK] -> [BM // NPT, BK]`` (float32).
 
-    NaN counts as +inf (``tl.maximum`` would otherwise drop or keep it depending on the backend)."""
+    NaN counts as +inf (``tl.maximum`` would otherwise drop or keep it depending on the backend).
+    GPU: a NaN-propagating max (``max.NaN.f32``, one ``FMNMX.NAN |a|, |b|`` per element) whose NaN
+    result is mapped to +inf per column; interpreter (whose custom-combine reduce is a Python loop):
+    NaN mapped to +inf per element, then ``tl.max``.  Same value on both."""
     BM: tl.constexpr = x.shape[0]
     BK: tl.constexpr = x.shape[1]
-    ax = tl.where(x == x, tl.abs(x), float("inf"))
-    if NPT == BM:
-        return tl.reshape(tl.max(ax, axis=0), (1, BK))
+    if EMULATE:
+        ax = tl.where(x == x, tl.abs(x), float("inf"))
+        if NPT == BM:
+            m = tl.reshape(tl.max(ax, axis=0), (1, BK))
+        else:
+            m = tl.max(tl.reshape(ax, (BM // NPT, NPT, BK)), axis=1)
     else:
-        return tl.max(tl.reshape(ax, (BM // NPT, NPT, BK)), axis=1)
+        ax = tl.abs(x)
+        if NPT == BM:
+            m = tl.reshape(tl.reduce(ax, 0, _max_keep_nan), (1, BK))
+        else:
+            m = tl.reduce(tl.reshape(ax, (BM // NPT, NPT, BK)), 1, _max_keep_nan)
+        m = tl.where(m == m, m, float("inf"))
+    return m
+
+
+@triton.jit
+def column_amax_bf16(bits, NPT: tl.constexpr):
+    """:func:`column_amax` of ``bf16_bits_to_f32(bits)``, computed on the int16 bf16 patterns ``bits``
+    ``[BM, BK]``: ``max(bits & 0x7FFF)`` (non-negative patterns order like their values; NaN patterns
+    sort above inf and are clamped to it), then widened to float32.  On the GPU the mask and the max
+    work on two packed halves per instruction (``LOP3`` + ``VIMNMX.U16x2``), against an unpack, an
+    ``abs`` and an ``FMNMX`` per element in float32."""
+    BM: tl.constexpr = bits.shape[0]
+    BK: tl.constexpr = bits.shape[1]
+    a = bits & 0x7FFF
+    if NPT == BM:  # (keep_dims: a reshape of the int16 row here made Triton hold the whole tile per thread)
+        m = tl.max(a, axis=0, keep_dims=True)
+    else:
+        m = tl.max(tl.reshape(a, (BM // NPT, NPT, BK)), axis=1)
+    return (tl.minimum(m.to(tl.int32), 0x7F80) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -123,7 +157,19 @@ def per_channel_quant_tile(x, NPT: tl.constexpr, ROUND_SF: tl.constexpr, FINITE_
     row chunks: ``amax = max(column_amax(chunk, CHUNK))`` over the chunks, then
     ``per_channel_scale(amax)``, then ``per_channel_encode(chunk, sf_inv, CHUNK)`` per chunk (a second
     read of the block, from L2)."""
-    amax = column_amax(x, NPT)
+    return _quant_with_amax(x, column_amax(x, NPT), NPT, ROUND_SF, FINITE_BRANCH)
+
+
+@triton.jit
+def per_channel_quant_tile_bf16(bits, NPT: tl.constexpr, ROUND_SF: tl.constexpr,
+                                FINITE_BRANCH: tl.constexpr = False):
+    """:func:`per_channel_quant_tile` of ``bf16_bits_to_f32(bits)`` for int16 bf16 patterns ``bits``
+    (0 outside the tensor), with the column max taken on the patterns (:func:`column_amax_bf16`)."""
+    return _quant_with_amax(bf16_bits_to_f32(bits), column_amax_bf16(bits, NPT), NPT, ROUND_SF, FINITE_BRANCH)
+
+
+@triton.jit
+def _quant_with_amax(x, amax, NPT: tl.constexpr, ROUND_SF: tl.constexpr, FINITE_BRANCH: tl.constexpr):
     sf, sf_inv = per_channel_scale(amax, ROUND_SF)
     if FINITE_BRANCH:
         if all_finite(sf_inv):
@@ -148,13 +194,13 @@ def per_channel_launch_config(num_rows: int, hidden: int, npt: int, *, k_multipl
     ``block_m`` is a multiple of ``npt``; ``block_k`` a power of two and a multiple of ``k_multiple``
     (128 when a tile must hold whole 128-column input-scale groups).  ``rows_per_step`` < ``block_m``
     asks a kernel that supports it to stream the block in row chunks (two passes, few registers).
-    GPU (untuned first guess, see the kernels' ``config`` hooks): ``[128, 128]`` blocks streamed in
-    32-row steps by 4 warps.  Interpreter: one block as wide as the row (up to 1024 columns), one pass,
-    so a grid has few programs.
+    GPU (see the kernels' ``config`` hooks): ``[128, 128]`` blocks streamed in 16-row steps by 4 warps
+    (sm90 SASS analysis in ``per_channel_cast_fused_kernel._launch``).  Interpreter: one block as wide
+    as the row (up to 1024 columns), one pass, so a grid has few programs.
     """
     bm = max(128, npt)
     if interpreter_configs():
         bk = min(max(next_power_of_two(hidden), 16), 1024)
         return TileConfig(bm, max(bk, k_multiple), 4, bm)
     bk = max(128, k_multiple)
-    return TileConfig(bm, bk, 4, 32)
+    return TileConfig(bm, bk, 4, 16)

@@ -9,11 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import bf16_bits_to_f32
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
                        interpreter_configs, tuned)
 from ..utils import ceil_div
-from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile
+from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile_bf16
 from .types import QuantTensor
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -23,21 +22,49 @@ __all__ = ["per_channel_cast_and_transpose"]
 def _per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
         NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr,
-        FINITE_BRANCH: tl.constexpr):
+        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, PERM_ROWS: tl.constexpr = 0):
     """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
     output (``stride_om`` in words) and four codes of consecutive rows are packed into one
-    little-endian word before the transpose, so the tile is transposed as 32-bit elements."""
+    little-endian word before the transpose, so the tile is transposed as 32-bit elements.
+
+    ``VEC`` (> 0): the column offsets are declared contiguous in runs of ``VEC`` only, so Triton's
+    coalescing gives each thread ``VEC`` columns (one 16-byte bf16 load, one 8-byte code store for 8)
+    and spreads the threads over more rows: more rows per thread, fewer shuffles in the column max.
+    ``PERM_ROWS`` (> 0, with ``BM == NPT`` and ``PACK_WORDS``): logical tile row ``r`` holds token
+    ``REPS * (r % PERM_ROWS) + r // PERM_ROWS`` (``REPS = BM // PERM_ROWS``, a multiple of 4).  With
+    ``PERM_ROWS`` = the rows one layout repetition covers (threads per warp along rows x warps), each
+    thread's REPS row repetitions are REPS consecutive tokens, so the four codes of a word are packed
+    inside the thread (no shuffles); the column max does not depend on the row order."""
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
-    rows = pid_m * BM + tl.arange(0, BM)
+    if PERM_ROWS > 0:
+        REPS: tl.constexpr = BM // PERM_ROWS
+        tl.static_assert(BM == REPS * PERM_ROWS and REPS % 4 == 0 and BM == NPT and PACK_WORDS)
+        r = tl.arange(0, BM)
+        rows = pid_m * BM + ((r % PERM_ROWS) * REPS + r // PERM_ROWS)
+    else:
+        rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_k * BK + tl.arange(0, BK)
+    if VEC > 0:
+        cols = tl.max_contiguous(tl.multiple_of(cols, VEC), VEC)
     row_ok = rows < num_rows
     col_ok = cols < hidden
     bits = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                    other=0)
-    codes, sf = per_channel_quant_tile(bf16_bits_to_f32(bits), NPT, ROUND_SF, FINITE_BRANCH)
+    codes, sf = per_channel_quant_tile_bf16(bits, NPT, ROUND_SF, FINITE_BRANCH)
     # out[k, m] = codes[m, k]: the tile is transposed in registers/shared memory, then stored row-wise
-    if PACK_WORDS:
+    if PERM_ROWS > 0:
+        # logical row (4 * j4 + j) * PERM_ROWS + c = token REPS * c + 4 * j4 + j: byte j of word c * (REPS // 4) + j4
+        c4 = tl.reshape(codes.to(tl.int32), (REPS // 4, 4, PERM_ROWS, BK))
+        words = tl.sum(c4 << (tl.arange(0, 4) * 8)[None, :, None, None], axis=1)
+        if REPS > 4:
+            words = tl.reshape(tl.permute(words, (1, 0, 2)), (BM // 4, BK))
+        else:
+            words = tl.reshape(words, (BM // 4, BK))
+        wrows = pid_m * (BM // 4) + tl.arange(0, BM // 4)
+        tl.store(out_ptr + cols[:, None] * stride_om + wrows[None, :], tl.trans(words),
+                 mask=col_ok[:, None] & (wrows < num_rows // 4)[None, :])
+    elif PACK_WORDS:
         # byte j of word w = row 4w + j (num_rows % 4 == 0, so a word is all in or all out)
         c4 = tl.reshape(codes.to(tl.int32), (BM // 4, 4, BK))
         words = tl.sum(c4 << (tl.arange(0, 4) * 8)[None, :, None], axis=1)
@@ -52,35 +79,57 @@ def _per_channel_cast_and_transpose_kernel(
              mask=(groups < num_rows // NPT)[:, None] & col_ok[None, :])
 
 
+def _perm_rows(bm: int, bk: int, warps: int, vec: int, npt: int, words: bool) -> int:
+    """``PERM_ROWS`` for a tile: the rows one repetition of the coalesced layout covers (threads per warp
+    along rows x warps, each thread ``vec`` columns), when the tile is one scale block made of a
+    multiple of four such repetitions; else 0 (rows in order)."""
+    if vec <= 0 or not words or bm != npt:
+        return 0
+    lanes_k = min(32, max(1, bk // vec))
+    p = (32 // lanes_k) * warps
+    return p if bm % p == 0 and (bm // p) % 4 == 0 else 0
+
+
 def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Optional[dict] = None):
     """``config`` (tests) and ``tritile.runtime.tuned("per_channel_cast_and_transpose", ...)`` (sweeps):
     ``BLOCK_M`` (a multiple of npt and 4), ``BLOCK_K``, ``num_warps``, ``num_stages``, ``PACK_WORDS``,
-    ``FINITE_BRANCH`` (GPU: skip the NaN patch of finite tiles); missing keys come from the default rule."""
+    ``FINITE_BRANCH`` (GPU: skip the NaN patch of finite tiles), ``VEC`` (columns per thread, 0 = Triton's
+    choice), ``PERM`` (pack the words inside the thread through a row permutation, see the kernel; used
+    when the tile is one scale block of 4k layout repetitions), ``maxnreg`` (None: no cap); missing keys come from
+    the default rule."""
     m, k = x.shape
     out = empty((k, m), torch.float8_e4m3fn, x.device)
     sf = empty((m // num_per_tokens, k), torch.float32, x.device)
     if out.numel() == 0:
         return out, sf
     cfg = per_channel_launch_config(m, k, num_per_tokens)
+    vec = 0
     if not interpreter_configs():
-        # untuned first guess: one scale block of rows per tile (a taller tile's grouped reduction
-        # compiles to very long code on sm90), ~64 elements per thread: [128, 64] x 8 warps (128-byte
-        # rows in and out) or [32, 128] x 4 warps
-        cfg = cfg._replace(block_m=num_per_tokens, block_k=64 if num_per_tokens == 128 else 128,
-                           num_warps=8 if num_per_tokens == 128 else 4)
+        # one scale block of rows per tile (a taller tile's grouped reduction compiles to very long code on
+        # sm90), 4 warps, 8 columns per thread (VEC=8: one 16-byte load per row) and 8 rows per thread, which
+        # PERM makes 8 consecutive tokens, so the transposed words are packed in registers:
+        # [128, 64] for npt 128, [32, 256] for npt 32.  sm90 SASS (npt 128, no loops): 19.6 instructions per
+        # element, 95 registers, 20 shuffles, against 31.8, 95 and 86 for the former [128, 64] x 8 warps
+        # tile without VEC/PERM (121.2 us on the H200, TileKernels 48.6 us).  FINITE_BRANCH would save ~5
+        # more per element but needs 128 registers (tune candidate).
+        cfg = cfg._replace(block_m=num_per_tokens, block_k=64 if num_per_tokens == 128 else 256, num_warps=4)
+        vec = 8
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
-               "PACK_WORDS": True, "FINITE_BRANCH": False, **(config or {})})
+               "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None,
+               **(config or {})})
     bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]
     if bm % num_per_tokens != 0:
         raise ValueError(f"config BLOCK_M must be a multiple of num_per_tokens={num_per_tokens}, got {bm}")
+    perm = _perm_rows(bm, bk, warps, c["VEC"], num_per_tokens, words) if c["PERM"] else 0
     out_arg = out.view(torch.uint8).view(torch.int32) if words else out.view(torch.uint8)
     grid = (ceil_div(m, bm), ceil_div(k, bk))
+    extra = {} if c["maxnreg"] is None else {"maxnreg": c["maxnreg"]}
     _per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),
         NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words,
-        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), num_warps=warps,
-        num_stages=c["num_stages"])
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=c["VEC"], PERM_ROWS=perm, num_warps=warps,
+        num_stages=c["num_stages"], **extra)
     return out, sf
 
 

@@ -12,10 +12,11 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
-                       custom_op, empty, tuned)
+                       custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div
-from ._per_channel_common import (all_finite, column_amax, per_channel_encode, per_channel_launch_config,
-                                  per_channel_quant_tile, per_channel_scale)
+from ._per_channel_common import (all_finite, column_amax, column_amax_bf16, per_channel_encode,
+                                  per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
+                                  per_channel_scale)
 from .common import sf_info
 from .types import QuantTensor
 
@@ -30,8 +31,9 @@ _IN_KIND = {torch.float32: _IN_F32, torch.bfloat16: _IN_BF16, torch.float8_e4m3f
 def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
                stride_xm, stride_xsm, stride_xsk, stride_pos,
                IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
-               HAS_MAP: tl.constexpr, BK: tl.constexpr):
-    """float32 logical rows ``rows`` x columns ``cols`` (gathered, dequantized; 0 outside / on padding)."""
+               HAS_MAP: tl.constexpr, BK: tl.constexpr, RAW: tl.constexpr = False):
+    """float32 logical rows ``rows`` x columns ``cols`` (gathered, dequantized; 0 outside / on padding).
+    ``RAW`` (bf16 input without sf only): the int16 bf16 patterns instead (0 outside / on padding)."""
     BM: tl.constexpr = rows.shape[0]
     out_row_ok = rows < num_rows_out
     col_ok = cols < hidden
@@ -44,7 +46,10 @@ def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_row
         row_ok = out_row_ok
     mask = row_ok[:, None] & col_ok[None, :]
     ptrs = x_ptr + src[:, None] * stride_xm + cols[None, :]
-    if IN_KIND == 0:
+    if RAW:
+        tl.static_assert(IN_KIND == 1 and not HAS_SF)
+        x = tl.load(ptrs, mask=mask, other=0)
+    elif IN_KIND == 0:
         x = tl.load(ptrs, mask=mask, other=0.0)
     elif IN_KIND == 1:
         x = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
@@ -97,32 +102,57 @@ def _per_channel_cast_fused_kernel(
         stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om, stride_sm,
         IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-        FINITE_BRANCH: tl.constexpr):
+        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0):
     """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
     (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
     read mostly hits L2), which needs far fewer registers per thread.  ``FINITE_BRANCH`` (GPU): a
-    uniform branch leaves the NaN patch out of the encode when the tile's scales are all finite."""
+    uniform branch leaves the NaN patch out of the encode when the tile's scales are all finite.
+    ``VEC`` (> 0): the column offsets are declared contiguous in runs of ``VEC`` only, so Triton's
+    coalescing gives each thread ``VEC`` columns (8: one 16-byte bf16 load, one 8-byte code store) and
+    spreads the threads over more rows (more rows per thread: fewer shuffles in the column max).
+    bf16 input without an input sf: the column max is taken on the bf16 patterns (``BITS_AMAX``)."""
+    BITS_AMAX: tl.constexpr = IN_KIND == 1 and not HAS_SF
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     cols = pid_k * BK + tl.arange(0, BK)
+    if VEC > 0:
+        cols = tl.max_contiguous(tl.multiple_of(cols, VEC), VEC)
     col_ok = cols < hidden
     if RB >= BM:
         rows = pid_m * BM + tl.arange(0, BM)
-        x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
-                       stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
-        codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH)
+        if BITS_AMAX:  # bf16 without sf: the column max on the bf16 patterns
+            bits = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                              num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED,
+                              NPC, HAS_MAP, BK, True)
+            codes, sf = per_channel_quant_tile_bf16(bits, BM, ROUND_SF, FINITE_BRANCH)
+        else:
+            x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
+                           stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
+            codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
                  mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
     else:
         # running element-wise max |x| (NaN as +inf) of the chunks, reduced over the rows once at the end
-        acc = tl.zeros((RB, BK), tl.float32)
-        for r in tl.range(0, BM, RB):
-            rows = pid_m * BM + r + tl.arange(0, RB)
-            x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
-                           num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
-                           HAS_MAP, BK)
-            acc = tl.maximum(acc, tl.where(x == x, tl.abs(x), float("inf")))
-        sf, sf_inv = per_channel_scale(column_amax(acc, RB), ROUND_SF)
+        if BITS_AMAX:  # bf16 without sf: on the bf16 patterns (two per LOP3 / VIMNMX.U16x2 on the GPU)
+            acc16 = tl.zeros((RB, BK), tl.int16)
+            for r in tl.range(0, BM, RB):
+                rows = pid_m * BM + r + tl.arange(0, RB)
+                bits = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                                  num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF,
+                                  SF_PACKED, NPC, HAS_MAP, BK, True)
+                acc16 = tl.maximum(acc16, bits & 0x7FFF)
+            sf, sf_inv = per_channel_scale(column_amax_bf16(acc16, RB), ROUND_SF)
+        else:
+            acc = tl.zeros((RB, BK), tl.float32)
+            for r in tl.range(0, BM, RB):
+                rows = pid_m * BM + r + tl.arange(0, RB)
+                x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
+                               num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED,
+                               NPC, HAS_MAP, BK)
+                # NaN-propagating max (one FMNMX.NAN per element on the GPU; numpy's maximum propagates NaN
+                # too); column_amax maps a NaN maximum to +inf
+                acc = tl.maximum(acc, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
+            sf, sf_inv = per_channel_scale(column_amax(acc, RB), ROUND_SF)
         args = (x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, num_rows_in, num_rows_out, hidden,
                 num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om)
         if FINITE_BRANCH:
@@ -139,9 +169,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
             num_rows_out: int, round_sf: bool, config: Optional[dict] = None, name: str = "per_channel_cast_fused"):
     """``config`` (tests) and ``tritile.runtime.tuned(name, ...)`` (sweeps): ``BLOCK_K`` (a power of two; a
     multiple of 128 with an input sf), ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two
-    streamed passes), ``num_warps``, ``num_stages`` and ``FINITE_BRANCH`` (see the kernel); missing keys
-    come from the default rule.  Rows per
-    block are always 128."""
+    streamed passes), ``num_warps``, ``num_stages``, ``FINITE_BRANCH`` and ``VEC`` (see the kernel);
+    missing keys come from the default rule.  Rows per block are always 128."""
     num_rows_in, hidden = x.shape
     dev = x.device
     num_per_tokens = 128
@@ -151,8 +180,17 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         return out, sf
     has_sf = x_sf is not None
     cfg = per_channel_launch_config(num_rows_out, hidden, num_per_tokens, k_multiple=128 if has_sf else 1)
-    c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step, "num_warps": cfg.num_warps,
-                     "num_stages": 3, "FINITE_BRANCH": False, **(config or {})})
+    # GPU default (sm90 SASS of the bf16 anchor, 4096 x 7168, instructions per element counted with the
+    # loops' trip counts): [128, 128] blocks streamed in 16-row steps by 4 warps, VEC=8 (8 columns per
+    # thread: 16-byte loads, 8-byte stores, one shuffle round in the column max instead of two) and
+    # FINITE_BRANCH (a finite block's encode pass skips the NaN patch): ~11.4 instructions per element,
+    # 40 registers, against ~24 and 79 for the former [128, 128] / 32-row / no-VEC / no-branch default
+    # (43.1 us on the H200, TileKernels 25.1 us); the one-pass [128, 64] x 4 warps tile (VEC=8) needs
+    # ~18.7 per element and 80 registers.  Candidates in _bench_channel._TUNE_CHANNEL.
+    gpu = not interpreter_configs()
+    c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
+                     "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu, "VEC": 8 if gpu else 0,
+                     **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise ValueError(f"bad per-channel launch config {c}: BLOCK_K a power of two >= 16 (a multiple of 128 "
@@ -168,7 +206,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         pos_to_token.stride(0) if pos_to_token is not None else 0, out.stride(0), sf.stride(0),
         IN_KIND=_IN_KIND[x.dtype], HAS_SF=has_sf, SF_PACKED=sf_packed, NPC=128,
         HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb,
-        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), num_warps=warps, num_stages=stages)
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), num_warps=warps, num_stages=stages)
     return out, sf
 
 
