@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call on a 2-GPU machine, everything in parallel, logs packed into $OUT/results.tgz:
+#   GPU 0: the GPU tests of $TESTS0 and, meanwhile, `tune --compile-only` of every op in $OPS (parallel
+#          processes: fills Triton's cache and checks each candidate's bits);
+#   GPU 1: the probe command $EXTRA1 (timings: nothing else runs on GPU 1 meanwhile), then `python -m tritile
+#          bench --quick` of $BENCH_OPS if set;
+#   then both GPUs time the tune candidates of $OPS (two shards), and GPU 0 runs compute-sanitizer memcheck
+#   on $SANITIZER0 (the CPU's small shapes) in the time left.  Budget in seconds: $BUDGET.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; R=$(mktemp -d)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+BUDGET=${BUDGET:-500}
+start=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - start) )); }
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count(), 'GPUs')" | tee "$R/env.txt"
+
+pids=()
+if [ -n "${TESTS0:-}" ]; then
+  ( CUDA_VISIBLE_DEVICES=0 timeout ${TESTS_S:-300} python3 -m pytest -v -rf -p no:cacheprovider -n ${NPROC0:-10} \
+      $TESTS0 > "$R/tests0.log" 2>&1; echo "tests0 rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0.log" ) &
+  tests0=$!
+fi
+( i=0; cp=()
+  for op in ${OPS:-}; do
+    ( CUDA_VISIBLE_DEVICES=0 timeout ${COMPILE_S:-220} python3 -m tritile tune --compile-only --op $op \
+        > "$R/compile_$op.log" 2>&1 ) &
+    cp+=($!); i=$((i+1)); if (( i % ${COMPILE_PROCS:-12} == 0 )); then wait "${cp[@]}"; cp=(); fi
+  done; wait ) &
+compile=$!
+
+if [ -n "${EXTRA1:-}" ]; then
+  CUDA_VISIBLE_DEVICES=1 timeout ${EXTRA1_S:-120} bash -c "$EXTRA1" > "$R/extra1.log" 2>&1
+  echo "extra1 rc=$? at $(( $(date +%s) - start )) s" >> "$R/extra1.log"
+fi
+if [ -n "${BENCH_OPS:-}" ]; then
+  CUDA_VISIBLE_DEVICES=1 timeout ${BENCH_S:-200} python3 -m tritile bench --quick $(for op in $BENCH_OPS; do echo --op $op; done) \
+    --json "$R/bench.json" > "$R/bench.md" 2> "$R/bench.err"; echo "bench rc=$? at $(( $(date +%s) - start )) s" >> "$R/bench.md"
+fi
+wait $compile
+echo "compile phase done at $(( $(date +%s) - start )) s"
+if [ -n "${OPS:-}" ]; then
+  ( CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 15 )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
+      --shard 0/2 --top 6 --json "$R/tune1.json" > "$R/tune1.txt" 2>&1 ) &
+  t1=$!
+fi
+[ -n "${TESTS0:-}" ] && wait $tests0
+if [ -n "${OPS:-}" ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - ${SAN0_S:-0} - 15 )) python3 -m tritile tune \
+    $(for op in $OPS; do echo --op $op; done) --shard 1/2 --top 6 --json "$R/tune0.json" > "$R/tune0.txt" 2>&1
+fi
+if [ -n "${SANITIZER0:-}" ] && (( $(left) > 40 )); then
+  CUDA_VISIBLE_DEVICES=0 TRITILE_SMALL_SHAPES=1 timeout $(( $(left) - 12 )) compute-sanitizer --tool memcheck \
+    --leak-check no --print-limit 20 python3 -m pytest -q -p no:cacheprovider $SANITIZER0 > "$R/sanitizer0.log" 2>&1
+  echo "sanitizer0 rc=$?" >> "$R/sanitizer0.log"
+fi
+[ -n "${OPS:-}" ] && wait $t1
+tar -czf "$OUT/results.tgz" -C "$R" .
+echo "== extra1"; [ -f "$R/extra1.log" ] && tail -40 "$R/extra1.log"
+grep -h "BAD" "$R"/compile_*.log 2>/dev/null | grep -v "passes the op's check" | head -20
+for f in tune1 tune0; do [ -f "$R/$f.txt" ] && { echo "== $f"; grep -v "BAD\|^# " "$R/$f.txt" | head -120; }; done
+[ -f "$R/bench.md" ] && { echo "== bench"; grep -v "^|---" "$R/bench.md" | cut -c1-240; }
+for f in tests0 sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4
+  grep -m5 -E "Invalid|out of bounds" "$R/$f.log"; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
