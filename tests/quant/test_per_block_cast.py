@@ -6,7 +6,10 @@ GPU: TileKernels' matrix (M in {4001, 8001}, 7 hidden sizes).  CPU: M in {0, 33,
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from tritile.language.cast import f32_to_e2m1_code, f32_to_e2m1_code_finite
 from tritile.quant import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from tritile.testing import assert_equal, check_bias, generate_hidden_sizes, pick
 from tritile.torch import cast, cast_back
@@ -185,3 +188,55 @@ def test_per_block_cast_bad_tune_config(device):
     with override_config("per_block_cast", CHUNKS_PER_PROG=3):  # packed UE8M0 words need 4 blocks
         with pytest.raises(ValueError, match="CHUNKS_PER_PROG"):
             per_block_cast(x, "e4m3", (32, 32), True, True, True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_per_block_cast_pairs_and_finite(in_dtype, device):
+    """The FP4 pair-tile path (PAIRS: x read as words of two elements) and the finite-chunk encode (FINITE),
+    each on and off, against the reference: FP4 ties and saturation (hand-picked values times 2^k, so the
+    scales vary), a non-finite block next to finite ones, an even row stride (pair words) and inputs the pair
+    view cannot take (odd row stride, odd start: the plain path)."""
+    from tritile.runtime import override_config
+
+    x = hand_picked(64, 128, device, 6.0) * torch.tensor([1.0, 4.0, 2.0**-20, 3.0], device=device).repeat(32)
+    x[40, 70] = float("nan")
+    x[41, 100] = float("-inf")
+    base = torch.randn(64, 2 * 128 + 2, device=device)
+    base[:, :128] = x
+    inputs = [x, base[:, :128], base[:, 1:129], torch.randn(64, 129, device=device)[:, :128]]
+    for xin in inputs:
+        xin = xin.to(in_dtype)
+        for cfg in CONFIGS + [(False, False, False)]:
+            ref_out, ref_sf = _ref(xin, "e2m1", (32, 32), cfg)
+            for cand in [dict(PAIRS=True, FINITE=True), dict(PAIRS=True, FINITE=False),
+                         dict(PAIRS=False, FINITE=True), dict(PAIRS=False, FINITE=False, FAST=False)]:
+                with override_config("per_block_cast", **cand):
+                    out, sf = per_block_cast(xin, "e2m1", (32, 32), *cfg)
+                assert_equal(out, ref_out)
+                assert_sf_equal(sf, ref_sf, 128, 32)
+
+
+
+@triton.jit
+def _e2m1_codes_kernel(x_ptr, ref_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    tl.store(ref_ptr + offs, f32_to_e2m1_code(x), mask=m)
+    tl.store(out_ptr + offs, f32_to_e2m1_code_finite(x), mask=m)
+
+
+def test_f32_to_e2m1_code_finite(device):
+    """``tritile.language.cast.f32_to_e2m1_code_finite`` (the FINITE encode) gives ``f32_to_e2m1_code``'s codes
+    for non-NaN inputs: every FP4 tie and grid point +-16 ulps, both signs, zeros, denormals, +-inf, large and
+    random values."""
+    pts = torch.tensor([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0])
+    bits = (pts.view(torch.int32)[:, None] + torch.arange(-16, 17, dtype=torch.int32)[None, :]).reshape(-1)
+    special = torch.tensor([0.0, 1e-45, 1e-38, 1e-10, 3e38, float("inf"), 6.0000005, 5.9999995])
+    x = torch.cat([bits.view(torch.float32), special, torch.randn(4096) * 3, torch.randn(1024) * 1e3])
+    x = torch.cat([x, -x]).to(device)
+    ref = torch.empty(x.numel(), dtype=torch.int32, device=device)
+    out = torch.empty_like(ref)
+    _e2m1_codes_kernel[(triton.cdiv(x.numel(), 1024),)](x, ref, out, x.numel(), BLOCK=1024)
+    assert_equal(out, ref)

@@ -331,3 +331,20 @@ def f32_to_e2m1_code_fast(x):
     code = tl.where(abc < 0x40000000, sub, nrm)
     code = tl.where(ab > 0x7F800000, 0, code)
     return ((b >> 28) & 0x8) | code
+
+
+@triton.jit
+def f32_to_e2m1_code_finite(x):
+    """Same codes as :func:`f32_to_e2m1_code` for every non-NaN float32 (+-inf -> +-6), for callers that know
+    x is not NaN: one float clamp, then one magic-number add whose ulp is the FP4 step at ``a = min(|x|, 6)``.
+
+    With ``E = max(exponent(a), 127)`` (127 for a < 2, 128 for [2, 4), 129 for [4, 6]) and ``M = 2^(E - 105)``
+    (``2^22``, ``2^23``, ``2^24``: ulp 0.5, 1, 2, the FP4 grid steps there), ``a + M`` rounds a to the grid
+    once (RNE; a < 8 << M, so no binade change) and ``bits(a + M) - bits(M)`` counts grid steps:
+    ``rint(2a)`` = codes 0..4 below 2, ``rint(a)`` in {2, 3, 4} and ``rint(a / 2)`` in {2, 3} above, which the
+    offset ``2 * (E - 127)`` turns into codes 4..7.  Sign: x's sign bit."""
+    a = tl.minimum(tl.abs(x), 6.0)  # exact clamp (x is not NaN)
+    e = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, 127)
+    mb = (e + 22) << 23
+    y = (a + mb.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    return ((x.to(tl.int32, bitcast=True) >> 28) & 0x8) | (y - mb + 2 * (e - 127))

@@ -77,61 +77,48 @@ _PER_TOKEN_E2M1_TUNE = [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
     dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
 ]
-# 128x128 bf16 -> e4m3: one block per chunk; default CHUNKS_PER_PROG=1, 8 warps, FAST, no prefetch
+# 128x128 bf16 -> e4m3: one block per chunk; default CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, no prefetch
 _PER_BLOCK_128_TUNE = [
-    dict(FAST=False),
-    dict(num_warps=4),
+    dict(FINITE=False),  # the 2026-11-30 default (50.1 us)
+    dict(FAST=False, FINITE=False),
     dict(num_warps=16),
-    dict(CHUNKS_PER_PROG=2),
-    dict(CHUNKS_PER_PROG=2, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=4, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=7, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=14, PREFETCH=True),
+    dict(num_warps=16, CHUNKS_PER_PROG=4),
+    dict(CHUNKS_PER_PROG=1),
+    dict(CHUNKS_PER_PROG=4),
+    dict(CHUNKS_PER_PROG=7),
     dict(CHUNKS_PER_PROG=2, PREFETCH=True, num_warps=16),
     dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=16),
-    dict(CHUNKS_PER_PROG=7, PREFETCH=True, num_warps=16),
-    dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=4),
-    dict(CHUNKS_PER_PROG=4),
-]
-# 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=16 (a multiple of 4: whole UE8M0 words), 2 warps
-_PER_BLOCK_32_TUNE = [
-    dict(FAST=False),
-    dict(PREFETCH=True),
-    dict(num_warps=1),
-    dict(num_warps=1, PREFETCH=True),
     dict(num_warps=4),
-    dict(num_warps=4, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=4),
-    dict(CHUNKS_PER_PROG=4, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=8),
-    dict(CHUNKS_PER_PROG=8, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=4, num_warps=1, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=8, num_warps=1, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=4, num_warps=4),
-    dict(CHUNKS_PER_PROG=4, num_warps=4, PREFETCH=True),
-    dict(CHUNKS_PER_PROG=32, PREFETCH=True),
 ]
-# per-token e4m3 -> bf16: default BLOCK_M=4, BLOCK_K=1024, CHUNKS_PER_PROG=7 (whole rows), 4 warps,
-# hardware e4m3 decode, dynamic chunk loop
+# 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 1 warp, FAST,
+# PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)
+_PER_BLOCK_32_TUNE = [
+    dict(PAIRS=False, FINITE=False, num_warps=2),  # the 2026-11-30 default (93.9 us)
+    dict(FAST=False, PAIRS=False, FINITE=False, num_warps=2),
+    dict(FINITE=False),
+    dict(num_warps=2),
+    dict(PREFETCH=False),
+    dict(num_warps=2, PREFETCH=False),
+    dict(num_warps=4),
+    dict(CHUNKS_PER_PROG=8),
+    dict(CHUNKS_PER_PROG=8, PREFETCH=False),
+    dict(CHUNKS_PER_PROG=16, PREFETCH=False),
+]
+# per-token e4m3 -> bf16: default BLOCK_M=1, BLOCK_K=2048, CHUNKS_PER_PROG=4 (whole rows), 4 warps, hardware
+# e4m3 decode, VEC=8 (loads in the stores' layout), PREFETCH (static loop, next chunk's loads first)
 _CAST_BACK_TUNE = [
+    dict(VEC=0, PREFETCH=False),  # the 2026-11-30 default (46.4 us)
+    dict(PREFETCH=False),
+    dict(VEC=0),
     dict(HW_DECODE=False),
-    dict(UNROLL=True),
     dict(num_warps=2),
     dict(num_warps=8),
-    dict(BLOCK_M=1, num_warps=1),
-    dict(BLOCK_M=1, num_warps=2),
-    dict(BLOCK_M=1, num_warps=2, UNROLL=True),
-    dict(BLOCK_M=2, num_warps=2),
-    dict(BLOCK_M=2, num_warps=2, UNROLL=True),
-    dict(BLOCK_M=2, num_warps=4),
-    dict(BLOCK_M=8, num_warps=4),
-    dict(BLOCK_M=8, num_warps=8),
-    dict(BLOCK_M=16, num_warps=8),
-    dict(BLOCK_M=1, BLOCK_K=2048, num_warps=4),
-    dict(BLOCK_M=2, BLOCK_K=2048, num_warps=4, UNROLL=True),
-    dict(BLOCK_M=8, BLOCK_K=512, num_warps=4),
-    dict(CHUNKS_PER_PROG=1),
-    dict(CHUNKS_PER_PROG=1, BLOCK_M=8, num_warps=8),
+    dict(BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=2),
+    dict(BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=4),
+    dict(BLOCK_M=2, BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=4),
+    dict(BLOCK_K=4096, CHUNKS_PER_PROG=2, num_warps=8),
+    dict(CHUNKS_PER_PROG=2),
+    dict(BLOCK_M=4, BLOCK_K=1024, CHUNKS_PER_PROG=7, VEC=0, PREFETCH=False),
 ]
 
 

@@ -3,6 +3,9 @@
 The kernel is the generic block cast of ``per_token_cast_kernel`` (``_block_cast_kernel``) with 2D scale
 blocks: each program loads whole ``bm``-row strips in ``[BLOCK_M, BLOCK_K]`` tiles, reduces amax per
 ``(bm, bk)`` block (rows past M and columns past K do not take part), stores the scales and encodes.
+By default (speed-only flags, same bits) a chunk whose block amax is finite skips the NaN/sign patches of the
+encode (FINITE), and FP4 output from bf16/fp32 reads x as words of two elements (PAIRS: pair tiles in the
+packed bytes' layout, one warp per 32x32 block).
 """
 
 from __future__ import annotations
