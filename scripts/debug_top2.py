@@ -30,10 +30,9 @@ def run(e, s, k, g, gk, func, cfg=None, n=5001, seed=0, fixp=0.3, maskp=0.8, pm=
         d = idx != idx_r; du = unm != kwr["unmapped_topk_idx"]
         out.append((int(d.sum()), int(du.sum()), d.sum(0).tolist()))
     return out
-for func in ["sigmoid"]:
-    for params in [(64, 2, 8, 8, 3), (64, 2, 8, 8, 8), (64, 2, 8, 4, 2), (128, 2, 8, 8, 3), (64, 2, 8, 0, 0)]:
-        print(params, "default", run(*params, func), flush=True)
-    for pm, fixp, maskp in [(False, 0.3, 0.8), (True, 0.0, 1.0), (False, 0.0, 1.0)]:
-        print("pm", pm, fixp, maskp, run(64, 2, 8, 8, 3, func, pm=pm, fixp=fixp, maskp=maskp), flush=True)
-    for cfg in [(1, 8, 8, 16, 2), (2, 8, 8, 16, 1), (4, 8, 8, 16, 4), (16, 8, 8, 16, 4)]:
-        print("cfg", cfg, run(64, 2, 8, 8, 3, func, cfg=cfg), flush=True)
+for func in ["sigmoid", "softmax"]:
+    # the default config (grouped tiles padded to >= 128 slots), then the unpadded [1, 8, 8] tile that failed
+    # on the H200 (2026-11-30: ~25 % of the slots) and other layouts of it
+    print(func, "(64, 2, 8, 8, 3) default", run(64, 2, 8, 8, 3, func), flush=True)
+    for cfg in [(1, 8, 8, 16, 1), (1, 8, 8, 16, 2), (2, 8, 8, 16, 1), (4, 8, 8, 16, 4), (1, 8, 16, 16, 1)]:
+        print(func, "cfg", cfg, run(64, 2, 8, 8, 3, func, cfg=cfg), flush=True)

@@ -57,7 +57,7 @@ fi
 [ -n "${OPS:-}" ] && wait $t1
 tar -czf "$OUT/results.tgz" -C "$R" .
 echo "== extra1"; [ -f "$R/extra1.log" ] && tail -40 "$R/extra1.log"
-grep -h "BAD" "$R"/compile_*.log 2>/dev/null | grep -v "passes the op's check" | head -20
+grep -h "BAD\|DEFAULT" "$R"/compile_*.log 2>/dev/null | grep -v "passes the op's check" | head -20
 for f in tune1 tune0; do [ -f "$R/$f.txt" ] && { echo "== $f"; grep -v "BAD\|^# " "$R/$f.txt" | head -120; }; done
 [ -f "$R/bench.md" ] && { echo "== bench"; grep -v "^|---" "$R/bench.md" | cut -c1-240; }
 for f in tests0 sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4

@@ -75,12 +75,22 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
             # rows of a TMA-aligned sf) reads the same in every call; timing runs without it.
             with poison_outputs(True):
                 base = _snapshot(case.fn())
+            default_error = None
+            if case.ref is not None and case.check is not None:  # the default itself against the reference
+                try:
+                    case.check(base, case.ref())
+                except AssertionError as e:
+                    default_error = str(e)[:200]
+                    print(f"## {bop.op} {case.params}: the DEFAULT FAILS the op's check: {default_error}",
+                          file=out, flush=True)
             if not compile_only:
                 time_graph(case.fn, calls_per_graph=10, rep=5)  # warm-up: the first timing of a process runs slow
             rows = []
             for cand in [{}] + list(candidates):
                 row = dict(op=bop.op + (f"[{case.label}]" if case.label else ""), config=name, overrides=cand,
                            params=case.params)
+                if not cand and default_error:
+                    row["default_error"] = default_error
                 try:
                     with override_config(name, **cand):
                         with poison_outputs(True):

@@ -127,6 +127,12 @@ def _config(groups: int, per_group: int, slots: int, interpret: bool):
     if interpret:
         return max(1, 16384 // (bg * beg)), bg, beg, bp, 1
     # One token per program, one warp per 256 experts (TileKernels: a warp per token).
+    # A grouped [1, 8, 8] tile (64 experts in 8 groups, 2 elements per thread) selected wrong experts on the
+    # H200 (Triton 3.6; about a quarter of the slots; the interpreter and every tile of >= 128 elements,
+    # [1, 8, 16] and [1, 16, 8] included, were right): pad the per-group width so a tile holds >= 128 slots
+    # (the padding is masked, as for groups of 5 experts).
+    if groups > 1:
+        beg = max(beg, 128 // bg)
     return 1, bg, beg, bp, max(1, min(4, bg * beg // 256))
 
 
