@@ -628,10 +628,12 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     # for the two passes, which took 1165 us on the H200, 2026-11-30).  SASS (sm_90, BLOCK_H = 8192, 16 warps,
     # FPREFETCH=1, W_RESIDENT): 128 registers, 4 scalar spills (16 bytes) per token, 16-byte loads and stores of
     # every row; FPREFETCH=2 spills 104 bytes, 32 warps cap at 64 registers and spill in the loop.
+    # H200 sweep (2026-11-30, T=8001, hc=4, H=7168, CUDA-graph us): the one-pass kernel took 1211 us, the two
+    # passes 1167 us (both far from TileKernels' 644 us): FUSED stays a candidate, off by default.
     fwarps = min(16, max(4, next_power_of_two(H) // 512)) if not interp() else 4
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
                                          COEF=True, SPLIT=split, PREFETCH=True,
-                                         FUSED=True, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True))
+                                         FUSED=False, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True))
 
 
 def engram_gate_bwd(

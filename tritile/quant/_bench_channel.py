@@ -22,27 +22,22 @@ _M = "quant"
 # Tuning sweeps (``python -m tritile tune --op OP``), GPU anchor cases only.  Plain per-channel cast, 128-row
 # blocks: BLOCK_K columns per program, ROWS_PER_STEP (128: the block in registers, one read; else two
 # streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles), VEC (columns per thread; 0 =
-# Triton's choice).  Default: BLOCK_K=128, ROWS_PER_STEP=16, 4 warps, VEC=8, FINITE_BRANCH (the first
-# candidate is the former default, 43.1 us).
-_TUNE_CHANNEL = [
-    dict(ROWS_PER_STEP=32, VEC=0, FINITE_BRANCH=False), dict(FINITE_BRANCH=False), dict(ROWS_PER_STEP=32),
-    dict(ROWS_PER_STEP=8), dict(BLOCK_K=64), dict(BLOCK_K=256, num_warps=8), dict(num_warps=8),
-    dict(num_stages=1), dict(BLOCK_K=64, ROWS_PER_STEP=128, FINITE_BRANCH=False),
-    dict(BLOCK_K=64, ROWS_PER_STEP=128), dict(BLOCK_K=64, ROWS_PER_STEP=128, num_warps=8, FINITE_BRANCH=False),
-    dict(BLOCK_K=128, ROWS_PER_STEP=128, num_warps=8, FINITE_BRANCH=False),
+# Triton's choice).
+_TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, VEC=8, FINITE_BRANCH off
+    dict(BLOCK_K=128, ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(BLOCK_K=128, ROWS_PER_STEP=32),
+    dict(BLOCK_K=32), dict(BLOCK_K=32, num_warps=2), dict(num_warps=2), dict(num_warps=8), dict(VEC=0),
+    dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=64),
 ]
-# per_channel_cast_and_transpose.  Defaults: npt 128: [128, 64] x 4 warps, npt 32: [32, 256] x 4 warps; VEC=8,
-# PERM (each thread's 8 rows are 8 consecutive tokens: words packed in registers), FINITE_BRANCH off, words.
-# The first candidate of each list is the former default (npt 128: 121.2 us).
+# per_channel_cast_and_transpose.  Defaults (H200 sweep, 2026-11-30): npt 128: [128, 32] x 2 warps, npt 32:
+# [32, 128] x 2 warps; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
+# FINITE_BRANCH off, words.  The first candidate of each list is the first version (npt 128: 121.2 us).
 _TUNE_TRANSPOSE = {
-    128: [dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False), dict(FINITE_BRANCH=True), dict(num_warps=8),
-          dict(num_warps=8, FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=32, num_warps=2),
-          dict(BLOCK_K=32, num_warps=4), dict(num_stages=1), dict(PERM=False), dict(maxnreg=96, FINITE_BRANCH=True),
-          dict(BLOCK_K=128, num_warps=8, FINITE_BRANCH=True)],
-    32: [dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=128, num_warps=2),
-         dict(BLOCK_K=128, num_warps=4), dict(FINITE_BRANCH=True), dict(BLOCK_K=64, num_warps=2),
-         dict(BLOCK_K=128, num_warps=2, FINITE_BRANCH=True), dict(num_warps=8), dict(num_stages=1),
-         dict(PERM=False), dict(BLOCK_M=64, BLOCK_K=128, num_warps=4, VEC=0, PERM=False)],
+    128: [dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False), dict(BLOCK_K=64, num_warps=4),
+          dict(FINITE_BRANCH=True), dict(maxnreg=96, FINITE_BRANCH=True), dict(BLOCK_K=16, num_warps=1),
+          dict(BLOCK_K=64, num_warps=2), dict(num_warps=4), dict(num_stages=1), dict(PERM=False)],
+    32: [dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
+         dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),
+         dict(BLOCK_K=64, num_warps=2), dict(num_stages=1), dict(PERM=False)],
 }
 
 

@@ -111,8 +111,10 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         # [128, 64] for npt 128, [32, 256] for npt 32.  sm90 SASS (npt 128, no loops): 19.6 instructions per
         # element, 95 registers, 20 shuffles, against 31.8, 95 and 86 for the former [128, 64] x 8 warps
         # tile without VEC/PERM (121.2 us on the H200, TileKernels 48.6 us).  FINITE_BRANCH would save ~5
-        # more per element but needs 128 registers (tune candidate).
-        cfg = cfg._replace(block_m=num_per_tokens, block_k=64 if num_per_tokens == 128 else 256, num_warps=4)
+        # more per element but needs 128 registers (tune candidate).  H200 sweep (2026-11-30, 8064 x 7168,
+        # CUDA-graph us): 2 warps beat 4 at the same elements per thread, [128, 32] 56.4 us against [128, 64]
+        # 60.4 us (npt 128), [32, 128] 57.0 us against [32, 256] x 4 warps 93.4 us (npt 32).
+        cfg = cfg._replace(block_m=num_per_tokens, block_k=32 if num_per_tokens == 128 else 128, num_warps=2)
         vec = 8
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,

@@ -180,16 +180,19 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         return out, sf
     has_sf = x_sf is not None
     cfg = per_channel_launch_config(num_rows_out, hidden, num_per_tokens, k_multiple=128 if has_sf else 1)
-    # GPU default (sm90 SASS of the bf16 anchor, 4096 x 7168, instructions per element counted with the
-    # loops' trip counts): [128, 128] blocks streamed in 16-row steps by 4 warps, VEC=8 (8 columns per
-    # thread: 16-byte loads, 8-byte stores, one shuffle round in the column max instead of two) and
-    # FINITE_BRANCH (a finite block's encode pass skips the NaN patch): ~11.4 instructions per element,
-    # 40 registers, against ~24 and 79 for the former [128, 128] / 32-row / no-VEC / no-branch default
-    # (43.1 us on the H200, TileKernels 25.1 us); the one-pass [128, 64] x 4 warps tile (VEC=8) needs
-    # ~18.7 per element and 80 registers.  Candidates in _bench_channel._TUNE_CHANNEL.
+    # GPU default, from the H200 sweep of 2026-11-30 (4096 x 7168 bf16, CUDA-graph us): without an input sf,
+    # one pass over a [128, 64] tile held in registers by 4 warps, VEC=8 (8 columns per thread), no
+    # FINITE_BRANCH: 30.5 us, against 49.2 us for [128, 128] streamed in 16-row steps with FINITE_BRANCH (the
+    # SASS-count favourite: ~11.4 instructions per element, but two dependent passes), 36.2 us for 32-row
+    # steps, 35.9 us for the one-pass tile with FINITE_BRANCH, and 41.8 us for the first version.  With an
+    # input sf (BLOCK_K a multiple of 128): 32-row steps of [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL.
     gpu = not interpreter_configs()
+    if gpu:
+        one_pass = not has_sf
+        cfg = cfg._replace(block_k=64 if one_pass else 128, rows_per_step=128 if one_pass else 32)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
-                     "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu, "VEC": 8 if gpu else 0,
+                     "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
+                     "VEC": 8 if gpu else 0,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
