@@ -18,7 +18,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 pids=()
 if [ -n "${TESTS0:-}" ]; then
   ( CUDA_VISIBLE_DEVICES=0 timeout ${TESTS_S:-300} python3 -m pytest -v -rf -p no:cacheprovider -n ${NPROC0:-10} \
-      $TESTS0 > "$R/tests0.log" 2>&1; echo "tests0 rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0.log" ) &
+      $TESTS0 > "$R/tests0.log" 2>&1; echo "tests0 rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0.log"
+    # $TESTS0B: a second batch in the time left (its own log, so the first batch's summary is kept)
+    if [ -n "${TESTS0B:-}" ]; then
+      CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - 15 )) python3 -m pytest -v -rf -p no:cacheprovider \
+        -n ${NPROC0:-10} $TESTS0B > "$R/tests0b.log" 2>&1
+      echo "tests0b rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0b.log"
+    fi ) &
   tests0=$!
 fi
 ( i=0; cp=()
@@ -33,8 +39,9 @@ if [ -n "${EXTRA1:-}" ]; then
   CUDA_VISIBLE_DEVICES=1 timeout ${EXTRA1_S:-120} bash -c "$EXTRA1" > "$R/extra1.log" 2>&1
   echo "extra1 rc=$? at $(( $(date +%s) - start )) s" >> "$R/extra1.log"
 fi
-if [ -n "${BENCH_OPS:-}" ]; then
-  CUDA_VISIBLE_DEVICES=1 timeout ${BENCH_S:-200} python3 -m tritile bench --quick $(for op in $BENCH_OPS; do echo --op $op; done) \
+if [ -n "${BENCH_OPS:-}" ]; then  # "all": every registered op
+  CUDA_VISIBLE_DEVICES=1 timeout ${BENCH_S:-200} python3 -m tritile bench --quick \
+    $([ "$BENCH_OPS" = all ] || for op in $BENCH_OPS; do echo --op $op; done) \
     --json "$R/bench.json" > "$R/bench.md" 2> "$R/bench.err"; echo "bench rc=$? at $(( $(date +%s) - start )) s" >> "$R/bench.md"
 fi
 wait $compile
@@ -44,7 +51,7 @@ if [ -n "${OPS:-}" ]; then
       --shard 0/2 --top 6 --json "$R/tune1.json" > "$R/tune1.txt" 2>&1 ) &
   t1=$!
 fi
-[ -n "${TESTS0:-}" ] && wait $tests0
+[ -n "${TESTS0:-}" ] && [ -n "${OPS:-}" ] && wait $tests0
 if [ -n "${OPS:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - ${SAN0_S:-0} - 15 )) python3 -m tritile tune \
     $(for op in $OPS; do echo --op $op; done) --shard 1/2 --top 6 --json "$R/tune0.json" > "$R/tune0.txt" 2>&1
@@ -55,10 +62,13 @@ if [ -n "${SANITIZER0:-}" ] && (( $(left) > 40 )); then
   echo "sanitizer0 rc=$?" >> "$R/sanitizer0.log"
 fi
 [ -n "${OPS:-}" ] && wait $t1
+[ -n "${TESTS0:-}" ] && wait $tests0
+# $EXTRA1B: a second probe on GPU 1 after the benchmark and the sweeps
+[ -n "${EXTRA1B:-}" ] && CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 10 )) bash -c "$EXTRA1B" >> "$R/extra1.log" 2>&1
 tar -czf "$OUT/results.tgz" -C "$R" .
 echo "== extra1"; [ -f "$R/extra1.log" ] && tail -40 "$R/extra1.log"
 grep -h "BAD\|DEFAULT" "$R"/compile_*.log 2>/dev/null | grep -v "passes the op's check" | head -20
 for f in tune1 tune0; do [ -f "$R/$f.txt" ] && { echo "== $f"; grep -v "BAD\|^# " "$R/$f.txt" | head -120; }; done
 [ -f "$R/bench.md" ] && { echo "== bench"; grep -v "^|---" "$R/bench.md" | cut -c1-240; }
-for f in tests0 sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4
+for f in tests0 tests0b sanitizer0; do [ -f "$R/$f.log" ] && { echo "== $f"; grep -E "passed|failed|rc=|ERROR SUMMARY" "$R/$f.log" | tail -4
   grep -m5 -E "Invalid|out of bounds" "$R/$f.log"; grep -E "^FAILED|^ERROR|\] FAILED|\] ERROR" "$R/$f.log" | sort -u | head -30; }; done
