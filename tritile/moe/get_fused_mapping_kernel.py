@@ -93,6 +93,19 @@ def _fused_mapping_scan_kernel(counts_ptr, num_chunks, TP: tl.constexpr, EB: tl.
 
 
 @triton.jit
+def _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m, valid,
+                 pos, e32, num_expanded, NUM_TOPK: tl.constexpr):
+    """Write a block of flat slots ``offs`` (``m``: in range) placed at ``pos``: token_topk_to_pos (-1 for an
+    invalid slot or one past ``num_expanded``) and, for the placed ones, the three inverse maps."""
+    ok = valid & (pos < num_expanded)
+    tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
+    pos64 = pos.to(tl.int64)
+    tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
+    tl.store(pos_to_token_ptr + pos64, (offs // NUM_TOPK).to(tl.int32), mask=ok)
+    tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
+
+
+@triton.jit
 def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr,
                                   token_topk_to_pos_ptr, expert_start_ptr, expert_end_ptr, num_per_expert_ptr,
                                   numel, num_experts, num_expanded, alignment, num_chunks,
@@ -154,12 +167,8 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
         pos = ((excl >> sh) & 0xFFFF).to(tl.int32)
         for ej in tl.static_range(BLOCK_E):
             pos += tl.where(e32 == ej, tl.sum(tl.where(e_ar == ej, base, 0), axis=0), 0)
-        ok = valid & (pos < num_expanded)
-        tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
-        pos64 = pos.to(tl.int64)
-        tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
-        tl.store(pos_to_token_ptr + pos64, (offs // NUM_TOPK).to(tl.int32), mask=ok)
-        tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
+        _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
+                     valid, pos, e32, num_expanded, NUM_TOPK)
     else:
         # ---- this program's chunk in ascending flat order, SB slots at a time ----
         i_ar = tl.arange(0, SB)
@@ -174,12 +183,8 @@ def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_t
             eg = tl.where(valid, e32, 0)
             pos = tl.gather(base, eg, axis=0) + rank
             base += tl.histogram(eg, BLOCK_E, mask=valid)
-            ok = valid & (pos < num_expanded)
-            tl.store(token_topk_to_pos_ptr + offs, tl.where(ok, pos, -1), mask=m)
-            pos64 = pos.to(tl.int64)
-            tl.store(pos_to_expert_ptr + pos64, e32, mask=ok)
-            tl.store(pos_to_token_ptr + pos64, (offs // NUM_TOPK).to(tl.int32), mask=ok)
-            tl.store(pos_to_token_topk_ptr + pos64, offs.to(tl.int32), mask=ok)
+            _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
+                         valid, pos, e32, num_expanded, NUM_TOPK)
 
     # ---- padding at the back of the segments this program owns (experts pid, pid + P, ...) ----
     p_ar = tl.arange(0, PAD_BLOCK)

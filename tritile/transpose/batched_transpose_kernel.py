@@ -49,6 +49,29 @@ def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride
 
 
 @triton.jit
+def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN: tl.constexpr):
+    """Store the transpose of a [BLOCK_M4, 4, BLOCK_N4] tile of input words (rows 4r + i, words w): byte j of
+    each word, from row i, lands in byte i of output word (n = 4w + j, r)."""
+    shifts = (8 * tl.arange(0, 4))[None, :, None]
+    o0 = tl.trans(tl.sum(((words >> 0) & 0xFF) << shifts, axis=1))  # [BN4, BM4]
+    o1 = tl.trans(tl.sum(((words >> 8) & 0xFF) << shifts, axis=1))
+    o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
+    o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
+    o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
+    if EVEN:
+        tl.store(o_ptrs, o0)
+        tl.store(o_ptrs + stride_on, o1)
+        tl.store(o_ptrs + 2 * stride_on, o2)
+        tl.store(o_ptrs + 3 * stride_on, o3)
+    else:
+        omask = (w[:, None] < N4) & (r[None, :] < M4)
+        tl.store(o_ptrs, o0, mask=omask)
+        tl.store(o_ptrs + stride_on, o1, mask=omask)
+        tl.store(o_ptrs + 2 * stride_on, o2, mask=omask)
+        tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
+
+
+@triton.jit
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                    BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
@@ -67,24 +90,7 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
         words = tl.load(x_ptrs)
     else:
         words = tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
-    # byte j of each word, from row i, lands in byte i of output word (n = 4w + j, r)
-    shifts = (8 * i)[None, :, None]
-    o0 = tl.trans(tl.sum(((words >> 0) & 0xFF) << shifts, axis=1))  # [BN4, BM4]
-    o1 = tl.trans(tl.sum(((words >> 8) & 0xFF) << shifts, axis=1))
-    o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
-    o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
-    o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
-    if EVEN:
-        tl.store(o_ptrs, o0)
-        tl.store(o_ptrs + stride_on, o1)
-        tl.store(o_ptrs + 2 * stride_on, o2)
-        tl.store(o_ptrs + 3 * stride_on, o3)
-    else:
-        omask = (w[:, None] < N4) & (r[None, :] < M4)
-        tl.store(o_ptrs, o0, mask=omask)
-        tl.store(o_ptrs + stride_on, o1, mask=omask)
-        tl.store(o_ptrs + 2 * stride_on, o2, mask=omask)
-        tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
+    _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
 
 
 @triton.jit
@@ -112,8 +118,6 @@ def _batched_transpose_u8x4_persist_kernel(x_ptr, out_ptr, M4, N4, stride_xb, st
     (two tiles of loads in flight per program, no tail wave)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    i = tl.arange(0, 4)
-    shifts = (8 * i)[None, :, None]
     words = _u8x4_tile_words(x_ptr, pid, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm, BLOCK_M4, BLOCK_N4, EVEN)
     t = pid
     while t < num_tiles:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
@@ -125,22 +129,7 @@ def _batched_transpose_u8x4_persist_kernel(x_ptr, out_ptr, M4, N4, stride_xb, st
         rem = t % tiles_mn
         r = (rem // tiles_n).to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
         w = (rem % tiles_n).to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
-        o0 = tl.trans(tl.sum(((words >> 0) & 0xFF) << shifts, axis=1))  # [BN4, BM4]
-        o1 = tl.trans(tl.sum(((words >> 8) & 0xFF) << shifts, axis=1))
-        o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
-        o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
-        o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
-        if EVEN:
-            tl.store(o_ptrs, o0)
-            tl.store(o_ptrs + stride_on, o1)
-            tl.store(o_ptrs + 2 * stride_on, o2)
-            tl.store(o_ptrs + 3 * stride_on, o3)
-        else:
-            omask = (w[:, None] < N4) & (r[None, :] < M4)
-            tl.store(o_ptrs, o0, mask=omask)
-            tl.store(o_ptrs + stride_on, o1, mask=omask)
-            tl.store(o_ptrs + 2 * stride_on, o2, mask=omask)
-            tl.store(o_ptrs + 3 * stride_on, o3, mask=omask)
+        _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
         words = words_next
         t += nprog
 
