@@ -43,7 +43,7 @@ def _data(moe, hidden, npc, device, **kw):
     return d, x, w, g
 
 
-def _check(res, x, g, w, d, npc, rnd, clamp, nan_sign_free=False):
+def _check(res, x, g, w, d, npc, rnd, clamp, nan_sign_free=False, wg_equal_nan=False):
     out, (dq, dsf), xg, wg = res
     r_out, r_xg, r_wg = swiglu_backward(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], npc, clamp)
     r_dq, r_dsf = cast(r_xg, "e4m3", (1, npc), round_sf=rnd)
@@ -58,7 +58,7 @@ def _check(res, x, g, w, d, npc, rnd, clamp, nan_sign_free=False):
         assert_equal(dq, r_dq)
     assert_equal(dsf, r_dsf)
     assert wg.dtype == torch.float32 and wg.shape == w.shape
-    torch.testing.assert_close(wg, r_wg, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(wg, r_wg, atol=1e-4, rtol=1e-4, equal_nan=wg_equal_nan)
     missing = d["token_topk_to_pos"] < 0
     assert_equal(wg[missing], torch.zeros_like(wg[missing]))
 
@@ -135,6 +135,49 @@ def test_non_finite(device):
     for a, b in ((out, r_out.bfloat16()), (xg, r_xg.bfloat16())):
         assert torch.equal(torch.isnan(a), torch.isnan(b))
         assert_equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0))
+
+
+
+@pytest.mark.parametrize("path", [dict(FAST_DIV=False), dict(FAST_DIV=False, RCP=True), dict(),
+                                  dict(FAST_ENC=False, FAST_MAX=False, MINMAX_CLAMP=False, MASK_FLAGS=False)],
+                         ids=["div_rn", "rcp", "default", "slow_flags"])
+@pytest.mark.parametrize("clamp", [None, 0.5])
+def test_code_paths(device, path, clamp):
+    """The division paths (config keys): ``div_rn`` twice, ``rcp.rn`` + ``div_rn``, the shared 4-wide
+    reciprocal/division (the default), and the flags off, each bitwise against the reference."""
+    from tritile.runtime import override_config
+
+    npc = 128
+    d, x, w, g = _data((6, 72, 8), 256, npc, device)
+    with override_config("swiglu_backward_and_per_token_cast", **path):
+        res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
+                                                 num_per_channels=npc, round_sf=True, swiglu_clamp_value=clamp)
+    _check(res, x, g, w, d, npc, True, clamp)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("clamp", [None, 0.5])
+def test_every_e4m3(device, clamp):
+    """Every e4m3 code (NaN codes included) as x and as y, under scales from 2^-130 (subnormal xf) to 2^90
+    (xf past the exp overflow): the 4-wide division's fast and slow paths against the reference."""
+    hidden, npc = 256, 128
+    scales = [1.0, 2.0**-130, 2.0**-100, 2.0**-60, 2.0**-10, 0.37, 3.0, 2.0**20, 2.0**60, 2.0**90]
+    n = 2 * len(scales)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    codes = torch.stack([torch.randperm(256, generator=gen) for _ in range(2 * n)]).to(torch.uint8)
+    data = torch.cat([codes[:n], codes[n:]], dim=1).to(device).view(torch.float8_e4m3fn)  # (n, 2H)
+    sf = torch.tensor(scales * 2, dtype=torch.float32, device=device)[:, None].repeat(1, 2 * hidden // npc)
+    sf[len(scales):] = sf[len(scales):].flip(0)  # other (x, y) scale pairs in the second half
+    sf[:, 1::2] = sf[:, 1::2].roll(3, 0)
+    x = (data, sf)
+    w = torch.rand((n, 1), device=device)
+    g = torch.randn((n, hidden), dtype=torch.bfloat16, device=device)
+    idx = torch.arange(n, dtype=torch.int32, device=device)
+    d = dict(pos_to_token_topk=idx, token_topk_to_pos=idx.reshape(n, 1))
+    res = swiglu_backward_and_per_token_cast(x, g, w, idx, idx.reshape(n, 1), npc, round_sf=True,
+                                             swiglu_clamp_value=clamp)
+    _check(res, x, g, w, d, npc, True, clamp, nan_sign_free=True, wg_equal_nan=True)  # NaN codes: NaN row sums
 
 
 def test_bad_inputs(device):

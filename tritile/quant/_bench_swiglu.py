@@ -103,18 +103,16 @@ def _fwd_cases(device, quick):
 
 
 # Tuning candidates at the forward anchor (H = 3584, packed sf: CH in {512, 1024}; the default is
-# BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).
+# BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).  sm_90a SASS,
+# executed per element on the fast path: 42.8 with the first candidate (the default before 2026-11-30),
+# 37.1 with FAST_DIV and BF16X2_CLAMP off, 33.6 with the defaults (92 registers: 10 programs of 2 warps fit).
 _FWD_TUNE = (
-    [dict(programs_per_sm=p) for p in (4, 6, 10, 12, 16)]
-    + [dict(PREFETCH=True), dict(PREFETCH=True, programs_per_sm=6), dict(PREFETCH=True, programs_per_sm=10)]
-    + [dict(BLOCK_R=1, CH=1024, num_warps=2), dict(BLOCK_R=1, CH=1024, num_warps=4, programs_per_sm=4),
-       dict(BLOCK_R=4, CH=512, num_warps=4, programs_per_sm=4), dict(BLOCK_R=2, CH=512, num_warps=4),
-       dict(BLOCK_R=1, CH=512, num_warps=1, programs_per_sm=16), dict(BLOCK_R=2, CH=1024, num_warps=4,
-                                                                    programs_per_sm=4)]
-    + [dict(maxnreg=80, programs_per_sm=12), dict(maxnreg=88, programs_per_sm=11)]
-    # the structural flags one at a time (off), to see what each is worth on the GPU
-    + [dict(FAST_MAX=False), dict(FAST_ENC=False), dict(PACKED_COUNT=False), dict(MINMAX_CLAMP=False),
-       dict(FAST_MAX=False, FAST_ENC=False, PACKED_COUNT=False, MINMAX_CLAMP=False)]
+    [dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False),
+     dict(FAST_DIV=False), dict(BF16X2_COUNT=False, BF16X2_CLAMP=False), dict(WORDS=False)]
+    + [dict(programs_per_sm=p) for p in (6, 10, 16)]
+    + [dict(PREFETCH=True), dict(PREFETCH=True, programs_per_sm=10)]
+    + [dict(BLOCK_R=4, CH=512, num_warps=4, programs_per_sm=5), dict(BLOCK_R=1, CH=512, num_warps=1, programs_per_sm=20),
+       dict(maxnreg=80, programs_per_sm=12)]
 )
 
 
@@ -154,26 +152,25 @@ def _bwd_cases(device, quick):
 
 
 # Tuning candidates at the backward anchor (H = 7168, npc = 128; the default is BLOCK_R=1, CH=1024,
-# 2 warps, FAST_MAX/FAST_ENC/MINMAX_CLAMP/MASK_FLAGS on).  weight_grad is a float32 row sum whose
+# 2 warps, FAST_MAX/FAST_ENC/MINMAX_CLAMP/MASK_FLAGS/FAST_DIV on).  weight_grad is a float32 row sum whose
 # order follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM
 # can differ from the default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4)
 # and then show as "output differs" in the bitwise sweep; compare their other outputs by hand.
+# sm_90a SASS per column: 75.2 with FAST_DIV off (the default before 2026-11-30, 164 registers), 61.2 with
+# the default (168 registers), 68.5 with CH=1024 / 4 warps (96 registers, no smem round trip for the bf16
+# stores).
 _BWD_TUNE = (
-    [dict(maxnreg=128), dict(maxnreg=112)]
-    + [dict(CH=1024, num_warps=4), dict(CH=2048, num_warps=4), dict(CH=512, num_warps=1), dict(CH=512, num_warps=2),
-       dict(CH=2048, num_warps=8), dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2),
-       dict(CH=1024, num_warps=4, maxnreg=128), dict(CH=2048, num_warps=8, maxnreg=128)]
-    + [dict(TILE_ROWSUM=True), dict(RCP=True)]
-    + [dict(FAST_MAX=False), dict(FAST_ENC=False), dict(MINMAX_CLAMP=False), dict(MASK_FLAGS=False),
-       dict(FAST_MAX=False, FAST_ENC=False, MINMAX_CLAMP=False, MASK_FLAGS=False)]
+    [dict(FAST_DIV=False), dict(FAST_DIV=False, CH=1024, num_warps=4)]
+    + [dict(CH=1024, num_warps=4), dict(CH=512, num_warps=2), dict(CH=2048, num_warps=4), dict(CH=2048, num_warps=8),
+       dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2), dict(CH=512, num_warps=1)]
+    + [dict(maxnreg=128), dict(CH=1024, num_warps=4, maxnreg=80), dict(TILE_ROWSUM=True)]
 )
 
 
-_CHANNEL_TUNE = [  # default [npt, 4096 // npt] x 4 warps, VEC=8 (8 columns per thread), FINITE_BRANCH off
-    dict(VEC=0), dict(FINITE_BRANCH=True), dict(BLOCK_K=64, num_warps=2), dict(BLOCK_K=64, num_warps=2, VEC=0),
-    dict(BLOCK_K=64, num_warps=4), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=256, num_warps=8),
-    dict(BLOCK_K=256, num_warps=8, FINITE_BRANCH=True), dict(BLOCK_K=32, num_warps=1),
-    dict(BLOCK_M=64, BLOCK_K=64, num_warps=4), dict(BLOCK_M=64, BLOCK_K=128, num_warps=8)]
+_CHANNEL_TUNE = [  # default (npt 32) [32, 32] x 1 warp, VEC=8 (8 columns per thread), FINITE_BRANCH off
+    dict(BLOCK_K=128, num_warps=4, VEC=0), dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=2),
+    dict(FINITE_BRANCH=True), dict(VEC=0), dict(BLOCK_K=16, num_warps=1), dict(BLOCK_K=64, num_warps=1),
+    dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=32, num_warps=2)]
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")

@@ -80,6 +80,33 @@ def _recip_rn(t):
         return _libdevice.rcp_rn(t)
 
 
+_RCP_DIV4_CLAMPED = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $8, $9; max.f32 n, $10, $11; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; @!p bra SLOW; rcp.approx.ftz.f32 r, $12; neg.f32 s, $12; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $0, r; neg.f32 s, $8; mul.rn.f32 q, s, r; fma.rn.f32 e, $12, q, $8; neg.f32 r, r; fma.rn.f32 $4, r, e, q; rcp.approx.ftz.f32 r, $13; neg.f32 s, $13; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $1, r; neg.f32 s, $9; mul.rn.f32 q, s, r; fma.rn.f32 e, $13, q, $9; neg.f32 r, r; fma.rn.f32 $5, r, e, q; rcp.approx.ftz.f32 r, $14; neg.f32 s, $14; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $2, r; neg.f32 s, $10; mul.rn.f32 q, s, r; fma.rn.f32 e, $14, q, $10; neg.f32 r, r; fma.rn.f32 $6, r, e, q; rcp.approx.ftz.f32 r, $15; neg.f32 s, $15; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $3, r; neg.f32 s, $11; mul.rn.f32 q, s, r; fma.rn.f32 e, $15, q, $11; neg.f32 r, r; fma.rn.f32 $7, r, e, q; bra.uni DONE; SLOW: rcp.rn.f32 $0, $12; div.rn.f32 $4, $8, $12; neg.f32 $4, $4; rcp.rn.f32 $1, $13; div.rn.f32 $5, $9, $13; neg.f32 $5, $5; rcp.rn.f32 $2, $14; div.rn.f32 $6, $10, $14; neg.f32 $6, $6; rcp.rn.f32 $3, $15; div.rn.f32 $7, $11, $15; neg.f32 $7, $7; DONE: }")
+_RCP_DIV4_ANY = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $8, $9; max.f32 n, $10, $11; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; min.f32 m, $8, $9; min.f32 n, $10, $11; min.f32 m, m, n; setp.gt.and.f32 p, m, 0fFF800000, p; @!p bra SLOW; rcp.approx.ftz.f32 r, $12; neg.f32 s, $12; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $0, r; neg.f32 s, $8; mul.rn.f32 q, s, r; fma.rn.f32 e, $12, q, $8; neg.f32 r, r; fma.rn.f32 $4, r, e, q; rcp.approx.ftz.f32 r, $13; neg.f32 s, $13; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $1, r; neg.f32 s, $9; mul.rn.f32 q, s, r; fma.rn.f32 e, $13, q, $9; neg.f32 r, r; fma.rn.f32 $5, r, e, q; rcp.approx.ftz.f32 r, $14; neg.f32 s, $14; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $2, r; neg.f32 s, $10; mul.rn.f32 q, s, r; fma.rn.f32 e, $14, q, $10; neg.f32 r, r; fma.rn.f32 $6, r, e, q; rcp.approx.ftz.f32 r, $15; neg.f32 s, $15; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $3, r; neg.f32 s, $11; mul.rn.f32 q, s, r; fma.rn.f32 e, $15, q, $11; neg.f32 r, r; fma.rn.f32 $7, r, e, q; bra.uni DONE; SLOW: rcp.rn.f32 $0, $12; div.rn.f32 $4, $8, $12; neg.f32 $4, $4; rcp.rn.f32 $1, $13; div.rn.f32 $5, $9, $13; neg.f32 $5, $5; rcp.rn.f32 $2, $14; div.rn.f32 $6, $10, $14; neg.f32 $6, $6; rcp.rn.f32 $3, $15; div.rn.f32 $7, $11, $15; neg.f32 $7, $7; DONE: }")
+
+
+@triton.jit
+def _rcp_div_fast(nx, t, X_FINITE: tl.constexpr):
+    """``(div_rn(1, t), div_rn(-nx, t))`` for ``t = 1 + exp(nx)`` (t >= 1, or NaN): the same bits as
+    ``rcp.rn.f32`` / ``div.rn.f32``, sharing one refined reciprocal and without their per-element range
+    checks and slow-path branches.
+
+    GPU, per 4 elements of a thread: if every ``nx <= 41`` (x >= -41, so t <= 2^60; NaNs are skipped by
+    the max and give NaN either way) and, unless X_FINITE (x <= clamp), ``nx > -inf``:
+    ``r = rcp.approx(t)`` refined by one Newton step is ``rcp.rn(t)`` (the fast path of ``rcp.rn.f32``),
+    and ``q0 = x * r``, ``q = q0 - r * fma(t, q0, -x)`` is the fast path of ``div.rn.f32`` (exact
+    remainder: q0 normal, or t = 2 and r = 1/2 for |x| < 2^-100; -0 / t stays -0).  Otherwise the four
+    take ``rcp.rn.f32`` and ``-div.rn.f32(nx, t)``.  Under EMULATE: ``div_rn``."""
+    if EMULATE:
+        return tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t), tl.math.div_rn(nx * -1.0, t)
+    else:
+        if X_FINITE:
+            return tl.inline_asm_elementwise(_RCP_DIV4_CLAMPED, "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f", [nx, t],
+                                             dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_RCP_DIV4_ANY, "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f", [nx, t],
+                                             dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+
+
 @triton.jit
 def _swiglu_backward_and_per_token_cast_kernel(
         q_ptr, sfx_ptr, g_ptr, ptt_ptr, w_ptr,
@@ -90,11 +117,13 @@ def _swiglu_backward_and_per_token_cast_kernel(
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
-        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr):
+        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
-    slot over the chunks and reduced once per row block (another float32 summation order)."""
+    slot over the chunks and reduced once per row block (another float32 summation order).  FAST_DIV
+    (with FAST_ENC): ``s`` and ``xf / t`` by ``_rcp_div_fast`` (one shared reciprocal, one range check per
+    4 elements)."""
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -132,15 +161,21 @@ def _swiglu_backward_and_per_token_cast_kernel(
                 xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
             else:
                 xf, yf = _swiglu_clamp(xf, yf, clamp_value)
-        if FAST_ENC:
-            t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
+        if FAST_DIV and FAST_ENC:
+            nx = xf * -1.0  # exact negation, shared by the exp and the division
+            t = 1.0 + exp_f32(nx)
+            s, q = _rcp_div_fast(nx, t, HAS_CLAMP)
+            act = q * yf
         else:
-            t = 1.0 + exp_f32(-xf)
-        if RCP:
-            s = _recip_rn(t)
-        else:
-            s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
-        act = tl.math.div_rn(xf, t) * yf
+            if FAST_ENC:
+                t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
+            else:
+                t = 1.0 + exp_f32(-xf)
+            if RCP:
+                s = _recip_rn(t)
+            else:
+                s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+            act = tl.math.div_rn(xf, t) * yf
         gws = (g * w3) * s
         # the one fused step of the reference: fma(xf, 1 - s, 1)
         dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
@@ -196,11 +231,15 @@ def _config(H: int, npc: int) -> dict:
     """Default launch config (passed through ``tuned("swiglu_backward_and_per_token_cast")``).
 
     16 columns per thread.  sm_90a SASS at the anchor (H = 7168, npc = 128, clamp, round_sf):
-    109.2 executed instructions per column (x and y element) with every flag off, 81.2 with the
-    defaults below (FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS); about 164 registers, no spills."""
+    109.2 executed instructions per column (x and y element) with every flag off, 75.2 with FAST_MAX,
+    FAST_ENC, MINMAX_CLAMP, MASK_FLAGS (164 registers), 61.2 adding FAST_DIV (the default since
+    2026-11-30; 168 registers, no spills).  CH = 1024 with 4 warps: 68.5 per column, but 96 registers
+    and no shared-memory round trips for the bf16 stores (the 2-warp layout holds 16 columns per
+    thread, the stores 8)."""
     ch = _chunk(H, npc)
     return dict(BLOCK_R=64 if interpreter_configs() else 1, CH=ch, num_warps=max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
+                FAST_DIV=True,
                 maxnreg=None)
 
 
@@ -236,7 +275,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             H=H, NPC=npc, SF_PACKED=sfi.packed, HAS_CLAMP=clamp is not None, ROUND_SF=round_sf,
             BLOCK_R=block_r, CH=cfg["CH"], FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
             MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), MASK_FLAGS=bool(cfg["MASK_FLAGS"]), RCP=bool(cfg["RCP"]),
-            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), num_warps=cfg["num_warps"],
+            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), num_warps=cfg["num_warps"],
             enable_fp_fusion=False, **extra)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
     n = ttp.numel()
     if n > 0:

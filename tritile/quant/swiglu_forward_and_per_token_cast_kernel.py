@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from typing import Optional
 
 import torch
@@ -46,6 +47,23 @@ def _load_f32(ptr, offs, mask, X_BF16: tl.constexpr):
         return bf16_bits_to_f32(tl.load(ptr + offs, mask=mask, other=0))
     else:
         return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_raw(ptr, offs, mask, X_BF16: tl.constexpr):
+    """bf16 bit patterns (int16; masked: 0) or float32 values (masked: 0.0)."""
+    if X_BF16:
+        return tl.load(ptr + offs, mask=mask, other=0)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _raw_to_f32(v, X_BF16: tl.constexpr):
+    if X_BF16:
+        return bf16_bits_to_f32(v)
+    else:
+        return v
 
 
 @triton.jit
@@ -108,6 +126,33 @@ def _swiglu_act_neg_mul(l, r):
     return tl.math.div_rn(l, t) * r
 
 
+_DIV4_CLAMPED = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $4, $5; max.f32 n, $6, $7; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; @!p bra SLOW; rcp.approx.ftz.f32 r, $8; neg.f32 s, $8; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $4; mul.rn.f32 q, s, r; fma.rn.f32 e, $8, q, $4; neg.f32 r, r; fma.rn.f32 $0, r, e, q; rcp.approx.ftz.f32 r, $9; neg.f32 s, $9; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $5; mul.rn.f32 q, s, r; fma.rn.f32 e, $9, q, $5; neg.f32 r, r; fma.rn.f32 $1, r, e, q; rcp.approx.ftz.f32 r, $10; neg.f32 s, $10; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $6; mul.rn.f32 q, s, r; fma.rn.f32 e, $10, q, $6; neg.f32 r, r; fma.rn.f32 $2, r, e, q; rcp.approx.ftz.f32 r, $11; neg.f32 s, $11; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $7; mul.rn.f32 q, s, r; fma.rn.f32 e, $11, q, $7; neg.f32 r, r; fma.rn.f32 $3, r, e, q; bra.uni DONE; SLOW: div.rn.f32 $0, $4, $8; neg.f32 $0, $0; div.rn.f32 $1, $5, $9; neg.f32 $1, $1; div.rn.f32 $2, $6, $10; neg.f32 $2, $2; div.rn.f32 $3, $7, $11; neg.f32 $3, $3; DONE: }")
+_DIV4_ANY = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $4, $5; max.f32 n, $6, $7; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; min.f32 m, $4, $5; min.f32 n, $6, $7; min.f32 m, m, n; setp.gt.and.f32 p, m, 0fFF800000, p; @!p bra SLOW; rcp.approx.ftz.f32 r, $8; neg.f32 s, $8; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $4; mul.rn.f32 q, s, r; fma.rn.f32 e, $8, q, $4; neg.f32 r, r; fma.rn.f32 $0, r, e, q; rcp.approx.ftz.f32 r, $9; neg.f32 s, $9; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $5; mul.rn.f32 q, s, r; fma.rn.f32 e, $9, q, $5; neg.f32 r, r; fma.rn.f32 $1, r, e, q; rcp.approx.ftz.f32 r, $10; neg.f32 s, $10; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $6; mul.rn.f32 q, s, r; fma.rn.f32 e, $10, q, $6; neg.f32 r, r; fma.rn.f32 $2, r, e, q; rcp.approx.ftz.f32 r, $11; neg.f32 s, $11; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; neg.f32 s, $7; mul.rn.f32 q, s, r; fma.rn.f32 e, $11, q, $7; neg.f32 r, r; fma.rn.f32 $3, r, e, q; bra.uni DONE; SLOW: div.rn.f32 $0, $4, $8; neg.f32 $0, $0; div.rn.f32 $1, $5, $9; neg.f32 $1, $1; div.rn.f32 $2, $6, $10; neg.f32 $2, $2; div.rn.f32 $3, $7, $11; neg.f32 $3, $3; DONE: }")
+
+
+@triton.jit
+def _div_neg_fast(na, t, A_FINITE: tl.constexpr):
+    """``div_rn(-na, t)`` for ``t = 1 + exp(na)`` (so t >= 1, or NaN): the same bits as ``div.rn.f32`` without
+    its per-element range check (FCHK) and slow-path branch.  Taking the negated dividend lets the kernel
+    share ``na = -l`` with the exp (one sign flip per bf16 pair on words).
+
+    GPU, per 4 elements of a thread: if every ``na <= 41`` (l >= -41, so t <= 2^60; NaNs are skipped by the
+    max and give NaN either way) and, unless A_FINITE (l <= clamp), ``na > -inf``: ``r = rcp.approx(t)``
+    refined by one Newton step, ``q0 = l * r``, ``q = q0 - r * fma(t, q0, -l)``, the fast path of
+    ``div.rn.f32``: correctly rounded, its remainder being exact (q0 is normal, or for |l| < 2^-100
+    t = 2 and r = 1/2 exactly); the negated remainder keeps the sign of a zero quotient (-0 / t = -0).
+    Otherwise the four take ``-div.rn.f32(na, t)``.  Under EMULATE: ``div_rn``."""
+    if EMULATE:
+        return tl.math.div_rn(na * -1.0, t)
+    else:
+        if A_FINITE:
+            return tl.inline_asm_elementwise(_DIV4_CLAMPED, "=f,=f,=f,=f,f,f,f,f,f,f,f,f", [na, t], dtype=tl.float32,
+                                             is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_DIV4_ANY, "=f,=f,=f,=f,f,f,f,f,f,f,f,f", [na, t], dtype=tl.float32,
+                                             is_pure=True, pack=4)
+
+
 @triton.jit
 def _group_amax(v):
     """Max |v| over the last axis; a group holding NaN gives +inf (as ``max(_nan_as_inf_abs(v))``):
@@ -117,22 +162,180 @@ def _group_amax(v):
 
 
 @triton.jit
+def _bf16x2_count(acc, w, cb, GT: tl.constexpr):
+    """Per bf16 half of the int32 words ``w`` (two bf16 each): ``acc + (x > cb)`` (GT) or ``acc + (x < cb)``,
+    with ``acc`` and ``cb`` int32 words of two bf16 as well; ``acc`` holds small integer counts (exact up
+    to 256).  GPU: one ``set.{gt,lt}.bf16x2.bf16x2`` (1.0 where true; NaN compares false; no flush of
+    subnormals) and one ``add.rn.bf16x2`` per word, instead of a float32 compare, a select and an
+    integer add per element."""
+    if EMULATE:
+        cf_lo = (cb << 16).to(tl.float32, bitcast=True)
+        cf_hi = (cb & -65536).to(tl.float32, bitcast=True)
+        x_lo = (w << 16).to(tl.float32, bitcast=True)
+        x_hi = (w & -65536).to(tl.float32, bitcast=True)
+        if GT:
+            h_lo = x_lo > cf_lo
+            h_hi = x_hi > cf_hi
+        else:
+            h_lo = x_lo < cf_lo
+            h_hi = x_hi < cf_hi
+        a_lo = (acc << 16).to(tl.float32, bitcast=True) + tl.where(h_lo, 1.0, 0.0)
+        a_hi = (acc & -65536).to(tl.float32, bitcast=True) + tl.where(h_hi, 1.0, 0.0)
+        # small integers: exact in bf16 (the low 16 bits of the float32 patterns are zero)
+        return ((a_lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (a_hi.to(tl.int32, bitcast=True) & -65536)
+    else:
+        if GT:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 m; set.gt.bf16x2.bf16x2 m, $2, $3; add.rn.bf16x2 $0, $1, m; }", "=r,r,r,r",
+                [acc, w, cb], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 m; set.lt.bf16x2.bf16x2 m, $2, $3; add.rn.bf16x2 $0, $1, m; }", "=r,r,r,r",
+                [acc, w, cb], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16x2_clamp(lw, rw, cw, ncw):
+    """``l = min(l, c)``, ``r`` into ``[-c, c]`` on int32 words of two bf16, for a clamp ``c > 0`` that
+    is a bf16 value (``cw``/``ncw``: c / -c in both halves): the same values as the float32 clamp (c > 0:
+    no signed-zero ties; NaN stays NaN).  GPU: ``min.NaN.bf16x2`` / ``max.NaN.bf16x2``, 1.5 instructions
+    per element instead of 3."""
+    if EMULATE:
+        c = (cw << 16).to(tl.float32, bitcast=True)
+        l_lo, r_lo = _swiglu_clamp((lw << 16).to(tl.float32, bitcast=True), (rw << 16).to(tl.float32, bitcast=True), c)
+        l_hi, r_hi = _swiglu_clamp((lw & -65536).to(tl.float32, bitcast=True),
+                                   (rw & -65536).to(tl.float32, bitcast=True), c)
+        # bf16 values (or NaN, whose payload does not matter): the low 16 bits are zero
+        lw = ((l_lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (l_hi.to(tl.int32, bitcast=True) & -65536)
+        rw = ((r_lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (r_hi.to(tl.int32, bitcast=True) & -65536)
+        return lw, rw
+    else:
+        lw = tl.inline_asm_elementwise("min.NaN.bf16x2 $0, $1, $2;", "=r,r,r", [lw, cw], dtype=tl.int32,
+                                       is_pure=True, pack=1)
+        rw = tl.inline_asm_elementwise("{ .reg .b32 t; max.NaN.bf16x2 t, $1, $3; min.NaN.bf16x2 $0, t, $2; }",
+                                       "=r,r,r,r", [rw, cw, ncw], dtype=tl.int32, is_pure=True, pack=1)
+        return lw, rw
+
+
+@triton.jit
+def _words_count_sum(acc):
+    """Row sums ``[R]`` (int32) of the bf16 counts held in both halves of the words ``acc [R, W]``."""
+    lo = (acc << 16).to(tl.float32, bitcast=True).to(tl.int32)
+    hi = (acc & -65536).to(tl.float32, bitcast=True).to(tl.int32)
+    return tl.sum(lo + hi, axis=1)
+
+
+@triton.jit
+def _load_half(x_row, c0, off, active, H: tl.constexpr, CH: tl.constexpr, X_BF16: tl.constexpr,
+               X_WORDS: tl.constexpr):
+    """Columns ``off + c0 .. off + c0 + CH`` of the rows (masked: 0): int32 words of two bf16 ``[R, CH/2]``
+    (X_WORDS; ``x_row`` an int32 row pointer), else bf16 bits (int16) or float32 ``[R, CH]``."""
+    if X_WORDS:
+        cw = c0 // 2 + tl.arange(0, CH // 2)
+        m = active[:, None] & (cw < H // 2)[None, :]
+        return tl.load(x_row + (cw[None, :] + off // 2), mask=m, other=0)
+    else:
+        cols = c0 + tl.arange(0, CH)
+        m = active[:, None] & (cols < H)[None, :]
+        return _load_raw(x_row, cols[None, :] + off, m, X_BF16)
+
+
+@triton.jit
+def _packed_count_inc(l, r, c):
+    """The PACKED_COUNT increments: ``l > c`` in bits 0-9, ``r > c`` in bits 10-19, ``r < -c`` from bit 20."""
+    return tl.where(l > c, 1, 0) + tl.where(r > c, 1 << 10, 0) + tl.where(r < -c, 1 << 20, 0)
+
+
+@triton.jit
+def _act_of(l, nl, r, w, active, c, HAS_CLAMP: tl.constexpr, MINMAX_CLAMP: tl.constexpr, FAST_ENC: tl.constexpr,
+            HAS_WEIGHTS: tl.constexpr, HAS_P2E: tl.constexpr, FAST_DIV: tl.constexpr, A_FINITE: tl.constexpr,
+            NL_GIVEN: tl.constexpr):
+    """float32 act ``[R, N]`` of the halves: clamp (HAS_CLAMP), SwiGLU, routing weight, padding rows -> 0.
+    NL_GIVEN (only without HAS_CLAMP): ``nl`` is ``-l``, used by FAST_DIV."""
+    if HAS_CLAMP:
+        if MINMAX_CLAMP:
+            l, r = _swiglu_clamp_minmax(l, r, c)
+        else:
+            l, r = _swiglu_clamp(l, r, c)
+    if FAST_DIV:
+        if not NL_GIVEN:
+            nl = l * -1.0
+        act = _div_neg_fast(nl, 1.0 + exp_f32(nl), A_FINITE) * r  # = _swiglu_act_neg_mul(l, r)
+    elif FAST_ENC:
+        act = _swiglu_act_neg_mul(l, r)
+    else:
+        act = _swiglu_act(l, r)
+    if HAS_WEIGHTS:
+        act = act * w[:, None]
+    if HAS_P2E or not FAST_ENC:
+        # padding rows (pos_to_expert < 0) are all-zero activations (rows past num_rows are never
+        # stored: nothing to clear there)
+        act = tl.where(active[:, None], act, 0.0)
+    return act
+
+
+@triton.jit
+def _amax3(v, FAST_MAX: tl.constexpr):
+    """Group amax over the last axis of ``v [R, G, N]``, NaN counted as +inf."""
+    if FAST_MAX:
+        return _group_amax(v)
+    else:
+        return tl.max(_nan_as_inf_abs(v), axis=2)
+
+
+@triton.jit
+def _amax3_pair(lo, hi, FAST_MAX: tl.constexpr):
+    """``_amax3`` of the interleaved ``lo``/``hi`` groups: an elementwise max first (one
+    ``FMNMX.NAN |a|, |b|`` per pair on GPUs), then one reduction."""
+    if FAST_MAX:
+        a = tl.reduce(_max_nan(tl.abs(lo), tl.abs(hi)), 2, _max_nan)
+        return tl.where(a == a, a, float("inf"))
+    else:
+        return tl.max(tl.maximum(_nan_as_inf_abs(lo), _nan_as_inf_abs(hi)), axis=2)
+
+
+@triton.jit
+def _encode_pair(lo, hi, sf_inv, FAST_ENC: tl.constexpr):
+    """int16 words of two e4m3 codes: ``lo * sf_inv`` in the low byte, ``hi * sf_inv`` in the high byte
+    (the even and the odd column of a little-endian uint8 output).  FAST_ENC: one
+    ``cvt.rn.satfinite.e4m3x2.f32`` per word on GPUs (NaN codes' sign free), else ``_encode_e4m3``."""
+    if FAST_ENC:
+        a = lo * sf_inv
+        b = hi * sf_inv
+        if EMULATE:
+            return ((f32_to_e4m3_bits_satfinite(a).to(tl.int32) & 0xFF)
+                    | (f32_to_e4m3_bits_satfinite(b).to(tl.int32) << 8)).to(tl.int16)
+        else:
+            return tl.inline_asm_elementwise("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,r,r", [a, b],
+                                             dtype=tl.int16, is_pure=True, pack=1)
+    else:
+        return ((_encode_e4m3(lo, sf_inv).to(tl.int32) & 0xFF) | (_encode_e4m3(hi, sf_inv).to(tl.int32) << 8)).to(tl.int16)
+
+
+@triton.jit
 def _swiglu_forward_and_per_token_cast_kernel(
         x_ptr, out_ptr, sf_ptr, ptt_ptr, w_ptr, p2e_ptr, cnt_ptr,
         num_rows, num_weights, num_groups, num_words,
         stride_xm, stride_om, stride_sm, stride_sk,
-        clamp_value, sf_clamp_min,
+        clamp_value, sf_clamp_min, clamp_bf16,
         H: tl.constexpr, X_BF16: tl.constexpr, HAS_WEIGHTS: tl.constexpr, HAS_P2E: tl.constexpr,
         HAS_CLAMP: tl.constexpr, COUNT: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
         BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
-        MINMAX_CLAMP: tl.constexpr):
+        MINMAX_CLAMP: tl.constexpr, X_WORDS: tl.constexpr, BF16X2_COUNT: tl.constexpr,
+        BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr):
     """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
     e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
     codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
     next chunk's loads are issued before the current chunk is computed.  PACKED_COUNT: the three
     clamp counts of each element slot are kept in one int32 lane (10-bit fields, flushed once per row
-    block) instead of three row reductions per chunk."""
+    block) instead of three row reductions per chunk.  X_WORDS (bf16 x): x read as int32 words of two
+    bf16 (``stride_xm`` in words), widened by a shift and a mask instead of byte permutes.
+    BF16X2_COUNT (with X_WORDS): the clamp counts taken on the bf16 pairs as loaded
+    (``_bf16x2_count``; for a bf16 ``l``, ``l > c`` is ``l > clamp_bf16``, c rounded down to bf16),
+    kept as bf16 counts per word slot and flushed once per row block.  BF16X2_CLAMP (with X_WORDS; the
+    host sets it only for a clamp c > 0 that is a bf16 value): the clamp on the bf16 pairs.  FAST_DIV
+    (with FAST_ENC): ``l / t`` by ``_div_fast`` (one range check per 4 elements)."""
     G: tl.constexpr = CH // GB  # groups per chunk
     NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
     pid = tl.program_id(0)
@@ -143,6 +346,14 @@ def _swiglu_forward_and_per_token_cast_kernel(
     acc_rn = tl.zeros([BLOCK_R], tl.int64)
     if PACKED_COUNT:
         tl.static_assert(NCH < 1024)
+    BF16_CNT: tl.constexpr = BF16X2_COUNT and X_WORDS and HAS_CLAMP and COUNT
+    BF16_CLAMP: tl.constexpr = BF16X2_CLAMP and X_WORDS and HAS_CLAMP
+    if BF16_CNT or BF16_CLAMP:
+        cb_pos = tl.full([BLOCK_R, CH // 2], clamp_bf16, tl.int32)
+        cb_pos = cb_pos | (cb_pos << 16)  # the rounded-down clamp in both halves
+        cb_neg = cb_pos ^ -2147450880  # -clamp_bf16 in both halves: the sign bits 0x80008000 flipped
+    if BF16_CNT:
+        tl.static_assert(NCH <= 256)  # bf16 counts are exact integers up to 256
     rb = pid
     while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -156,65 +367,113 @@ def _swiglu_forward_and_per_token_cast_kernel(
             w_ok = row_ok & (idx >= 0) & (idx < num_weights)
             w = tl.load(w_ptr + idx, mask=w_ok, other=0.0)
             w = tl.where(w_ok, w, 0.0)
+        if not HAS_WEIGHTS:
+            w = tl.zeros([BLOCK_R], tl.float32)  # unused
         x_row = x_ptr + rows[:, None] * stride_xm
-        if PACKED_COUNT:
-            pc = tl.zeros([BLOCK_R, CH], tl.int32)
+        PW: tl.constexpr = CH // 2 if X_WORDS else CH  # element slots (words or columns) per chunk
+        if BF16_CNT:
+            c_l = tl.zeros([BLOCK_R, PW], tl.int32)
+            c_rp = tl.zeros([BLOCK_R, PW], tl.int32)
+            c_rn = tl.zeros([BLOCK_R, PW], tl.int32)
+        elif PACKED_COUNT:
+            pc = tl.zeros([BLOCK_R, PW], tl.int32)
         if PREFETCH:
-            cols_n = tl.arange(0, CH)
-            m_n = active[:, None] & (cols_n < H)[None, :]
-            l_n = _load_f32(x_row, cols_n[None, :], m_n, X_BF16)
-            r_n = _load_f32(x_row, cols_n[None, :] + H, m_n, X_BF16)
+            l_n = _load_half(x_row, 0, 0, active, H, CH, X_BF16, X_WORDS)
+            r_n = _load_half(x_row, 0, H, active, H, CH, X_BF16, X_WORDS)
         for c0 in range(0, H, CH):
-            cols = c0 + tl.arange(0, CH)
-            col_ok = cols < H
             if PREFETCH:
-                l = l_n
-                r = r_n
+                l_raw = l_n
+                r_raw = r_n
                 # the next chunk (all masked after the last one)
-                cols_n = cols + CH
-                m_n = active[:, None] & (cols_n < H)[None, :]
-                l_n = _load_f32(x_row, cols_n[None, :], m_n, X_BF16)
-                r_n = _load_f32(x_row, cols_n[None, :] + H, m_n, X_BF16)
+                l_n = _load_half(x_row, c0 + CH, 0, active, H, CH, X_BF16, X_WORDS)
+                r_n = _load_half(x_row, c0 + CH, H, active, H, CH, X_BF16, X_WORDS)
             else:
-                m = active[:, None] & col_ok[None, :]
-                l = _load_f32(x_row, cols[None, :], m, X_BF16)
-                r = _load_f32(x_row, cols[None, :] + H, m, X_BF16)
-            if HAS_CLAMP:
+                l_raw = _load_half(x_row, c0, 0, active, H, CH, X_BF16, X_WORDS)
+                r_raw = _load_half(x_row, c0, H, active, H, CH, X_BF16, X_WORDS)
+            if BF16_CLAMP:
+                # counts first (they read the unclamped words), then the clamp on the words
                 if COUNT:
-                    # masked elements load as 0 and c >= 0, so they never count: no mask needed
-                    if PACKED_COUNT:
-                        pc += (tl.where(l > clamp_value, 1, 0) + tl.where(r > clamp_value, 1 << 10, 0)
-                               + tl.where(r < -clamp_value, 1 << 20, 0))
+                    if BF16_CNT:
+                        c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
+                        c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
+                        c_rn = _bf16x2_count(c_rn, r_raw, cb_neg, False)
                     else:
-                        acc_l += tl.sum((l > clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                        acc_rp += tl.sum((r > clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                        acc_rn += tl.sum((r < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
-                if MINMAX_CLAMP:
-                    l, r = _swiglu_clamp_minmax(l, r, clamp_value)
+                        l = (l_raw << 16).to(tl.float32, bitcast=True)
+                        r = (r_raw << 16).to(tl.float32, bitcast=True)
+                        l_hi = (l_raw & -65536).to(tl.float32, bitcast=True)
+                        r_hi = (r_raw & -65536).to(tl.float32, bitcast=True)
+                        if PACKED_COUNT:
+                            pc += _packed_count_inc(l, r, clamp_value) + _packed_count_inc(l_hi, r_hi, clamp_value)
+                        else:
+                            acc_l += tl.sum((l > clamp_value).to(tl.int32) + (l_hi > clamp_value).to(tl.int32),
+                                            axis=1).to(tl.int64)
+                            acc_rp += tl.sum((r > clamp_value).to(tl.int32) + (r_hi > clamp_value).to(tl.int32),
+                                             axis=1).to(tl.int64)
+                            acc_rn += tl.sum((r < -clamp_value).to(tl.int32) + (r_hi < -clamp_value).to(tl.int32),
+                                             axis=1).to(tl.int64)
+                l_raw, r_raw = _bf16x2_clamp(l_raw, r_raw, cb_pos, cb_neg)
+            if X_WORDS:
+                # even columns (the low halves) and odd columns (the high halves) as two [R, CH/2] tiles
+                l = (l_raw << 16).to(tl.float32, bitcast=True)
+                r = (r_raw << 16).to(tl.float32, bitcast=True)
+                l_hi = (l_raw & -65536).to(tl.float32, bitcast=True)
+                r_hi = (r_raw & -65536).to(tl.float32, bitcast=True)
+            else:
+                l = _raw_to_f32(l_raw, X_BF16)
+                r = _raw_to_f32(r_raw, X_BF16)
+            if HAS_CLAMP and COUNT and not BF16_CLAMP:
+                # masked elements load as 0 and c >= 0, so they never count: no mask needed
+                if BF16_CNT:
+                    c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
+                    c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
+                    c_rn = _bf16x2_count(c_rn, r_raw, cb_neg, False)
+                elif PACKED_COUNT:
+                    pc += _packed_count_inc(l, r, clamp_value)
+                    if X_WORDS:
+                        pc += _packed_count_inc(l_hi, r_hi, clamp_value)
                 else:
-                    l, r = _swiglu_clamp(l, r, clamp_value)
-            if FAST_ENC:
-                act = _swiglu_act_neg_mul(l, r)
+                    acc_l += tl.sum((l > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                    acc_rp += tl.sum((r > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                    acc_rn += tl.sum((r < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                    if X_WORDS:
+                        acc_l += tl.sum((l_hi > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                        acc_rp += tl.sum((r_hi > clamp_value).to(tl.int32), axis=1).to(tl.int64)
+                        acc_rn += tl.sum((r_hi < -clamp_value).to(tl.int32), axis=1).to(tl.int64)
+            CLAMP_F32: tl.constexpr = HAS_CLAMP and not BF16_CLAMP
+            FDIV: tl.constexpr = FAST_DIV and FAST_ENC
+            # words already clamped (or no clamp) and FAST_DIV: -l from the words, one sign flip per pair
+            NL_W: tl.constexpr = X_WORDS and FDIV and not CLAMP_F32
+            if NL_W:
+                nlw = l_raw ^ -2147450880  # both sign bits flipped
+                nl = (nlw << 16).to(tl.float32, bitcast=True)
+                nl_hi = (nlw & -65536).to(tl.float32, bitcast=True)
             else:
-                act = _swiglu_act(l, r)
-            if HAS_WEIGHTS:
-                act = act * w[:, None]
-            if HAS_P2E or not FAST_ENC:
-                # padding rows (pos_to_expert < 0) are all-zero activations (rows past num_rows are
-                # never stored: nothing to clear there)
-                act = tl.where(active[:, None], act, 0.0)
-            act3 = tl.reshape(act, (BLOCK_R, G, GB))
-            if FAST_MAX:
-                amax = _group_amax(act3)
+                nl = l
+                nl_hi = l
+            act = _act_of(l, nl, r, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC, HAS_WEIGHTS, HAS_P2E,
+                          FDIV, HAS_CLAMP, NL_W)
+            if X_WORDS:
+                act_hi = _act_of(l_hi, nl_hi, r_hi, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC,
+                                 HAS_WEIGHTS, HAS_P2E, FDIV, HAS_CLAMP, NL_W)
+                act3 = tl.reshape(act, (BLOCK_R, G, GB // 2))
+                act3_hi = tl.reshape(act_hi, (BLOCK_R, G, GB // 2))
+                amax = _amax3_pair(act3, act3_hi, FAST_MAX)
+                sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+                q = tl.reshape(_encode_pair(act3, act3_hi, sf_inv[:, :, None], FAST_ENC), (BLOCK_R, CH // 2))
+                cw = c0 // 2 + tl.arange(0, CH // 2)
+                tl.store(out_ptr + rows[:, None] * stride_om + cw[None, :], q,
+                         mask=row_ok[:, None] & (cw < H // 2)[None, :])
             else:
-                amax = tl.max(_nan_as_inf_abs(act3), axis=2)
-            sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
-            if FAST_ENC:
-                q = tl.reshape(f32_to_e4m3_bits_satfinite(act3 * sf_inv[:, :, None]), (BLOCK_R, CH))
-            else:
-                q = tl.reshape(_encode_e4m3(act3, sf_inv[:, :, None]), (BLOCK_R, CH))
-            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], q,
-                     mask=row_ok[:, None] & col_ok[None, :])
+                act3 = tl.reshape(act, (BLOCK_R, G, GB))
+                amax = _amax3(act3, FAST_MAX)
+                sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+                if FAST_ENC:
+                    q = tl.reshape(f32_to_e4m3_bits_satfinite(act3 * sf_inv[:, :, None]), (BLOCK_R, CH))
+                else:
+                    q = tl.reshape(_encode_e4m3(act3, sf_inv[:, :, None]), (BLOCK_R, CH))
+                cols = c0 + tl.arange(0, CH)
+                tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], q,
+                         mask=row_ok[:, None] & (cols < H)[None, :])
             g0 = c0 // GB
             if PACKED:
                 gidx = g0 + tl.arange(0, G)
@@ -227,7 +486,11 @@ def _swiglu_forward_and_per_token_cast_kernel(
                 gidx = g0 + tl.arange(0, G)
                 tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :] * stride_sk, sf,
                          mask=row_ok[:, None] & (gidx[None, :] < num_groups))
-        if PACKED_COUNT and COUNT:
+        if BF16_CNT:
+            acc_l += _words_count_sum(c_l).to(tl.int64)
+            acc_rp += _words_count_sum(c_rp).to(tl.int64)
+            acc_rn += _words_count_sum(c_rn).to(tl.int64)
+        elif PACKED_COUNT and COUNT:
             acc_l += tl.sum(pc & 0x3FF, axis=1).to(tl.int64)
             acc_rp += tl.sum((pc >> 10) & 0x3FF, axis=1).to(tl.int64)
             acc_rn += tl.sum(pc >> 20, axis=1).to(tl.int64)
@@ -284,10 +547,12 @@ def _config(H: int, npc: int, packed: bool) -> dict:
     The kernel is instruction-bound (two IEEE divisions, exp, e4m3 encode per element): 16 elements
     per thread amortize the per-step work best.  GPU: ``[BLOCK_R, CH]`` = 1024 elements of each half
     per step with 2 warps; npc = H keeps the whole row (CH = next_pow2(H)) in registers, with CH / 512
-    warps.  Interpreter: 64 (32) rows per program.  sm_90a SASS at the anchor (H = 3584, clamp with
-    counts, packed sf): 60.4 executed instructions per element with every flag off, 45.8 with the
-    defaults below (96 registers, no spills).  ``programs_per_sm``: the persistent grid of the
-    clamp-counting launch."""
+    warps.  Interpreter: 64 (32) rows per program.  sm_90a SASS at the anchor (H = 3584, clamp 0.5 with
+    counts, packed sf), executed instructions per element on the fast path: 42.8 (96 registers) with
+    WORDS, BF16X2_COUNT, BF16X2_CLAMP and FAST_DIV off (the defaults before 2026-11-30), 37.1 with
+    WORDS + BF16X2_COUNT, 35.1 adding BF16X2_CLAMP, 33.6 with all the defaults below (92 registers, no
+    spills; 128-bit loads and stores).  ``programs_per_sm``: the persistent grid of the clamp-counting
+    launch."""
     if npc == H:
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
@@ -296,7 +561,8 @@ def _config(H: int, npc: int, packed: bool) -> dict:
         ch = _chunk_width(H, packed)
         cfg = dict(BLOCK_R=64 if interpreter_configs() else max(1, 1024 // ch), CH=ch, num_warps=2)
     cfg.update(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PACKED_COUNT=True,
-               MINMAX_CLAMP=True, maxnreg=None)
+               MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True, FAST_DIV=True,
+               maxnreg=None)
     return cfg
 
 
@@ -313,6 +579,12 @@ def _check_config(cfg: dict, H: int, npc: int, packed: bool) -> None:
         raise ValueError(f"CH must be >= 128 (>= 512 with packed sf), got CH={ch}")
     if cfg["programs_per_sm"] < 1:
         raise ValueError(f"programs_per_sm must be >= 1, got {cfg['programs_per_sm']}")
+
+
+def _bf16_round_down_bits(c: float) -> int:
+    """bf16 bit pattern (0..0xFFFF) of the float32 clamp c rounded toward zero, i.e. down for c >= +-0:
+    for a bf16 ``v``, ``v > c`` iff ``v > that`` and ``v < -c`` iff ``v < -that``."""
+    return struct.unpack("<I", struct.pack("<f", c))[0] >> 16
 
 
 def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamped_count, sf_clamp_min):
@@ -332,22 +604,35 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
     # counting: a persistent grid (programs_per_sm per SM) so the counts take 3 atomics per program
     grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if count else (num_rb,)
     num_groups = ceil_div(H, npc)
-    x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    # bf16 x as int32 words of two elements: needs an even row stride and a 4-byte aligned start
+    words = (bool(cfg["WORDS"]) and x.dtype == torch.bfloat16 and x.stride(0) % 2 == 0
+             and x.data_ptr() % 4 == 0)
+    if words:
+        x_arg, stride_x = x.view(torch.int32), x.stride(0) // 2
+    else:
+        x_arg, stride_x = (x.view(torch.int16) if x.dtype == torch.bfloat16 else x), x.stride(0)
     dummy = out  # never read when its flag is off
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
     _swiglu_forward_and_per_token_cast_kernel[grid](
-        x_arg, out.view(torch.uint8), sf,
+        x_arg, out.view(torch.int16) if words else out.view(torch.uint8), sf,
         ptt if ptt is not None else dummy, weights if weights is not None else dummy,
         p2e if p2e is not None else dummy, clamped_count if count else dummy,
         num_rows, weights.numel() if weights is not None else 0, num_groups, ceil_div(num_groups, 4),
-        x.stride(0), out.stride(0), sf.stride(0), sf.stride(1),
+        stride_x, out.stride(0) // 2 if words else out.stride(0), sf.stride(0), sf.stride(1),
         clamp if clamp is not None else 0.0,
         sf_clamp_min if sf_clamp_min is not None else FMT_CLAMP["e4m3"],
+        _bf16_round_down_bits(clamp) if clamp is not None else 0,
         H=H, X_BF16=x.dtype == torch.bfloat16, HAS_WEIGHTS=ptt is not None, HAS_P2E=p2e is not None,
         HAS_CLAMP=clamp is not None, COUNT=count, ROUND_SF=round_sf, PACKED=packed,
         BLOCK_R=block_r, CH=ch, GB=gb, FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
         PREFETCH=bool(cfg["PREFETCH"]), PACKED_COUNT=bool(cfg["PACKED_COUNT"]),
-        MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), num_warps=cfg["num_warps"],
+        MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), X_WORDS=words,
+        BF16X2_COUNT=bool(cfg["BF16X2_COUNT"]) and H <= 256 * ch,
+        # the bf16 clamp needs c > 0 to be a bf16 value (c = 0 would make signed-zero ties)
+        BF16X2_CLAMP=bool(cfg["BF16X2_CLAMP"]) and clamp is not None and clamp > 0
+        and _bf16_round_down_bits(clamp) << 16 == struct.unpack("<I", struct.pack("<f", clamp))[0],
+        FAST_DIV=bool(cfg["FAST_DIV"]),
+        num_warps=cfg["num_warps"],
         enable_fp_fusion=False, **extra)  # see the module docstring
     return out, sf
 
