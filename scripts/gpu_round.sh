@@ -18,7 +18,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 pids=()
 if [ -n "${TESTS0:-}" ]; then
   ( CUDA_VISIBLE_DEVICES=0 timeout ${TESTS_S:-300} python3 -m pytest -v -rf -p no:cacheprovider -n ${NPROC0:-10} \
-      $TESTS0 > "$R/tests0.log" 2>&1; echo "tests0 rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0.log"
+      $TESTS0 > "$R/tests0.log" 2>&1; rc=$?; echo "tests0 rc=$rc at $(( $(date +%s) - start )) s" >> "$R/tests0.log"
+    # a timeout kills pytest but not its xdist workers, which keep their GPU memory: kill them (only GPU 0 runs pytest)
+    [ $rc -eq 124 ] && pkill -9 -f "exec(eval(sys.stdin.readline()))"
     # $TESTS0B: a second batch in the time left (its own log, so the first batch's summary is kept)
     if [ -n "${TESTS0B:-}" ]; then
       CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - 15 )) python3 -m pytest -v -rf -p no:cacheprovider \
