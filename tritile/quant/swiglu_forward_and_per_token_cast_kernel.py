@@ -69,8 +69,11 @@ def _raw_to_f32(v, X_BF16: tl.constexpr):
 @triton.jit
 def _swiglu_clamp(l, r, c):
     """``l = min(l, c)``, ``r`` into ``[-c, c]``, by comparisons so that NaN stays NaN on every backend."""
+    # -c as torch computes it (c = +0 gives -0.0): Triton's ``-c`` is ``0 - c`` (+0), and under the interpreter a
+    # scalar's -0.0 turns into +0 when it meets a tensor, so the negation is done on a tensor
+    nc = tl.full(r.shape, -1.0, tl.float32) * c
     l = tl.where(l > c, c, l)
-    r = tl.where(r > c, c, tl.where(r < -c, -c, r))
+    r = tl.where(r > c, c, tl.where(r < nc, nc, r))
     return l, r
 
 
@@ -114,7 +117,8 @@ def _swiglu_clamp_minmax(l, r, c):
         return _swiglu_clamp(l, r, c)
     else:
         l = tl.minimum(l, c, propagate_nan=tl.PropagateNan.ALL)
-        r = tl.minimum(tl.maximum(r, -c, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
+        r = tl.minimum(tl.maximum(r, tl.full(r.shape, -1.0, tl.float32) * c, propagate_nan=tl.PropagateNan.ALL),
+                       c, propagate_nan=tl.PropagateNan.ALL)
         return l, r
 
 
