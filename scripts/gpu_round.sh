@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine, everything in parallel, logs packed into $OUT/results.tgz:
-#   GPU 0: the GPU tests of $TESTS0 and, meanwhile, `tune --compile-only` of every op in $OPS (parallel
-#          processes: fills Triton's cache and checks each candidate's bits);
-#   GPU 1: the probe command $EXTRA1 (timings: nothing else runs on GPU 1 meanwhile), then `python -m tritile
-#          bench --quick` of $BENCH_OPS if set;
+#   GPU 0: the GPU tests of $TESTS0 (then $TESTS0B);
+#   GPU 1: `tune --compile-only` of every op in $OPS (parallel processes: fills Triton's cache and checks each
+#          candidate's bits; on GPU 0 beside the tests with COMPILE_GPU=0), then the probe command $EXTRA1 and
+#          `python -m tritile bench --quick` of $BENCH_OPS if set (timings: nothing else runs on GPU 1 then);
 #   then both GPUs time the tune candidates of $OPS (two shards), and GPU 0 runs compute-sanitizer memcheck
 #   on $SANITIZER0 (the CPU's small shapes) in the time left.  Budget in seconds: $BUDGET.
 set -uo pipefail
@@ -31,11 +31,14 @@ if [ -n "${TESTS0:-}" ]; then
 fi
 ( i=0; cp=()
   for op in ${OPS:-}; do
-    ( CUDA_VISIBLE_DEVICES=0 timeout ${COMPILE_S:-220} python3 -m tritile tune --compile-only --op $op \
+    ( CUDA_VISIBLE_DEVICES=${COMPILE_GPU:-1} timeout ${COMPILE_S:-220} python3 -m tritile tune --compile-only --op $op \
         > "$R/compile_$op.log" 2>&1 ) &
     cp+=($!); i=$((i+1)); if (( i % ${COMPILE_PROCS:-12} == 0 )); then wait "${cp[@]}"; cp=(); fi
   done; wait ) &
 compile=$!
+# COMPILE_GPU=1 (default): the compile processes run full-size cases on GPU 1, away from the tests' memory, and
+# the timings below wait for them; COMPILE_GPU=0: beside the tests (risks OutOfMemoryError in big test files)
+[ "${COMPILE_GPU:-1}" = 1 ] && wait $compile
 
 if [ -n "${EXTRA1:-}" ]; then
   CUDA_VISIBLE_DEVICES=1 timeout ${EXTRA1_S:-120} bash -c "$EXTRA1" > "$R/extra1.log" 2>&1
