@@ -323,6 +323,18 @@ def _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g
 
 
 @triton.jit
+def _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2: tl.constexpr, TOK: tl.constexpr):
+    """Pass 1's program: its TOK tokens ``t``, heads ``hh``, masks, the (token, head) offsets ``sc`` into the
+    (T, hc) saved tensors and the gates ``[TOK, HC]`` (0 outside)."""
+    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    hh = tl.arange(0, HC_P2)
+    tmask = t < T
+    th_mask = tmask[:, None] & (hh < hc)[None, :]
+    sc = t[:, None] * hc + hh[None, :]
+    return t, hh, tmask, th_mask, sc, tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
+
+
+@triton.jit
 def _engram_gate_bwd_gamma_kernel(
     go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
     T, hc, H,
@@ -330,12 +342,7 @@ def _engram_gate_bwd_gamma_kernel(
     HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
-    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    hh = tl.arange(0, HC_P2)
-    tmask = t < T
-    hmask = hh < hc
-    th_mask = tmask[:, None] & hmask[None, :]
-    gate = tl.load(gate_ptr + t[:, None] * hc + hh[None, :], mask=th_mask, other=0.0)  # [TOK, HC]
+    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
     gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
                               HC_P2, TOK, BLOCK_D)
     tl.store(gamma_ptr + t[:, None] * hc + hh[None, :], gamma, mask=th_mask)
@@ -397,13 +404,7 @@ def _engram_gate_bwd_coef_kernel(
 ):
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
     # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
-    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    hh = tl.arange(0, HC_P2)
-    tmask = t < T
-    hmask = hh < hc
-    th_mask = tmask[:, None] & hmask[None, :]
-    sc = t[:, None] * hc + hh[None, :]
-    gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)  # [TOK, HC]
+    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
     gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
                               HC_P2, TOK, BLOCK_D)
     dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0

@@ -18,7 +18,7 @@ from ..language import f32_to_bf16_bits
 from ..language.cast import e4m3_bits_to_f32_fast
 from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
-from .per_token_cast_kernel import _IN_KIND, _data_view, _load_block_sf, _load_tile, _parse_input
+from .per_token_cast_kernel import _IN_KIND, _apply_block_sf, _data_view, _load_block_sf, _load_tile, _parse_input
 from .types import QuantTensor
 
 __all__ = ["cast_back", "per_token_cast_back"]
@@ -111,17 +111,8 @@ def _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, col0, K, num_xsf_k, 
     m = row_ok[:, None] & (cols < K)[None, :]
     if IN_KIND == 2 and HW_DECODE:
         q = e4m3_bits_to_f32_fast(tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=m, other=0))
-        sr = rows // XBM
-        if BLOCK_K % XBK == 0:
-            NB: tl.constexpr = BLOCK_K // XBK
-            kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
-            sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
-            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
-            v = tl.reshape(tl.reshape(q, (BLOCK_M, NB, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
-        else:
-            s = _load_block_sf(xsf_ptr, sr[:, None], (cols // XBK)[None, :], m, stride_xsf_m, stride_xsf_k,
-                               XSF_PACKED)
-            v = q * s
+        v = _apply_block_sf(q, xsf_ptr, rows, row_ok, col0, cols, K, num_xsf_k, stride_xsf_m, stride_xsf_k,
+                            BLOCK_M, BLOCK_K, XBM, XBK, XSF_PACKED)
     else:
         v = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
                        BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)

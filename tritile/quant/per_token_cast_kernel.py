@@ -36,7 +36,6 @@ from ..language import (
     unpack_e2m1,
 )
 from ..language.cast import (
-    e4m3_bits_to_f32_fast,
     f32_to_e2m1_code_fast,
     f32_to_e2m1_code_finite,
     f32_to_e4m3_bits_satfinite,
@@ -103,21 +102,29 @@ def _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, s
         else:
             q = e4m3_bits_to_f32(tl.load(ptr, mask=m, other=0))
     if IN_KIND >= 2:
-        sr = rows // XBM
-        if BLOCK_K % XBK == 0:
-            # one scale per XBK columns: load [BLOCK_M, BLOCK_K // XBK] and broadcast
-            NB: tl.constexpr = BLOCK_K // XBK
-            kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
-            sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
-            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
-            q = tl.reshape(tl.reshape(q, (BLOCK_M, NB, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
-        else:
-            cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
-            kb = cols // XBK
-            sm = row_ok[:, None] & (cols < K)[None, :]
-            s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
-            q = q * s
+        q = _apply_block_sf(q, xsf_ptr, rows, row_ok, col0, col0 + tl.arange(0, BLOCK_K).to(tl.int64), K, num_xsf_k,
+                            stride_xsf_m, stride_xsf_k, BLOCK_M, BLOCK_K, XBM, XBK, XSF_PACKED)
     return q
+
+
+@triton.jit
+def _apply_block_sf(q, xsf_ptr, rows, row_ok, col0, cols, K, num_xsf_k, stride_xsf_m, stride_xsf_k,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr,
+                    XSF_PACKED: tl.constexpr):
+    """``f32(q * sf)`` of a decoded ``[BLOCK_M, BLOCK_K]`` tile (columns ``cols``, starting at ``col0``) with sf
+    blocks ``(XBM, XBK)`` (float32 or packed UE8M0)."""
+    sr = rows // XBM
+    if BLOCK_K % XBK == 0:
+        # one scale per XBK columns: load [BLOCK_M, BLOCK_K // XBK] and broadcast
+        NB: tl.constexpr = BLOCK_K // XBK
+        kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
+        sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
+        s = _load_block_sf(xsf_ptr, sr[:, None], kb[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
+        return tl.reshape(tl.reshape(q, (BLOCK_M, NB, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
+    else:
+        sm = row_ok[:, None] & (cols < K)[None, :]
+        s = _load_block_sf(xsf_ptr, sr[:, None], (cols // XBK)[None, :], sm, stride_xsf_m, stride_xsf_k, XSF_PACKED)
+        return q * s
 
 
 @triton.jit
