@@ -660,12 +660,13 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # override BLOCK_M, BLOCK_K, CHUNKS_PER_PROG, num_warps and the speed-only flags FAST / PREFETCH
         # 2D blocks: PAIRS (FP4 from plain x) loads pair tiles in the packed bytes' layout (no shared-memory
         # relayout for the packing), FINITE encodes finite chunks without the NaN/sign patches, and a 32x32
-        # FP4 tile takes one warp (amax by REDUX, no barrier): sm_90 SASS of the 32x32 fp32 -> e2m1 loop
-        # 29.3 -> 16.5 instructions per element, no STS/LDS/BAR/SHFL (2026-11-30 default: PAIRS/FINITE off,
-        # 2 warps, 93.9 us at 8001 x 7168); 128x128 bf16 -> e4m3: 10.2 -> 8.0 per element (50.1 us)
+        # FP4 tile takes 4 warps: sm_90 SASS of the 32x32 fp32 -> e2m1 loop 29.3 -> 16.5 instructions per
+        # element with PAIRS/FINITE (128x128 bf16 -> e4m3: 10.2 -> 8.0).  H200 sweep (2026-11-30 session 4,
+        # 8001 x 7168 fp32 -> e2m1 32x32, CUDA graph): 4 warps 87.8 us, 2 warps 88.0, PAIRS/FINITE off at 2 warps
+        # 93.6, 1 warp 139.5 (one-warp blocks cap at 32 warps per SM: half occupancy)
         if (bm > 1 and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
                 and bm * bk <= 1024):
-            warps = 1
+            warps = 4
         cfg = dict(BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, CHUNKS_PER_PROG=cpp, num_warps=warps, FAST=True,
                    PREFETCH=bm > 1 and bm * bk <= 1024 and in_kind in (IN_BF16, IN_FP32)
                    and not interpreter_configs(), PAIRS=bm > 1, FINITE=bm > 1)
