@@ -129,8 +129,10 @@ def _config(m: int, k: int):
     if interpreter_configs():
         bm, bk = min(next_power_of_two(m), 64), min(next_power_of_two(k), 2048)
         return bm, bk, ceil_div(k, bk), 4
-    bm, bk = 1, 2048  # H200 sweep (8001 x 7168 e4m3 -> bf16): one row x 2048 per chunk, 4 warps: 47.4 us; 4 x 1024: 51.0
-    return bm, bk, ceil_div(k, bk), 4
+    # H200 sweeps (8001 x 7168 e4m3 -> bf16): one row x 2048 per chunk, 4 warps: 47.4 us; 4 x 1024: 51.0;
+    # session 4 (CUDA graph): 8 warps 45.40 us, 4 warps 46.04
+    bm, bk = 1, 2048
+    return bm, bk, ceil_div(k, bk), 8
 
 
 def cast_back(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int],
