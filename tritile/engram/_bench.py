@@ -29,6 +29,17 @@ _GATE_BWD_TUNE = (  # default: the two passes (1167 us on the H200, 2026-11-30; 
     [dict(FUSED=True), dict(FUSED=True, FPREFETCH=2), dict(FUSED=True, FPREFETCH=0)]
     + [dict(BLOCK_D2=256, WARPS2=4, SPLIT=4), dict(SPLIT=1), dict(SPLIT=4), dict(PREFETCH=False), dict(TOK=2),
        dict(WARPS1=4), dict(BLOCK_D2=1024, WARPS2=8)]
+    # the persistent one-pass kernel (ONEPASS; DRAM floor 598 us).  SASS (sm_90, H=7168): TB=1, [1, 4, 1024] x 8
+    # warps with both manual prefetches 252 registers (1 block/SM), no spills; Triton's pipeliner (OSTAGES=2/3,
+    # no manual prefetch) 214/218 registers with cp.async; 16 warps 128; OWAVES=2 at [1, 4, 512] 96.  The first two lay H out as pass 1 does:
+    # every output bitwise the default's.  OPAIRS keeps grad_v's head order on other tiles; OBLOCK_D != 1024 sums
+    # gamma in another order (grad_x / grad_k may show "output differs" in the last bit).
+    + [dict(ONEPASS=True), dict(ONEPASS=True, OHINTS=False), dict(ONEPASS=True, OPF_B=False),
+       dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=3), dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=2),
+       dict(ONEPASS=True, OWARPS=16),  # 128 registers, no spills (with OPAIRS: 72 bytes of spills)
+       dict(ONEPASS=True, TB=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
+       # 2 programs per SM (96 registers at [1, 4, 512] x 8 warps without prefetch), P = 2 * num_sms
+       dict(ONEPASS=True, OWAVES=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False)]
 )
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

@@ -591,6 +591,184 @@ def _engram_gate_bwd_fused_kernel(
     tl.store(gw_ptr + p * s_gw0 + h * s_gw1 + d, acc, mask=dmask)
 
 
+@triton.jit
+def _sum_heads(p, TB: tl.constexpr, HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr):
+    """``sum_h p[:, h, :]`` of a ``[TB, HC_P2, BLOCK_D]`` tile -> ``[TB, BLOCK_D]``.
+
+    PAIRS: by halving, head h with head h + HC_P2 / 2 first: (p0 + p2) + (p1 + p3) at hc = 4.  Each step adds two
+    values (commutative, so one rounding whatever the layout): the order the pass-1 kernel's [1, 4, 1024] x 8
+    warps layout gives on sm_90 (warpsPerCTA [1, 2, 4]: heads h and h + 2 in one thread's registers, the two
+    halves in two warps), on any tile shape and warp count.  Else tl.sum, whose order follows the layout (the
+    same as pass 1's for the same tile and warps, and numpy's sequential order under the interpreter)."""
+    if not PAIRS:
+        return tl.sum(p, axis=1)
+    s = p
+    if HC_P2 >= 2:
+        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 2, BLOCK_D)), axis=1)
+    if HC_P2 >= 4:
+        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 4, BLOCK_D)), axis=1)
+    if HC_P2 >= 8:
+        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 8, BLOCK_D)), axis=1)
+    if HC_P2 >= 16:  # hc > 8 (TileKernels takes hc = 4 only): the rest in tl.sum's order
+        s = tl.sum(s, axis=1, keep_dims=True)
+    return tl.reshape(s, (TB, BLOCK_D))
+
+
+@triton.jit
+def _onepass_load_a(go_ptr, v_ptr, tok, hh, hmask, t_end, j, H, s_g0, s_g1, s_v0,
+                    BLOCK_D: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr):
+    """Phase A's tile j of tokens ``tok`` [TB]: G and v [TB, HC_P2, BLOCK_D] (bf16 bits; v broadcast over the
+    heads through a zero head stride, so that it comes in G's layout: no shared-memory layout conversion)."""
+    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < H
+    tm = tok < t_end
+    m3 = (tm[:, None] & hmask[None, :])[:, :, None] & dm[None, None, :]
+    # G is read again by phase B a few microseconds later: keep it in L2
+    go = tl.load(go_ptr + tok[:, None, None] * s_g0 + hh[None, :, None] * s_g1 + d[None, None, :], mask=m3,
+                 other=0, eviction_policy=EV_KEEP)
+    v = tl.load(v_ptr + tok[:, None, None] * s_v0 + hh[None, :, None] * 0 + d[None, None, :], mask=m3, other=0,
+                eviction_policy=EV_STREAM)
+    return go, v
+
+
+@triton.jit
+def _onepass_load_b(go_ptr, x_ptr, k_ptr, w_ptr, gw_ptr, tok, hh, hmask, t_end, first, j, H,
+                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1,
+                    BLOCK_D: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr):
+    """Phase B's tile j: G (an L2 hit), x, k [TB, HC_P2, BLOCK_D] (bf16 bits), w[:, tile] and the grad_w_partial
+    row's running sum [1, HC_P2, BLOCK_D] (fp32; 0 for the chunk's first token block, which stores instead of
+    adds).  All 3D, so that they share the tiles' layout (2D [HC_P2, BLOCK_D] loads were given another one and
+    converted through shared memory)."""
+    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < H
+    tm = tok < t_end
+    m3 = (tm[:, None] & hmask[None, :])[:, :, None] & dm[None, None, :]
+    m2 = (hmask[:, None] & dm[None, :])[None, :, :]
+    go = tl.load(go_ptr + tok[:, None, None] * s_g0 + hh[None, :, None] * s_g1 + d[None, None, :], mask=m3,
+                 other=0, eviction_policy=EV_STREAM)
+    x = tl.load(x_ptr + tok[:, None, None] * s_x0 + hh[None, :, None] * s_x1 + d[None, None, :], mask=m3,
+                other=0, eviction_policy=EV_STREAM)
+    k = tl.load(k_ptr + tok[:, None, None] * s_k0 + hh[None, :, None] * s_k1 + d[None, None, :], mask=m3,
+                other=0, eviction_policy=EV_STREAM)
+    w = tl.load(w_ptr + (hh[:, None] * s_w0 + d[None, :])[None, :, :], mask=m2, other=0.0, eviction_policy=EV_KEEP)
+    gw = tl.load(gw_ptr + (hh[:, None] * s_gw1 + d[None, :])[None, :, :], mask=m2 & (first == 0), other=0.0,
+                 eviction_policy=EV_KEEP)
+    return go, x, k, w, gw
+
+
+@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
+def _engram_gate_bwd_onepass_kernel(
+    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
+    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
+    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
+    HC_P2: tl.constexpr, TB: tl.constexpr, BLOCK_D: tl.constexpr, N_TILES: tl.constexpr,
+    PF_A: tl.constexpr, PF_B: tl.constexpr, STAGES: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr,
+    HEAD_PAIRS: tl.constexpr,
+):
+    # One pass, persistent: program p owns token chunk p and grad_w_partial row p, and walks its tokens in
+    # blocks of TB.  Phase A sweeps H in BLOCK_D tiles over all heads: gamma = G . v (dL/dg) and grad_v; then
+    # delta, a_x, a_k of the block; phase B sweeps H again: G (read again, from L2: the block's TB x hc x H x 2
+    # bytes were loaded moments ago), x, k -> grad_x, grad_k, and grad_w_partial[p] += sum over the block of
+    # delta * x * k (a read-modify-write of an L2-resident row).  G, x, k, v come from DRAM once.
+    # PF_A / PF_B: the tile after the current one is in flight while the current one is computed (phase A's
+    # last tile prefetches the next block's first; phase B's first tile is issued before the gamma reduction).
+    p = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, HC_P2)
+    hmask = hh < hc
+    tt = tl.arange(0, TB)
+    dd = tl.arange(0, BLOCK_D)
+    t_begin = p * tokens_per_chunk
+    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
+    gw_row = gw_ptr + p * s_gw0
+    if t_begin >= t_end:  # a chunk without tokens: its row is zero
+        for j in tl.range(0, N_TILES):
+            d = j * BLOCK_D + dd
+            tl.store(gw_row + hh[:, None] * s_gw1 + d[None, :], tl.zeros((HC_P2, BLOCK_D), tl.float32),
+                     mask=hmask[:, None] & (d < H)[None, :])
+    hf = hidden_f
+    t = t_begin
+    if PF_A:
+        n_go, n_v = _onepass_load_a(go_ptr, v_ptr, t + tt, hh, hmask, t_end, 0, H, s_g0, s_g1, s_v0,
+                                    BLOCK_D, EV_KEEP, EV_STREAM)
+    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        tok = t + tt
+        tmask = tok < t_end
+        th_mask = tmask[:, None] & hmask[None, :]
+        sc = tok[:, None] * hc + hh[None, :]
+        gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
+        # phase A: gamma and grad_v (the same [TB, HC_P2, BLOCK_D] accumulation as the pass-1 kernel)
+        acc = tl.zeros((TB, HC_P2, BLOCK_D), tl.float32)
+        for j in tl.range(0, N_TILES, num_stages=STAGES):
+            if PF_A:
+                c_go = n_go
+                c_v = n_v
+                jn = j + 1  # the next tile: tile j + 1, or after the last one the next block's tile 0
+                wrap = jn // N_TILES
+                n_go, n_v = _onepass_load_a(go_ptr, v_ptr, tok + wrap * TB, hh, hmask, t_end, jn - wrap * N_TILES,
+                                            H, s_g0, s_g1, s_v0, BLOCK_D, EV_KEEP, EV_STREAM)
+            else:
+                c_go, c_v = _onepass_load_a(go_ptr, v_ptr, tok, hh, hmask, t_end, j, H, s_g0, s_g1, s_v0,
+                                            BLOCK_D, EV_KEEP, EV_STREAM)
+            go = bf16_bits_to_f32(c_go)
+            acc += go * bf16_bits_to_f32(c_v)
+            gv = _sum_heads(gate[:, :, None] * go, TB, HC_P2, BLOCK_D, HEAD_PAIRS)
+            d = j * BLOCK_D + dd
+            tl.store(gv_ptr + tok[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv),
+                     mask=tmask[:, None] & (d < H)[None, :], eviction_policy=EV_STREAM)
+        first = (t == t_begin).to(tl.int32)
+        # grad_w_partial[p] was last written by the previous block's phase B, possibly by other threads
+        tl.debug_barrier()
+        if PF_B:
+            b_go, b_x, b_k, b_w, b_gw = _onepass_load_b(
+                go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, 0, H,
+                s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
+        gamma = tl.sum(acc, axis=2)
+        dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
+        rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
+        rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
+        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
+        s = dot * rx * rk * scale
+        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
+        delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
+        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
+        a_x = tl.math.div_rn(dot * rx * rx, hf)
+        a_k = tl.math.div_rn(dot * rk * rk, hf)
+        # phase B: grad_x, grad_k and the grad_w_partial row
+        gx_rows = tok[:, None, None] * s_gx0 + hh[None, :, None] * s_gx1
+        gk_rows = tok[:, None, None] * s_gk0 + hh[None, :, None] * s_gk1
+        for j in tl.range(0, N_TILES, num_stages=STAGES):
+            if PF_B:
+                c_go = b_go
+                c_x = b_x
+                c_k = b_k
+                c_w = b_w
+                c_gw = b_gw
+                # tile j + 1 (past the row after the last tile: all masked, no traffic)
+                b_go, b_x, b_k, b_w, b_gw = _onepass_load_b(
+                    go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, j + 1, H,
+                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
+            else:
+                c_go, c_x, c_k, c_w, c_gw = _onepass_load_b(
+                    go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, j, H,
+                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
+            go = bf16_bits_to_f32(c_go)
+            x = bf16_bits_to_f32(c_x)
+            k = bf16_bits_to_f32(c_k)
+            w = c_w
+            # the pass-2 kernel's per-element formulas (_bwd_tile_math), on [TB, HC_P2, BLOCK_D]
+            gx = go + delta[:, :, None] * (w * k - x * a_x[:, :, None])
+            gk = delta[:, :, None] * (w * x - k * a_k[:, :, None])
+            d = j * BLOCK_D + dd
+            m3 = th_mask[:, :, None] & (d < H)[None, None, :]
+            tl.store(gx_ptr + gx_rows + d[None, None, :], f32_to_bf16_bits(gx), mask=m3, eviction_policy=EV_STREAM)
+            tl.store(gk_ptr + gk_rows + d[None, None, :], f32_to_bf16_bits(gk), mask=m3, eviction_policy=EV_STREAM)
+            gw = c_gw + tl.sum(delta[:, :, None] * (x * k), axis=0, keep_dims=True)
+            tl.store(gw_row + (hh[:, None] * s_gw1 + d[None, :])[None, :, :], gw,
+                     mask=(hmask[:, None] & (d < H)[None, :])[None, :, :], eviction_policy=EV_KEEP)
+        t += TB
+
+
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -632,9 +810,29 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     # H200 sweep (2026-11-30, T=8001, hc=4, H=7168, CUDA-graph us): the one-pass kernel took 1211 us, the two
     # passes 1167 us (both far from TileKernels' 644 us): FUSED stays a candidate, off by default.
     fwarps = min(16, max(4, next_power_of_two(H) // 512)) if not interp() else 4
+    # ONEPASS: the persistent one-pass kernel (``_engram_gate_bwd_onepass_kernel``, OWAVES * num_sms programs,
+    # program p = token chunk p and grad_w_partial row p; the FUSED and two-pass knobs unused).  DRAM traffic
+    # ~2.52 GB + 15 MB at T=8001, hc=4, H=7168 (floor 598 us at 4.22 TB/s); G's second read, w and the
+    # grad_w_partial row's read-modify-write are L2 traffic.  TB: tokens per block (1, 2, 4); OBLOCK_D, OWARPS:
+    # the [TB, HC_P2, OBLOCK_D] tile and its warps (OBLOCK_D = BLOCK_D1 = 1024 with >= 4 warps lays the H axis
+    # out as pass 1 does: gamma, hence every output, bitwise the default's; another OBLOCK_D sums gamma in
+    # another order).  OPF_A / OPF_B: prefetch the next tile in phase A / B.  OHINTS: evict_last on G's first
+    # read, w and the grad_w_partial row, evict_first on the streamed tensors.  OSTAGES: num_stages of the
+    # H loops (Triton's pipeliner).  OWAVES: programs per SM (P = OWAVES * num_sms rows of grad_w_partial).
+    # OPAIRS: grad_v's head sum in the pass-1 kernel's sm_90 order, (g0 G0 + g2 G2) + (g1 G1 + g3 G3), whatever
+    # the tile (for TB > 1 or another OWARPS, whose layouts would put the heads elsewhere); False: tl.sum (the
+    # same order as pass 1 with pass 1's tile and warps; numpy's under the interpreter).
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
                                          COEF=True, SPLIT=split, PREFETCH=True,
-                                         FUSED=False, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True))
+                                         FUSED=False, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True,
+                                         ONEPASS=False, TB=1, OBLOCK_D=bd1, OWARPS=nw, OPF_A=True, OPF_B=True,
+                                         OHINTS=True, OSTAGES=1, OWAVES=1, OPAIRS=False))
+
+
+def _bwd_num_parts(H: int, hc: int) -> int:
+    """P, the number of grad_w_partial rows: num_sms, or OWAVES * num_sms for the persistent one-pass kernel."""
+    cfg = _bwd_launch_config(H, hc)
+    return get_num_sms() * (max(1, int(cfg["OWAVES"])) if cfg["ONEPASS"] and cfg["COEF"] else 1)
 
 
 def engram_gate_bwd(
@@ -690,7 +888,7 @@ def engram_gate_bwd(
 def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
     T, hc, H = hidden_states.shape
     dev = hidden_states.device
-    num_parts = get_num_sms()
+    num_parts = _bwd_num_parts(H, hc)
     grad_x = empty_like(hidden_states)
     grad_k = empty_like(k)
     grad_v = empty_like(v)
@@ -718,6 +916,22 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
             grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
             HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
+        )
+        return grad_x, grad_k, grad_v, grad_w_partial
+    if cfg["ONEPASS"]:
+        block_d = min(next_power_of_two(int(cfg["OBLOCK_D"])), next_power_of_two(H))
+        ev_keep, ev_stream = ("evict_last", "evict_first") if cfg["OHINTS"] else ("", "")
+        _engram_gate_bwd_onepass_kernel[(num_parts,)](
+            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
+            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
+            T, hc, H, float(H), chunk, clamp_value, _scale(H),
+            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
+            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
+            HC_P2=hc_p2, TB=int(cfg["TB"]), BLOCK_D=block_d,
+            N_TILES=ceil_div(H, block_d), PF_A=bool(cfg["OPF_A"]), PF_B=bool(cfg["OPF_B"]),
+            STAGES=int(cfg["OSTAGES"]), EV_KEEP=ev_keep, EV_STREAM=ev_stream, HEAD_PAIRS=bool(cfg["OPAIRS"]),
+            num_warps=int(cfg["OWARPS"]),
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     if cfg["FUSED"]:
@@ -757,7 +971,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
 def _bwd_fake(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
     _, hc, H = hidden_states.shape
     return [torch.empty_like(hidden_states), torch.empty_like(k), torch.empty_like(v),
-            hidden_states.new_empty((get_num_sms(), hc, H), dtype=torch.float32)]
+            hidden_states.new_empty((_bwd_num_parts(H, hc), hc, H), dtype=torch.float32)]
 
 
 @custom_op("engram_gate_bwd", fake=_bwd_fake)
