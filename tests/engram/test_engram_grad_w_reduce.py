@@ -87,7 +87,7 @@ def test_grad_w_reduce_gpu_like_blocks(device, monkeypatch):
     # several row steps with a partial last one (P = 5, 2 rows a step) and several H tiles with a tail
     import tritile.engram.engram_grad_w_reduce_kernel as gm
 
-    monkeypatch.setattr(gm, "_config", lambda P, H: (2, 32, 4))
+    monkeypatch.setattr(gm, "_config", lambda P, H: (2, 32, 4, False))
     test_grad_w_reduce(device, 5, 3, 100)
 
 
@@ -101,7 +101,8 @@ def test_grad_w_reduce_opcheck(device):
 
 
 @pytest.mark.parametrize("cfg", [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32, num_warps=8),
-                                 dict(ROWS=4, BLOCK_D=16, num_warps=1)])
+                                 dict(ROWS=4, BLOCK_D=16, num_warps=1), dict(ROWS=256, BLOCK_D=32, EARLY=True),
+                                 dict(ROWS=32, BLOCK_D=64, EARLY=True)])
 def test_grad_w_reduce_launch_configs(device, cfg):
     """The GPU's tune candidates (P = 132 in one step or several, partial column strips) against the reference."""
     from tritile.runtime import override_config

@@ -171,6 +171,9 @@ _GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32,
              dict(ROWS=128, BLOCK_D=64, num_warps=4), dict(ROWS=128, BLOCK_D=64, num_warps=8),
              dict(ROWS=256, BLOCK_D=64, num_warps=8), dict(ROWS=64, BLOCK_D=128, num_warps=8),
              dict(ROWS=128, BLOCK_D=32, num_warps=4), dict(ROWS=256, BLOCK_D=16, num_warps=4)]
+# EARLY (the epilogue's loads first) with every partial row in one step (P = 132 <= ROWS): one DRAM round trip
+_GWR_TUNE += [dict(EARLY=True), dict(EARLY=True, ROWS=256), dict(EARLY=True, ROWS=256, num_warps=8),
+              dict(EARLY=True, ROWS=256, BLOCK_D=16), dict(EARLY=True, ROWS=256, BLOCK_D=64, num_warps=8)]
 
 
 @register("engram", "engram_hash")

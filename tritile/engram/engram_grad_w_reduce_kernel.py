@@ -18,11 +18,16 @@ def _grad_w_reduce_kernel(
     part_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr,
     P, H,
     s_p0, s_p1, s_wh0, s_we0, s_gwh0, s_gwe0,
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr,
 ):
     h = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < H
+    if EARLY:  # the epilogue's four loads issued with the first partial rows: no extra DRAM round trip at the end
+        wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
+        we_b = tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0)
+        gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
+        gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
     r = tl.arange(0, ROWS).to(tl.int64)
     # ROWS partial rows in flight per step; a fixed summation order (deterministic for a given P)
     acc = tl.zeros((ROWS, BLOCK_D), tl.float32)
@@ -33,28 +38,32 @@ def _grad_w_reduce_kernel(
         acc += tl.load(part_ptr + p[:, None] * s_p0 + h * s_p1 + d[None, :], mask=m, other=0.0)
         p0 += ROWS
     total = tl.sum(acc, axis=0)
-    wh = bf16_bits_to_f32(tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0))
-    we = bf16_bits_to_f32(tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0))
-    gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
-    gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
+    if not EARLY:
+        wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
+        we_b = tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0)
+        gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
+        gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
+    wh = bf16_bits_to_f32(wh_b)
+    we = bf16_bits_to_f32(we_b)
     tl.store(gwh_ptr + h * s_gwh0 + d, gwh + total * we, mask=dmask)
     tl.store(gwe_ptr + h * s_gwe0 + d, gwe + total * wh, mask=dmask)
 
 
 def _config(P: int, H: int):
-    """(ROWS, BLOCK_D, num_warps): [ROWS, BLOCK_D] partial rows in flight per step, through
+    """(ROWS, BLOCK_D, num_warps, EARLY): [ROWS, BLOCK_D] partial rows in flight per step, through
     ``tuned("grad_w_reduce", ...)``.  The summation order follows ROWS (fixed for a given config and P).
 
     GPU: all P rows of a 32-column strip in flight at once (one DRAM round trip per program; the first
-    version's [32, 128] steps made 5 dependent round trips at P = 132: 9.4 us CUPTI, L2 flushed)."""
+    version's [32, 128] steps made 5 dependent round trips at P = 132: 9.4 us CUPTI, L2 flushed).  EARLY: the
+    weights and the gradients to accumulate into are loaded before the partial rows, not after their sum."""
     if interp():
         rows, block_d, warps = min(64, next_power_of_two(P)), min(2048, next_power_of_two(H)), 4
     else:
         # H200 sweep (2026-11-30, P=132, hc=4, H=7168, CUDA-graph us): [128, 32] x 4 warps 5.05, [256, 32] 5.34,
         # [32, 128] (the first version) 5.18
         rows, block_d, warps = min(128, next_power_of_two(P)), min(32, next_power_of_two(H)), 4
-    cfg = tuned("grad_w_reduce", dict(ROWS=rows, BLOCK_D=block_d, num_warps=warps))
-    return cfg["ROWS"], cfg["BLOCK_D"], cfg["num_warps"]
+    cfg = tuned("grad_w_reduce", dict(ROWS=rows, BLOCK_D=block_d, num_warps=warps, EARLY=False))
+    return cfg["ROWS"], cfg["BLOCK_D"], cfg["num_warps"], bool(cfg["EARLY"])
 
 
 def grad_w_reduce(
@@ -102,12 +111,12 @@ def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, gra
     P, hc, H = grad_w_partial.shape
     if hc == 0 or H == 0 or P == 0:  # nothing to add
         return
-    rows, block_d, num_warps = _config(P, H)
+    rows, block_d, num_warps, early = _config(P, H)
     _grad_w_reduce_kernel[(hc, ceil_div(H, block_d))](
         grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
         P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
         grad_weight_hidden.stride(0), grad_weight_embed.stride(0),
-        ROWS=rows, BLOCK_D=block_d, num_warps=num_warps,
+        ROWS=rows, BLOCK_D=block_d, EARLY=early, num_warps=num_warps,
     )
 
 
