@@ -42,3 +42,21 @@ def test_normalize_weight_bad_input(device):
         moe.normalize_weight(torch.rand(8, 4, device=device).t())
     with pytest.raises(TypeError, match="topk_weights"):
         moe.normalize_weight([[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("cfg", [dict(QUADS=True, BLOCK_T=32, num_warps=1), dict(QUADS=True, BLOCK_T=128, num_warps=2),
+                                 dict(PER_COL=True, BLOCK_T=64, num_warps=2)], ids=str)
+@pytest.mark.parametrize("num_tokens,num_topk", [(1, 1), (7, 3), (33, 4), (45, 5), (70, 8), (9, 9)])
+def test_normalize_weight_configs(device, cfg, num_tokens, num_topk):
+    """Every launch-config path (tune candidates) gives the reference's bits; ``QUADS`` with K > 8 falls back."""
+    from tritile.runtime import override_config
+    w = torch.randn(num_tokens, num_topk, device=device) * torch.exp2(torch.randint(-30, 30, (num_tokens, num_topk),
+                                                                                     device=device).float())
+    if num_tokens > 3:
+        w[1, 0] = -0.0
+        w[2, :] = 0.0
+    with override_config("normalize_weight", **cfg):
+        denom, norm = moe.normalize_weight(w)
+    denom_ref, norm_ref = ref(w)
+    assert_equal(denom, denom_ref)
+    assert_equal(norm, norm_ref)

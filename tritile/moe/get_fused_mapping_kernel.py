@@ -24,7 +24,14 @@ slot range is cut into ``P`` chunks of ``CHUNK`` slots:
 
 Small inputs (``T*K <= single_max``) take one launch of one program that counts, scans and scatters.
 All outputs (and the small scratch table) live in one int32 allocation, so a call costs one allocation, one
-to three launches and, in the synchronising mode, one device-to-host copy.
+to three launches and, in the synchronising mode, one device-to-host copy.  The kernels take that buffer as one
+pointer and compute the pieces' offsets themselves (6 scatter arguments instead of 14: Triton's launch path costs
+per argument), and the host cuts the views once, after the sync in the synchronising mode.
+
+Checks: argument types, ranks, dtypes, contiguity, value ranges of the ints and the int32 position bound are host
+checks without device work.  What only the data reveals (ids outside ``[-1, E)``, a too small
+``num_expanded_tokens``) is checked with ``TRITILE_CHECKS=1`` only (host syncs); otherwise such slots are dropped,
+never written out of bounds.
 """
 
 from __future__ import annotations
@@ -106,15 +113,32 @@ def _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos
 
 
 @triton.jit
-def _fused_mapping_scatter_kernel(topk_ptr, counts_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr,
-                                  token_topk_to_pos_ptr, expert_start_ptr, expert_end_ptr, num_per_expert_ptr,
-                                  numel, num_experts, num_expanded, alignment, num_chunks,
+def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_expanded, alignment,
                                   NUM_TOPK: tl.constexpr, SINGLE: tl.constexpr, TABLE_ROWS: tl.constexpr,
                                   PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
                                   PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    num_chunks = nprog
+    # Every output is a piece of one int32 buffer (``_pieces``): the count table (absent with SINGLE), then
+    # pos_to_expert / pos_to_token / pos_to_token_topk (num_expanded each), expert_start / expert_end /
+    # num_per_expert (num_experts each), token_topk_to_pos (numel), each piece padded to 32 words (128 bytes).
+    # One pointer instead of nine: fewer launch arguments (host cost); `// 32 * 32` keeps the alignment known.
+    counts_ptr = buf_ptr
+    if SINGLE:
+        tab_words = tl.cast(0, tl.int64)
+    else:
+        tab_words = (tl.cast(nprog + 1, tl.int64) * BLOCK_E + 31) // 32 * 32
+    n_words = (tl.cast(num_expanded, tl.int64) + 31) // 32 * 32
+    e_words = (tl.cast(num_experts, tl.int64) + 31) // 32 * 32
+    pos_to_expert_ptr = buf_ptr + tab_words
+    pos_to_token_ptr = pos_to_expert_ptr + n_words
+    pos_to_token_topk_ptr = pos_to_token_ptr + n_words
+    expert_start_ptr = pos_to_token_topk_ptr + n_words
+    expert_end_ptr = expert_start_ptr + e_words
+    num_per_expert_ptr = expert_end_ptr + e_words
+    token_topk_to_pos_ptr = num_per_expert_ptr + e_words
     e_ar = tl.arange(0, BLOCK_E)
     c_start = pid.to(tl.int64) * CHUNK
     if PACKED:  # the chunk's ids first, so that their load overlaps the count table's
@@ -282,46 +306,44 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
 
 
 @functools.lru_cache(maxsize=256)
-def _pieces(num_expanded: int, num_experts: int, numel: int, table: int):
-    """One int32 allocation cut by one split; every part starts on a 128-byte boundary.  The scratch table has
-    a row per chunk plus one for the totals.  Cached: the host path is latency-critical."""
-    pieces = []
-    for n in (num_expanded, num_expanded, num_expanded, num_experts, num_experts, num_experts, numel, table):
-        pieces += [n, align(n, 32) - n]
+def _pieces(num_view: int, num_expanded: int, num_experts: int, numel: int, table: int):
+    """One int32 allocation, cut by one ``split_with_sizes`` whose odd pieces are the seven outputs: the scratch
+    count table (a row per chunk plus one for the totals; 0 words on the one-program path), then
+    pos_to_expert / pos_to_token / pos_to_token_topk (``num_view`` of ``num_expanded`` words each), expert_start /
+    expert_end / num_tokens_per_expert, token_topk_to_pos; every piece starts on a 128-byte boundary (the
+    scatter kernel computes the same offsets).  Returns (sizes, total words).  Cached: the host path is
+    latency-critical."""
+    pieces = [align(table, 32)]
+    na, ea = align(num_expanded, 32), align(num_experts, 32)
+    for n, a in ((num_view, na), (num_view, na), (num_view, na), (num_experts, ea), (num_experts, ea),
+                 (num_experts, ea)):
+        pieces += [n, a - n]
+    pieces.append(numel)
     return pieces, sum(pieces)
 
 
 def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
-    num_tokens, num_topk = topk_idx.shape
-    numel = num_tokens * num_topk
+    """Allocate the one int32 buffer and launch the kernels on it (no views yet: the synchronising mode cuts the
+    buffer once, after the sync, to the final length).  Returns (buffer, table words)."""
+    numel = topk_idx.numel()
     c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
-    cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
-                c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
+    cfg = _plan(numel, topk_idx.shape[1], num_experts, alignment, c["chunk"], c["sb"], c["single_max"],
+                c["num_warps"], c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
     num_chunks = cfg["num_chunks"]
-    pieces, total = _pieces(num_expanded, num_experts, numel, 0 if cfg["single"] else (num_chunks + 1) * cfg["block_e"])
+    table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
+    total = _pieces(num_expanded, num_expanded, num_experts, numel, table)[1]
     buf = empty((total,), torch.int32, topk_idx.device)
-    parts = buf.split_with_sizes(pieces)[::2]
-    pos_to_expert, pos_to_token, pos_to_token_topk, expert_start, expert_end, num_per_expert, flat_pos, counts = parts
-    token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
-    outs = (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-            num_per_expert)
     if numel == 0:
-        buf[:sum(pieces[:5])].fill_(-1)
-        for t in outs[4:]:
-            t.zero_()
-        return outs
+        return buf, table
     if not cfg["single"]:
-        _fused_mapping_count_kernel[(num_chunks,)](topk_idx, counts, numel, num_experts, **cfg["count"],
-                                                   num_warps=4)
+        # the count table is the buffer's first piece: the count and scan kernels take the buffer itself
+        _fused_mapping_count_kernel[(num_chunks,)](topk_idx, buf, numel, num_experts, **cfg["count"], num_warps=4)
         if not cfg["table_rows"]:
-            _fused_mapping_scan_kernel[(cfg["scan_grid"],)](counts, num_chunks, **cfg["scan"], num_warps=4)
-    # The synchronising mode slices the outputs to the segments' end, so it needs no tail fill.
-    _fused_mapping_scatter_kernel[(num_chunks,)](
-        topk_idx, counts, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
-        expert_start, expert_end, num_per_expert,
-        numel, num_experts, num_expanded, alignment, num_chunks,
-        FILL_TAIL=not sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
-    return outs
+            _fused_mapping_scan_kernel[(cfg["scan_grid"],)](buf, num_chunks, **cfg["scan"], num_warps=4)
+    # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
+    _fused_mapping_scatter_kernel[(num_chunks,)](topk_idx, buf, numel, num_experts, num_expanded, alignment,
+                                                 FILL_TAIL=not sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
+    return buf, table
 
 
 def get_fused_mapping(
@@ -387,14 +409,27 @@ def get_fused_mapping(
         num_expanded = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
     else:
         num_expanded = num_expanded_tokens
-    outs = _launch(topk_idx, num_experts, num_expanded, alignment, sync_mode=should_sync)
-    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outs
-
+    numel = num_tokens * num_topk
+    buf, table = _launch(topk_idx, num_experts, num_expanded, alignment, sync_mode=should_sync)
     per_expert_list: List[int] = []
-    if should_sync:
-        per_expert_list = per_expert.tolist()
-        n = sum(per_expert_list)
-        pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:n], pos_to_token[:n], pos_to_token_topk[:n]
+    if should_sync and numel > 0:
+        # the one host sync: num_tokens_per_expert is the buffer's words [start, start + E)
+        start = align(table, 32) + 3 * align(num_expanded, 32) + 2 * align(num_experts, 32)
+        per_expert_list = buf[start:start + num_experts].tolist()
+        num_view = sum(per_expert_list)
+    else:
+        num_view = 0 if should_sync else num_expanded
+    pieces = _pieces(num_view, num_expanded, num_experts, numel, table)[0]
+    _, pos_to_expert, _, pos_to_token, _, pos_to_token_topk, _, expert_start, _, expert_end, _, per_expert, _, \
+        flat_pos = buf.split_with_sizes(pieces)
+    token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
+    if numel == 0:  # nothing launched: every position is padding, every count zero
+        for t in (pos_to_expert, pos_to_token, pos_to_token_topk):
+            t.fill_(-1)
+        for t in (expert_start, expert_end, per_expert):
+            t.zero_()
+        if should_sync:
+            per_expert_list = [0] * num_experts
     elif checks and num_expanded_tokens > 0:
         need = int(per_expert.sum())
         if need > num_expanded_tokens:
