@@ -27,6 +27,16 @@ _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, V
     dict(BLOCK_K=128, ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(BLOCK_K=128, ROWS_PER_STEP=32),
     dict(BLOCK_K=32), dict(BLOCK_K=32, num_warps=2), dict(num_warps=2), dict(num_warps=8), dict(VEC=0),
     dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=64),
+    # SIGNED_ENC (same bits; sm90 hot-path SASS per element for [128, 64] x 4 warps: default 18.0 instructions,
+    # 80 registers; SIGNED_ENC=2 11.2, 72 registers; SIGNED_ENC=1 ~13, 139 registers): the NaN patch of the
+    # encode becomes one byte merge per four codes; 2 also unpacks and multiplies inside that assembly
+    dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=32, num_warps=2),
+    dict(SIGNED_ENC=2, BLOCK_K=32, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
+    dict(SIGNED_ENC=2, BLOCK_K=128, num_warps=8), dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1),
+    dict(SIGNED_ENC=1, BLOCK_K=128, ROWS_PER_STEP=32),
+    # INT_POW2 (round_sf cases only: the pow2 scale from amax's bits; SIGNED_ENC=2 + INT_POW2 10.98 hot
+    # instructions per element against 18.5 for the round_sf default)
+    dict(SIGNED_ENC=2, INT_POW2=True),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweep, 2026-11-30): npt 128: [128, 32] x 2 warps, npt 32:
 # [32, 128] x 2 warps; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
@@ -34,10 +44,17 @@ _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, V
 _TUNE_TRANSPOSE = {
     128: [dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False), dict(BLOCK_K=64, num_warps=4),
           dict(FINITE_BRANCH=True), dict(maxnreg=96, FINITE_BRANCH=True), dict(BLOCK_K=16, num_warps=1),
-          dict(BLOCK_K=64, num_warps=2), dict(num_warps=4), dict(num_stages=1), dict(PERM=False)],
+          dict(BLOCK_K=64, num_warps=2), dict(num_warps=4), dict(num_stages=1), dict(PERM=False),
+          # SIGNED_ENC (same bits; sm90 hot path per element: default 19.8 instructions / 96 registers,
+          # SIGNED_ENC=2 14.0 / 66)
+          dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=4),
+          dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
+          dict(SIGNED_ENC=2, INT_POW2=True)],
     32: [dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
          dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),
-         dict(BLOCK_K=64, num_warps=2), dict(num_stages=1), dict(PERM=False)],
+         dict(BLOCK_K=64, num_warps=2), dict(num_stages=1), dict(PERM=False),
+         dict(SIGNED_ENC=2), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=256, num_warps=4),
+         dict(SIGNED_ENC=2, INT_POW2=True)],
 }
 
 

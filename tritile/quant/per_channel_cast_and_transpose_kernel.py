@@ -22,7 +22,8 @@ __all__ = ["per_channel_cast_and_transpose"]
 def _per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
         NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr,
-        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, PERM_ROWS: tl.constexpr = 0):
+        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, PERM_ROWS: tl.constexpr = 0,
+        SIGNED_ENC: tl.constexpr = 0, INT_POW2: tl.constexpr = False):
     """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
     output (``stride_om`` in words) and four codes of consecutive rows are packed into one
     little-endian word before the transpose, so the tile is transposed as 32-bit elements.
@@ -34,7 +35,11 @@ def _per_channel_cast_and_transpose_kernel(
     ``REPS * (r % PERM_ROWS) + r // PERM_ROWS`` (``REPS = BM // PERM_ROWS``, a multiple of 4).  With
     ``PERM_ROWS`` = the rows one layout repetition covers (threads per warp along rows x warps), each
     thread's REPS row repetitions are REPS consecutive tokens, so the four codes of a word are packed
-    inside the thread (no shuffles); the column max does not depend on the row order."""
+    inside the thread (no shuffles); the column max does not depend on the row order.
+    ``SIGNED_ENC`` (1, or 2 with ``BM == NPT``): the NaN codes' sign merged from the bf16 patterns instead of
+    a compare-and-select per element; 2 also unpacks and multiplies inside the same per-four assembly
+    (``_per_channel_common.per_channel_encode_signed`` / ``per_channel_encode_bf16``; same bits).
+    ``INT_POW2`` (round_sf): power-of-two scales from amax's bits (``per_channel_scale``; same bits)."""
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     if PERM_ROWS > 0:
@@ -51,7 +56,7 @@ def _per_channel_cast_and_transpose_kernel(
     col_ok = cols < hidden
     bits = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                    other=0)
-    codes, sf = per_channel_quant_tile_bf16(bits, NPT, ROUND_SF, FINITE_BRANCH)
+    codes, sf = per_channel_quant_tile_bf16(bits, NPT, ROUND_SF, FINITE_BRANCH, SIGNED_ENC, INT_POW2)
     # out[k, m] = codes[m, k]: the tile is transposed in registers/shared memory, then stored row-wise
     if PERM_ROWS > 0:
         # logical row (4 * j4 + j) * PERM_ROWS + c = token REPS * c + 4 * j4 + j: byte j of word c * (REPS // 4) + j4
@@ -95,8 +100,9 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     ``BLOCK_M`` (a multiple of npt and 4), ``BLOCK_K``, ``num_warps``, ``num_stages``, ``PACK_WORDS``,
     ``FINITE_BRANCH`` (GPU: skip the NaN patch of finite tiles), ``VEC`` (columns per thread, 0 = Triton's
     choice), ``PERM`` (pack the words inside the thread through a row permutation, see the kernel; used
-    when the tile is one scale block of 4k layout repetitions), ``maxnreg`` (None: no cap); missing keys come from
-    the default rule."""
+    when the tile is one scale block of 4k layout repetitions), ``maxnreg`` (None: no cap), ``SIGNED_ENC`` (0, 1 or
+    2: the encode's NaN patch as a sign merge, see the kernel), ``INT_POW2`` (round_sf scales without a division);
+    missing keys come from the default rule."""
     m, k = x.shape
     out = empty((k, m), torch.float8_e4m3fn, x.device)
     sf = empty((m // num_per_tokens, k), torch.float32, x.device)
@@ -118,7 +124,8 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         vec = 8
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
-               "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None,
+               "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None, "SIGNED_ENC": 0,
+               "INT_POW2": False,
                **(config or {})})
     bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]
     if bm % num_per_tokens != 0:
@@ -130,7 +137,9 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     _per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),
         NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words,
-        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=c["VEC"], PERM_ROWS=perm, num_warps=warps,
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=c["VEC"], PERM_ROWS=perm,
+        SIGNED_ENC=int(c["SIGNED_ENC"]) if bm == num_per_tokens else min(int(c["SIGNED_ENC"]), 1),
+        INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
         num_stages=c["num_stages"], **extra)
     return out, sf
 

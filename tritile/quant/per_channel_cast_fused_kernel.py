@@ -15,7 +15,7 @@ from ..runtime import (check_choice, check_inner_contiguous, check_same_device, 
                        custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div
 from ._per_channel_common import (all_finite, column_amax, column_amax_bf16, per_channel_encode,
-                                  per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
+                                  per_channel_encode_signed, per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
                                   per_channel_scale)
 from .common import sf_info
 from .types import QuantTensor
@@ -83,7 +83,7 @@ def _encode_pass(x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, 
                  num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om,
                  IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
                  HAS_MAP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-                 ALL_FINITE: tl.constexpr):
+                 ALL_FINITE: tl.constexpr, SIGNED_ENC: tl.constexpr = False):
     """Second pass of a streamed block: re-read each ``RB``-row chunk, encode it with ``sf_inv``, store."""
     col_ok = cols < hidden
     for r in tl.range(0, BM, RB):
@@ -91,7 +91,11 @@ def _encode_pass(x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, 
         x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
                        num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
                        HAS_MAP, BK)
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], per_channel_encode(x, sf_inv, RB, ALL_FINITE),
+        if SIGNED_ENC:
+            codes = per_channel_encode_signed(x, sf_inv, RB, x)
+        else:
+            codes = per_channel_encode(x, sf_inv, RB, ALL_FINITE)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
                  mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
 
 
@@ -102,7 +106,8 @@ def _per_channel_cast_fused_kernel(
         stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om, stride_sm,
         IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0):
+        FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, SIGNED_ENC: tl.constexpr = 0,
+        INT_POW2: tl.constexpr = False):
     """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
     (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
     read mostly hits L2), which needs far fewer registers per thread.  ``FINITE_BRANCH`` (GPU): a
@@ -110,6 +115,13 @@ def _per_channel_cast_fused_kernel(
     ``VEC`` (> 0): the column offsets are declared contiguous in runs of ``VEC`` only, so Triton's
     coalescing gives each thread ``VEC`` columns (8: one 16-byte bf16 load, one 8-byte code store) and
     spreads the threads over more rows (more rows per thread: fewer shuffles in the column max).
+    ``SIGNED_ENC`` (1 or 2): the encode takes the NaN codes' sign from x through a byte merge instead of
+    a compare-and-select per element (``_per_channel_common.per_channel_encode_signed``: same bits, ~1/3
+    of the encode's instructions; FINITE_BRANCH then has nothing to drop and is ignored); 2, for bf16 input
+    without sf in the one-pass tile: unpack and multiply inside the same per-four assembly
+    (``per_channel_encode_bf16``), which keeps ptxas from holding a float32 copy of the tile.
+    ``INT_POW2`` (round_sf): the power-of-two scales from amax's bits, no division (same bits;
+    ``_per_channel_common.per_channel_scale``).
     bf16 input without an input sf: the column max is taken on the bf16 patterns (``BITS_AMAX``)."""
     BITS_AMAX: tl.constexpr = IN_KIND == 1 and not HAS_SF
     pid_m = tl.program_id(0).to(tl.int64)
@@ -124,11 +136,11 @@ def _per_channel_cast_fused_kernel(
             bits = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
                               num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED,
                               NPC, HAS_MAP, BK, True)
-            codes, sf = per_channel_quant_tile_bf16(bits, BM, ROUND_SF, FINITE_BRANCH)
+            codes, sf = per_channel_quant_tile_bf16(bits, BM, ROUND_SF, FINITE_BRANCH, SIGNED_ENC, INT_POW2)
         else:
             x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
                            stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
-            codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH)
+            codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH, SIGNED_ENC, INT_POW2)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
                  mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
     else:
@@ -141,7 +153,7 @@ def _per_channel_cast_fused_kernel(
                                   num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF,
                                   SF_PACKED, NPC, HAS_MAP, BK, True)
                 acc16 = tl.maximum(acc16, bits & 0x7FFF)
-            sf, sf_inv = per_channel_scale(column_amax_bf16(acc16, RB), ROUND_SF)
+            sf, sf_inv = per_channel_scale(column_amax_bf16(acc16, RB), ROUND_SF, INT_POW2)
         else:
             acc = tl.zeros((RB, BK), tl.float32)
             for r in tl.range(0, BM, RB):
@@ -152,10 +164,12 @@ def _per_channel_cast_fused_kernel(
                 # NaN-propagating max (one FMNMX.NAN per element on the GPU; numpy's maximum propagates NaN
                 # too); column_amax maps a NaN maximum to +inf
                 acc = tl.maximum(acc, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
-            sf, sf_inv = per_channel_scale(column_amax(acc, RB), ROUND_SF)
+            sf, sf_inv = per_channel_scale(column_amax(acc, RB), ROUND_SF, INT_POW2)
         args = (x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, num_rows_in, num_rows_out, hidden,
                 num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om)
-        if FINITE_BRANCH:
+        if SIGNED_ENC:  # no NaN patch to drop
+            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False, True)
+        elif FINITE_BRANCH:
             if all_finite(sf_inv):  # uniform: no group of the tile holds inf/NaN
                 _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, True)
             else:
@@ -169,7 +183,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
             num_rows_out: int, round_sf: bool, config: Optional[dict] = None, name: str = "per_channel_cast_fused"):
     """``config`` (tests) and ``tritile.runtime.tuned(name, ...)`` (sweeps): ``BLOCK_K`` (a power of two; a
     multiple of 128 with an input sf), ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two
-    streamed passes), ``num_warps``, ``num_stages``, ``FINITE_BRANCH`` and ``VEC`` (see the kernel);
+    streamed passes), ``num_warps``, ``num_stages``, ``FINITE_BRANCH``, ``VEC``, ``SIGNED_ENC`` and ``INT_POW2`` (see the kernel);
     missing keys come from the default rule.  Rows per block are always 128."""
     num_rows_in, hidden = x.shape
     dev = x.device
@@ -192,7 +206,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         cfg = cfg._replace(block_k=64 if one_pass else 128, rows_per_step=128 if one_pass else 32)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
-                     "VEC": 8 if gpu else 0,
+                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 0, "INT_POW2": False,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -209,7 +223,9 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         pos_to_token.stride(0) if pos_to_token is not None else 0, out.stride(0), sf.stride(0),
         IN_KIND=_IN_KIND[x.dtype], HAS_SF=has_sf, SF_PACKED=sf_packed, NPC=128,
         HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb,
-        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), num_warps=warps, num_stages=stages)
+        FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), SIGNED_ENC=int(c["SIGNED_ENC"]),
+        INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
+        num_stages=stages)
     return out, sf
 
 

@@ -16,12 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import bf16_bits_to_f32, f32_to_bf16_bits
+from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs,
                        tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._per_channel_common import per_channel_quant_tile_bf16
-from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int, _swiglu_act, _swiglu_clamp
+from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _div_neg_fast, _swiglu_act,
+                                                        _swiglu_clamp)
 from .types import QuantTensor
 
 __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
@@ -32,10 +33,18 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, stride_xm, stride_om, stride_sm, clamp_value,
         H: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
         TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, FINITE_BRANCH: tl.constexpr,
-        VEC: tl.constexpr = 0):
+        VEC: tl.constexpr = 0, FAST_DIV: tl.constexpr = False, SIGNED_ENC: tl.constexpr = 0,
+        INT_POW2: tl.constexpr = False):
     """``VEC`` (> 0): the column offsets are declared contiguous in runs of ``VEC`` only, so Triton's
     coalescing gives each thread ``VEC`` columns (8: 16-byte bf16 loads, 8-byte code stores) and more
-    rows: fewer shuffles in the column max.  The column max is taken on the activation's bf16 patterns."""
+    rows: fewer shuffles in the column max.  The column max is taken on the activation's bf16 patterns.
+
+    ``FAST_DIV``: ``l / (1 + exp(-l))`` through ``_div_neg_fast`` (the per-token kernel's default: the
+    fast path of ``div.rn.f32`` per four elements without its per-element range check and branch; the
+    same bits) with ``-l`` written ``l * -1`` (exp(+-0) = 1 either way).  ``SIGNED_ENC`` (1, or 2 with
+    ``BM == NPT``): the e4m3 encode's NaN patch as a sign merge from the activation's bf16 patterns; 2 also
+    unpacks and multiplies inside the per-four assembly (``_per_channel_common``; same bits).  ``INT_POW2``
+    (round_sf): the power-of-two scales from amax's bits, no division (``per_channel_scale``; same bits)."""
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -50,8 +59,14 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
     r = bf16_bits_to_f32(tl.load(x_row + (cols[None, :] + H), mask=m, other=0))
     if HAS_CLAMP:
         l, r = _swiglu_clamp(l, r, clamp_value)
+    if FAST_DIV:
+        nl = l * -1.0
+        act = _div_neg_fast(nl, 1.0 + exp_f32(nl), HAS_CLAMP) * r  # HAS_CLAMP: l <= c, so -l > -inf
+    else:
+        act = _swiglu_act(l, r)
     # act rounded to bf16 before the amax and the cast; masked elements are +0
-    codes, sf = per_channel_quant_tile_bf16(f32_to_bf16_bits(_swiglu_act(l, r)), NPT, ROUND_SF, FINITE_BRANCH)
+    codes, sf = per_channel_quant_tile_bf16(f32_to_bf16_bits(act), NPT, ROUND_SF, FINITE_BRANCH, SIGNED_ENC,
+                                            INT_POW2)
     if TRANSPOSE:
         tl.store(out_ptr + cols[:, None] * stride_om + rows[None, :], tl.trans(codes),
                  mask=col_ok[:, None] & row_ok[None, :])
@@ -89,10 +104,12 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     bm, bk, num_warps = _config(H, npt)
     # tritile.runtime.tuned("swiglu_forward_and_per_channel_cast_and_transpose", ...): BLOCK_M (a multiple of
     # npt), BLOCK_K (a power of two), num_warps, FINITE_BRANCH (GPU: a uniform branch drops the NaN patch of
-    # the e4m3 encode when the tile is finite; fewer instructions, more registers)
+    # the e4m3 encode when the tile is finite; fewer instructions, more registers), FAST_DIV, SIGNED_ENC, INT_POW2
+    # (same bits, fewer instructions: see the kernel)
     c = tuned("swiglu_forward_and_per_channel_cast_and_transpose",
               {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False,
-               "VEC": 0 if interpreter_configs() else 8})
+               "VEC": 0 if interpreter_configs() else 8, "FAST_DIV": False, "SIGNED_ENC": 0,
+               "INT_POW2": False})
     bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
     if bm % npt or bm & (bm - 1) or bk < 1 or bk & (bk - 1):
         raise ValueError(f"bad swiglu_forward_and_per_channel_cast_and_transpose launch config {c}: BLOCK_M a "
@@ -102,7 +119,9 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
         x.view(torch.int16), out.view(torch.uint8), sf, m, x.stride(0), out.stride(0), sf.stride(0),
         clamp if clamp is not None else 0.0,
         H=H, NPT=npt, ROUND_SF=round_sf, HAS_CLAMP=clamp is not None, TRANSPOSE=not without_transpose,
-        BM=bm, BK=bk, FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), num_warps=num_warps,
+        BM=bm, BK=bk, FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), FAST_DIV=bool(c["FAST_DIV"]),
+        SIGNED_ENC=int(c["SIGNED_ENC"]) if bm == npt else min(int(c["SIGNED_ENC"]), 1),
+        INT_POW2=bool(c["INT_POW2"]), num_warps=num_warps,
         enable_fp_fusion=False)  # no FMA contraction of 1 + exp(-l) (see swiglu_forward_and_per_token_cast_kernel)
     return out, sf
 
