@@ -7,6 +7,8 @@ The reference computes exp and the one fma the way the kernel does on each backe
 CPU: two small (MoE config, H) pairs, H = 384 giving a masked chunk under the interpreter.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -139,8 +141,9 @@ def test_non_finite(device):
 
 
 @pytest.mark.parametrize("path", [dict(FAST_DIV=False), dict(FAST_DIV=False, RCP=True), dict(),
-                                  dict(FAST_ENC=False, FAST_MAX=False, MINMAX_CLAMP=False, MASK_FLAGS=False)],
-                         ids=["div_rn", "rcp", "default", "slow_flags"])
+                                  dict(FAST_ENC=False, FAST_MAX=False, MINMAX_CLAMP=False, MASK_FLAGS=False),
+                                  dict(PREFETCH=True)],
+                         ids=["div_rn", "rcp", "default", "slow_flags", "prefetch"])
 @pytest.mark.parametrize("clamp", [None, 0.5])
 def test_code_paths(device, path, clamp):
     """The division paths (config keys): ``div_rn`` twice, ``rcp.rn`` + ``div_rn``, the shared 4-wide
@@ -155,12 +158,39 @@ def test_code_paths(device, path, clamp):
     _check(res, x, g, w, d, npc, True, clamp)
 
 
+@pytest.mark.parametrize("npc,packed_sf,clamp", [(128, False, None), (32, True, 0.5)])
+def test_prefetch_row_blocks(device, npc, packed_sf, clamp):
+    """PREFETCH (config key): a persistent grid of 3 programs walking small row blocks of several chunks, so
+    the next-chunk and next-row-block prefetch, the weights gathered a row block ahead and the grid's tail
+    all run; bitwise against the reference (weight_grad within the op's tolerance, as every path)."""
+    from tritile.config import get_num_sms, set_num_sms
+    from tritile.runtime import override_config
+
+    hidden = 256
+    d, x, w, g = _data((6, 72, 8), hidden, npc, device)
+    if packed_sf:  # the input sf as packed UE8M0 words (powers of two), column-major
+        x = cast(d["x"], "e4m3", (1, npc), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    old = get_num_sms()
+    try:
+        set_num_sms(3)
+        with override_config("swiglu_backward_and_per_token_cast", PREFETCH=True, BLOCK_R=8, CH=128,
+                             programs_per_sm=1):
+            res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
+                                                     num_per_channels=npc, round_sf=True, swiglu_clamp_value=clamp)
+    finally:
+        set_num_sms(old)
+    _check(res, x, g, w, d, npc, True, clamp)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-@pytest.mark.parametrize("clamp", [None, 0.5])
+@pytest.mark.parametrize("clamp", [None, 0.5, 0.0, -0.0])
 def test_every_e4m3(device, clamp):
     """Every e4m3 code (NaN codes included) as x and as y, under scales from 2^-130 (subnormal xf) to 2^90
-    (xf past the exp overflow): the 4-wide division's fast and slow paths against the reference."""
+    (xf past the exp overflow): the 4-wide division's fast and slow paths against the reference.  c = +-0
+    checks the signed zeros of the clamp (c = -0.0 takes the comparison path: ``_minmax_clamp_ok``)."""
+    if clamp == 0.0 and math.copysign(1.0, clamp) < 0 and device.type == "cpu":
+        pytest.skip("the interpreter passes a -0.0 scalar argument as +0.0 (compared on the GPU only)")
     hidden, npc = 256, 128
     scales = [1.0, 2.0**-130, 2.0**-100, 2.0**-60, 2.0**-10, 0.37, 3.0, 2.0**20, 2.0**60, 2.0**90]
     n = 2 * len(scales)

@@ -266,6 +266,7 @@ _FWD_PATHS = [
     dict(WORDS=True, BF16X2_COUNT=False, BF16X2_CLAMP=False),  # int32 words (even/odd column tiles)
     dict(),  # the defaults: words, counts and clamp on the bf16 pairs, 4-wide division
     dict(PREFETCH=True),
+    dict(PREFETCH=True, PREFETCH_RB=True),  # the prefetch crosses row blocks (maps read a row block ahead)
     dict(WORDS=True, BF16X2_COUNT=False, PACKED_COUNT=False, FAST_MAX=False, FAST_ENC=False, MINMAX_CLAMP=False),
 ]
 
@@ -293,6 +294,46 @@ def test_code_paths(device, path, p2e, weights, packed, clamp):
             x, "e4m3", 128, pos_to_token_topk=ptt, topk_weights=w, pos_to_expert=d["pos_to_expert"] if p2e else None,
             use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed, swiglu_clamp_value=clamp,
             clamped_count=counts)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+    if clamp is not None:
+        assert_equal(counts, ref_counts)
+
+
+@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize("p2e,weights,packed,clamp", [(True, True, False, 0.5), (False, False, True, 0.5),
+                                                       (True, False, False, None), (False, True, False, 0.3)])
+def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
+    """PREFETCH_RB on a persistent grid of 2 programs walking many small row blocks, several chunks each (so
+    the next-row-block prefetch, the maps read a row block ahead and the grid's tail all run), bitwise
+    against the reference, with the counts; without a clamp the grid is persistent too."""
+    from tritile.runtime import override_config
+
+    hidden = 512
+    d = moe_data((6, 72, 8), hidden, 16, device)
+    x = d["x"]
+    pad = d["pos_to_expert"] < 0
+    x_ref = x
+    if p2e:
+        x = x.clone()  # padding rows hold values the kernel must ignore (prefetched or not)
+        x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
+    ptt = d["pos_to_token_topk"] if weights else None
+    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
+    counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
+    ref_counts = counts0.clone() if clamp is not None else None
+    ref_out, ref_sf = _run_ref(x_ref, 128, ptt, w, clamp, ref_counts, packed, packed, packed)
+    counts = counts0.clone() if clamp is not None else None
+    old = get_num_sms()
+    try:
+        set_num_sms(2)
+        with override_config("swiglu_forward_and_per_token_cast", PREFETCH=True, PREFETCH_RB=True, WORDS=words,
+                             BLOCK_R=8, CH=256 if not packed else 512, programs_per_sm=1):
+            out, sf = swiglu_forward_and_per_token_cast(
+                x, "e4m3", 128, pos_to_token_topk=ptt, topk_weights=w,
+                pos_to_expert=d["pos_to_expert"] if p2e else None, use_tma_aligned_col_major_sf=packed,
+                round_sf=packed, use_packed_ue8m0=packed, swiglu_clamp_value=clamp, clamped_count=counts)
+    finally:
+        set_num_sms(old)
     assert_equal(out, ref_out)
     assert_equal(sf, ref_sf)
     if clamp is not None:

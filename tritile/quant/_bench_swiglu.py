@@ -113,6 +113,12 @@ _FWD_TUNE = (
     + [dict(PREFETCH=True), dict(PREFETCH=True, programs_per_sm=10)]
     + [dict(BLOCK_R=4, CH=512, num_warps=4, programs_per_sm=5), dict(BLOCK_R=1, CH=512, num_warps=1, programs_per_sm=20),
        dict(maxnreg=80, programs_per_sm=12)]
+    # PREFETCH_RB: the prefetch crosses row blocks (no exposed load at a row block's start).  sm_90a: 117
+    # registers (8 programs of 2 warps fit), ~2.6 more SASS per element than the default (the next chunk's
+    # address and mask); 1 warp x BLOCK_R=1: 96 registers, no barrier in the loop (the sf word needs none)
+    + [dict(PREFETCH=True, PREFETCH_RB=True), dict(PREFETCH=True, PREFETCH_RB=True, programs_per_sm=6),
+       dict(PREFETCH=True, PREFETCH_RB=True, BLOCK_R=1, num_warps=1, programs_per_sm=16),
+       dict(PREFETCH=True, PREFETCH_RB=True, BLOCK_R=1, num_warps=1, programs_per_sm=20)]
 )
 
 
@@ -164,13 +170,26 @@ _BWD_TUNE = (
     + [dict(CH=1024, num_warps=4), dict(CH=512, num_warps=2), dict(CH=2048, num_warps=4), dict(CH=2048, num_warps=8),
        dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2), dict(CH=512, num_warps=1)]
     + [dict(maxnreg=128), dict(CH=1024, num_warps=4, maxnreg=80), dict(TILE_ROWSUM=True)]
+    # PREFETCH: persistent grid, next chunk (and next row block's first chunk, its weight) loaded ahead.
+    # Same CH / warps as the default: bit-identical weight_grad too.  sm_90a: 216 registers with 2 warps
+    # (4 programs fit); CH=1024 / 4 warps 117; CH=512 / 1 warp 210 and no barrier or smem in the loop
+    + [dict(PREFETCH=True, programs_per_sm=4), dict(PREFETCH=True, programs_per_sm=3),
+       dict(PREFETCH=True, maxnreg=168, programs_per_sm=6), dict(PREFETCH=True, CH=1024, num_warps=4, programs_per_sm=4),
+       dict(PREFETCH=True, CH=512, num_warps=1, programs_per_sm=8), dict(PREFETCH=True, CH=512, num_warps=2, programs_per_sm=8)]
 )
 
 
 _CHANNEL_TUNE = [  # default (npt 32) [32, 32] x 1 warp, VEC=8 (8 columns per thread), FINITE_BRANCH off
     dict(BLOCK_K=128, num_warps=4, VEC=0), dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=2),
     dict(FINITE_BRANCH=True), dict(VEC=0), dict(BLOCK_K=16, num_warps=1), dict(BLOCK_K=64, num_warps=1),
-    dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=32, num_warps=2)]
+    dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=32, num_warps=2),
+    # same bits, fewer instructions (sm90 hot path per element, [32, 32] x 1 warp, round_sf: default 50.0,
+    # SIGNED_ENC=2 42.2, + FAST_DIV 41.7, + INT_POW2 40.5; 106-111 registers): SIGNED_ENC folds the encode's NaN
+    # patch into a byte merge, FAST_DIV is the per-token kernel's division without FCHK, INT_POW2 the pow2 scale
+    # from amax's bits
+    dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True), dict(SIGNED_ENC=2, INT_POW2=True), dict(SIGNED_ENC=2),
+    dict(SIGNED_ENC=2, FAST_DIV=True), dict(FAST_DIV=True), dict(INT_POW2=True),
+    dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True, BLOCK_K=64, num_warps=2)]
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")

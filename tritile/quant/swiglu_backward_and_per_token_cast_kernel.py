@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import config
 from ..language import EMULATE, e4m3_bits_to_f32, exp_f32, f32_to_bf16_bits, quant_scale, ue8m0_to_f32
 from ..language.cast import _libdevice, f32_to_e4m3_bits_satfinite
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
@@ -23,7 +24,8 @@ from ..runtime import (check_contiguous, check_inner_contiguous, check_same_devi
 from ..utils import ceil_div, next_power_of_two
 from .common import alloc_sf, sf_info
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3, _group_amax,
-                                                       _nan_as_inf_abs, _swiglu_clamp, _swiglu_clamp_minmax)
+                                                       _minmax_clamp_ok, _nan_as_inf_abs, _swiglu_clamp,
+                                                       _swiglu_clamp_minmax)
 from .types import QuantTensor
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
@@ -108,6 +110,24 @@ def _rcp_div_fast(nx, t, X_FINITE: tl.constexpr):
 
 
 @triton.jit
+def _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm, stride_sfm, stride_sfk, stride_gm,
+                     H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, CH: tl.constexpr):
+    """One chunk's inputs of the rows (masked: 0): the codes of both halves ``[R, CH]``, their scales
+    ``[R, CH/NPC]`` and the grad_out bf16 bits ``[R, CH]``."""
+    G: tl.constexpr = CH // NPC
+    cols = c0 + tl.arange(0, CH)
+    gx = c0 // NPC + tl.arange(0, G)
+    m = row_ok[:, None] & (cols < H)[None, :]
+    gm = row_ok[:, None] & (gx < H // NPC)[None, :]
+    qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0)
+    qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0)
+    sfx = _load_sf(sfx_ptr, rows, gx, stride_sfm, stride_sfk, gm, SF_PACKED)
+    sfy = _load_sf(sfx_ptr, rows, gx + H // NPC, stride_sfm, stride_sfk, gm, SF_PACKED)
+    gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
+    return qx, qy, sfx, sfy, gbits
+
+
+@triton.jit
 def _swiglu_backward_and_per_token_cast_kernel(
         q_ptr, sfx_ptr, g_ptr, ptt_ptr, w_ptr,
         out_ptr, dq_ptr, dsf_ptr, xg_ptr, rowsum_ptr,
@@ -117,93 +137,134 @@ def _swiglu_backward_and_per_token_cast_kernel(
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
-        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr):
+        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
     slot over the chunks and reduced once per row block (another float32 summation order).  FAST_DIV
     (with FAST_ENC): ``s`` and ``xf / t`` by ``_rcp_div_fast`` (one shared reciprocal, one range check per
-    4 elements)."""
+    4 elements).  PREFETCH: a persistent grid whose programs walk row blocks; each chunk's loads (codes,
+    scales, grad_out) are issued one chunk ahead, across row blocks (the last chunk of a row block loads
+    the first chunk of the program's next one), and the routing weight is gathered a row block ahead
+    (its index two ahead), so neither the chunk loads nor the index -> weight round trips are exposed."""
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < num_rows
-    idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
-    w_ok = row_ok & (idx >= 0) & (idx < num_weights)
-    w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
-    w3 = w[:, None, None]
-    rowsum = tl.zeros([BLOCK_R], tl.float32)
-    if TILE_ROWSUM:
-        rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
-    for c0 in range(0, H, CH):
-        cols = c0 + tl.arange(0, CH)
-        gx = c0 // NPC + tl.arange(0, G)
-        gy = gx + HG
-        m = row_ok[:, None] & (cols < H)[None, :]
-        gm = row_ok[:, None] & (gx < HG)[None, :]
-        qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0)
-        qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0)
-        sfx = _load_sf(sfx_ptr, rows, gx, stride_sfm, stride_sfk, gm, SF_PACKED)
-        sfy = _load_sf(sfx_ptr, rows, gy, stride_sfm, stride_sfk, gm, SF_PACKED)
-        xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
-        yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
-        gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
-        g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
-        if HAS_CLAMP:
-            if MASK_FLAGS:
-                # -1 keeps dx, 0 clears it to +0; |yf| > c is (yf > c) | (yf < -c) for c >= 0 (NaN: false)
-                kx = tl.where(xf > clamp_value, 0, -1)
-                ky = tl.where(tl.abs(yf) > clamp_value, 0, -1)
-            else:
-                cx = xf > clamp_value
-                cy = (yf > clamp_value) | (yf < -clamp_value)
-            if MINMAX_CLAMP:
-                xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
-            else:
-                xf, yf = _swiglu_clamp(xf, yf, clamp_value)
-        if FAST_DIV and FAST_ENC:
-            nx = xf * -1.0  # exact negation, shared by the exp and the division
-            t = 1.0 + exp_f32(nx)
-            s, q = _rcp_div_fast(nx, t, HAS_CLAMP)
-            act = q * yf
+    rb = tl.program_id(0)
+    num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
+    if PREFETCH:
+        nprog = tl.num_programs(0)
+        step = nprog * BLOCK_R  # rows from one row block of a program to its next
+        rows0 = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok0 = rows0 < num_rows
+        idx0 = tl.load(ptt_ptr + rows0, mask=ok0, other=-1).to(tl.int64)
+        w_ok0 = ok0 & (idx0 >= 0) & (idx0 < num_weights)
+        w_c = tl.where(w_ok0, tl.load(w_ptr + idx0, mask=w_ok0, other=0.0), 0.0)
+        idx_c1 = tl.load(ptt_ptr + rows0 + step, mask=rows0 + step < num_rows, other=-1)
+        qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows0, 0, ok0, stride_qm, stride_sfm,
+                                                         stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
+    else:
+        nprog = num_rb  # one row block per program
+    while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
+        rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        row_ok = rows < num_rows
+        if PREFETCH:
+            idx = idx_c1.to(tl.int64)  # the next row block's index (loaded a row block ago)
+            w = w_c
+            # the weight of the next row block (its index arrived a row block ago), the index of the one after
+            ok1 = row_ok & (rows + step < num_rows)
+            w_ok1 = ok1 & (idx >= 0) & (idx < num_weights)
+            w_nx = tl.where(w_ok1, tl.load(w_ptr + idx, mask=w_ok1, other=0.0), 0.0)
+            idx_nx2 = tl.load(ptt_ptr + rows + 2 * step, mask=rows + 2 * step < num_rows, other=-1)
         else:
-            if FAST_ENC:
-                t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
-            else:
-                t = 1.0 + exp_f32(-xf)
-            if RCP:
-                s = _recip_rn(t)
-            else:
-                s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
-            act = tl.math.div_rn(xf, t) * yf
-        gws = (g * w3) * s
-        # the one fused step of the reference: fma(xf, 1 - s, 1)
-        dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
-        dxy = gws * xf
-        if HAS_CLAMP:
-            if MASK_FLAGS:
-                dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
-                dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
-            else:
-                dxx = tl.where(cx, 0.0, dxx)
-                dxy = tl.where(cy, 0.0, dxy)
+            idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
+            w_ok = row_ok & (idx >= 0) & (idx < num_weights)
+            w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
+        w3 = w[:, None, None]
+        rowsum = tl.zeros([BLOCK_R], tl.float32)
         if TILE_ROWSUM:
-            rs += g * act
-        else:
-            rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
-        out = tl.reshape(f32_to_bf16_bits(act * w3), (BLOCK_R, CH))
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m)
-        tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
-                 tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m)
-        tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
-                 tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m)
-        _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
-                     FAST_MAX, FAST_ENC)
-        _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
-                     BLOCK_R, CH, FAST_MAX, FAST_ENC)
-    if TILE_ROWSUM:
-        rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
-    tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
+            rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
+        for c0 in range(0, H, CH):
+            cols = c0 + tl.arange(0, CH)
+            gx = c0 // NPC + tl.arange(0, G)
+            gy = gx + HG
+            m = row_ok[:, None] & (cols < H)[None, :]
+            gm = row_ok[:, None] & (gx < HG)[None, :]
+            if PREFETCH:
+                qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
+                # the next chunk of this row block, or after the last one the next row block's first
+                last = c0 + CH >= H
+                n_rows = rows + tl.where(last, step, 0)
+                qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(
+                    q_ptr, sfx_ptr, g_ptr, n_rows, tl.where(last, 0, c0 + CH), n_rows < num_rows, stride_qm,
+                    stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
+            else:
+                qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0)
+                qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0)
+                sfx = _load_sf(sfx_ptr, rows, gx, stride_sfm, stride_sfk, gm, SF_PACKED)
+                sfy = _load_sf(sfx_ptr, rows, gy, stride_sfm, stride_sfk, gm, SF_PACKED)
+                gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
+            xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
+            yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
+            g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
+            if HAS_CLAMP:
+                if MASK_FLAGS:
+                    # -1 keeps dx, 0 clears it to +0; |yf| > c is (yf > c) | (yf < -c) for c >= 0 (NaN: false)
+                    kx = tl.where(xf > clamp_value, 0, -1)
+                    ky = tl.where(tl.abs(yf) > clamp_value, 0, -1)
+                else:
+                    cx = xf > clamp_value
+                    cy = (yf > clamp_value) | (yf < -clamp_value)
+                if MINMAX_CLAMP:
+                    xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
+                else:
+                    xf, yf = _swiglu_clamp(xf, yf, clamp_value)
+            if FAST_DIV and FAST_ENC:
+                nx = xf * -1.0  # exact negation, shared by the exp and the division
+                t = 1.0 + exp_f32(nx)
+                s, q = _rcp_div_fast(nx, t, HAS_CLAMP)
+                act = q * yf
+            else:
+                if FAST_ENC:
+                    t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
+                else:
+                    t = 1.0 + exp_f32(-xf)
+                if RCP:
+                    s = _recip_rn(t)
+                else:
+                    s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+                act = tl.math.div_rn(xf, t) * yf
+            gws = (g * w3) * s
+            # the one fused step of the reference: fma(xf, 1 - s, 1)
+            dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
+            dxy = gws * xf
+            if HAS_CLAMP:
+                if MASK_FLAGS:
+                    dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
+                    dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
+                else:
+                    dxx = tl.where(cx, 0.0, dxx)
+                    dxy = tl.where(cy, 0.0, dxy)
+            if TILE_ROWSUM:
+                rs += g * act
+            else:
+                rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
+            out = tl.reshape(f32_to_bf16_bits(act * w3), (BLOCK_R, CH))
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m)
+            tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
+                     tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m)
+            tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
+                     tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m)
+            _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
+                         FAST_MAX, FAST_ENC)
+            _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
+                         BLOCK_R, CH, FAST_MAX, FAST_ENC)
+        if TILE_ROWSUM:
+            rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
+        tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
+        if PREFETCH:
+            w_c = w_nx
+            idx_c1 = idx_nx2
+        rb += nprog
 
 
 @triton.jit
@@ -239,7 +300,7 @@ def _config(H: int, npc: int) -> dict:
     ch = _chunk(H, npc)
     return dict(BLOCK_R=64 if interpreter_configs() else 1, CH=ch, num_warps=max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
-                FAST_DIV=True,
+                FAST_DIV=True, PREFETCH=False, programs_per_sm=4,
                 maxnreg=None)
 
 
@@ -248,6 +309,8 @@ def _check_config(cfg: dict, npc: int) -> None:
     pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
     if not (pow2(cfg["CH"]) and pow2(cfg["BLOCK_R"]) and pow2(cfg["num_warps"])) or cfg["CH"] < npc:
         raise ValueError(f"CH (>= npc = {npc}), BLOCK_R and num_warps must be powers of two, got {cfg}")
+    if cfg["programs_per_sm"] < 1:
+        raise ValueError(f"programs_per_sm must be >= 1, got {cfg['programs_per_sm']}")
 
 
 def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
@@ -265,7 +328,10 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
         _check_config(cfg, npc)
         block_r = cfg["BLOCK_R"]
         extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
-        _swiglu_backward_and_per_token_cast_kernel[(ceil_div(num_rows, block_r),)](
+        num_rb = ceil_div(num_rows, block_r)
+        # PREFETCH: a persistent grid (programs_per_sm per SM), its programs walking row blocks
+        grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if cfg["PREFETCH"] else (num_rb,)
+        _swiglu_backward_and_per_token_cast_kernel[grid](
             q.view(torch.uint8), sfi.tensor, grad_out.view(torch.int16), ptt, weight,
             out.view(torch.int16), dq.view(torch.uint8), dsf, xg.view(torch.int16), rowsum,
             num_rows, weight.numel(),
@@ -274,8 +340,10 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             clamp if clamp is not None else 0.0,
             H=H, NPC=npc, SF_PACKED=sfi.packed, HAS_CLAMP=clamp is not None, ROUND_SF=round_sf,
             BLOCK_R=block_r, CH=cfg["CH"], FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
-            MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), MASK_FLAGS=bool(cfg["MASK_FLAGS"]), RCP=bool(cfg["RCP"]),
-            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), num_warps=cfg["num_warps"],
+            MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]) and _minmax_clamp_ok(clamp), MASK_FLAGS=bool(cfg["MASK_FLAGS"]),
+            RCP=bool(cfg["RCP"]),
+            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), PREFETCH=bool(cfg["PREFETCH"]),
+            num_warps=cfg["num_warps"],
             enable_fp_fusion=False, **extra)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
     n = ttp.numel()
     if n > 0:

@@ -111,7 +111,8 @@ def _max_nan(a, b):
 def _swiglu_clamp_minmax(l, r, c):
     """``_swiglu_clamp`` without predicates on GPUs: NaN-propagating min/max (``FMNMX.NAN``; IEEE
     754-2019 minimum/maximum order -0 below +0, so every result, signed zeros and NaN included,
-    equals the comparisons').  The interpreter's numpy min/max break ties by operand order (c = 0
+    equals the comparisons' for every c except -0.0, which the launchers route to the comparisons:
+    ``_minmax_clamp_ok``).  The interpreter's numpy min/max break ties by operand order (c = 0
     would lose a -0), so it keeps the comparisons."""
     if EMULATE:
         return _swiglu_clamp(l, r, c)
@@ -327,7 +328,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
         BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
         MINMAX_CLAMP: tl.constexpr, X_WORDS: tl.constexpr, BF16X2_COUNT: tl.constexpr,
-        BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr):
+        BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH_RB: tl.constexpr):
     """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
     e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
     codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
@@ -339,7 +340,10 @@ def _swiglu_forward_and_per_token_cast_kernel(
     (``_bf16x2_count``; for a bf16 ``l``, ``l > c`` is ``l > clamp_bf16``, c rounded down to bf16),
     kept as bf16 counts per word slot and flushed once per row block.  BF16X2_CLAMP (with X_WORDS; the
     host sets it only for a clamp c > 0 that is a bf16 value): the clamp on the bf16 pairs.  FAST_DIV
-    (with FAST_ENC): ``l / t`` by ``_div_fast`` (one range check per 4 elements)."""
+    (with FAST_ENC): ``l / t`` by ``_div_fast`` (one range check per 4 elements).  PREFETCH_RB (with
+    PREFETCH): the prefetch crosses row blocks (the last chunk of a row block loads the first chunk of the
+    program's next one), and ``pos_to_expert`` / ``pos_to_token_topk`` are read one row block ahead, so
+    no row block starts with an exposed load round trip."""
     G: tl.constexpr = CH // GB  # groups per chunk
     NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
     pid = tl.program_id(0)
@@ -358,16 +362,42 @@ def _swiglu_forward_and_per_token_cast_kernel(
         cb_neg = cb_pos ^ -2147450880  # -clamp_bf16 in both halves: the sign bits 0x80008000 flipped
     if BF16_CNT:
         tl.static_assert(NCH <= 256)  # bf16 counts are exact integers up to 256
+    PF_RB: tl.constexpr = PREFETCH and PREFETCH_RB
     rb = pid
+    if PF_RB:
+        # the first row block's activity, routing index and first chunk, ahead of the loop
+        rows_c = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        active_c = rows_c < num_rows
+        if HAS_P2E:
+            p2e_c = tl.load(p2e_ptr + rows_c, mask=active_c, other=-1)
+            active_c = active_c & (p2e_c >= 0)
+        if HAS_WEIGHTS:
+            idx_c = tl.load(ptt_ptr + rows_c, mask=rows_c < num_rows, other=-1)
+        l_n = _load_half(x_ptr + rows_c[:, None] * stride_xm, 0, 0, active_c, H, CH, X_BF16, X_WORDS)
+        r_n = _load_half(x_ptr + rows_c[:, None] * stride_xm, 0, H, active_c, H, CH, X_BF16, X_WORDS)
     while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_ok = rows < num_rows
         active = row_ok
-        if HAS_P2E:
+        if PF_RB:
+            active = row_ok
+            if HAS_P2E:
+                active = row_ok & (p2e_c >= 0)
+            # the next row block's maps, one row block ahead (used at this block's last chunk / next block)
+            rows_nx = rows + nprog * BLOCK_R
+            ok_nx = rows_nx < num_rows
+            if HAS_P2E:
+                p2e_nx = tl.load(p2e_ptr + rows_nx, mask=ok_nx, other=-1)
+            if HAS_WEIGHTS:
+                idx_nx = tl.load(ptt_ptr + rows_nx, mask=ok_nx, other=-1)
+        elif HAS_P2E:
             p2e = tl.load(p2e_ptr + rows, mask=row_ok, other=-1)
             active = row_ok & (p2e >= 0)
         if HAS_WEIGHTS:
-            idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
+            if PF_RB:
+                idx = idx_c.to(tl.int64)
+            else:
+                idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
             w_ok = row_ok & (idx >= 0) & (idx < num_weights)
             w = tl.load(w_ptr + idx, mask=w_ok, other=0.0)
             w = tl.where(w_ok, w, 0.0)
@@ -381,11 +411,26 @@ def _swiglu_forward_and_per_token_cast_kernel(
             c_rn = tl.zeros([BLOCK_R, PW], tl.int32)
         elif PACKED_COUNT:
             pc = tl.zeros([BLOCK_R, PW], tl.int32)
-        if PREFETCH:
+        if PF_RB:
+            step_nx = (nprog * BLOCK_R).to(tl.int64) * stride_xm  # x_row of the next row block - x_row
+        elif PREFETCH:
             l_n = _load_half(x_row, 0, 0, active, H, CH, X_BF16, X_WORDS)
             r_n = _load_half(x_row, 0, H, active, H, CH, X_BF16, X_WORDS)
         for c0 in range(0, H, CH):
-            if PREFETCH:
+            if PF_RB:
+                l_raw = l_n
+                r_raw = r_n
+                # the next chunk of this row block, or after the last one the next row block's first
+                # (scalar selects: the row step is a scalar offset, no per-row pointer select)
+                last = c0 + CH >= H
+                n_row = x_row + tl.where(last, step_nx, 0)
+                n_act = (rows + tl.where(last, nprog * BLOCK_R, 0)) < num_rows
+                if HAS_P2E:
+                    n_act = n_act & (tl.where(last, p2e_nx, p2e_c) >= 0)
+                n_c0 = tl.where(last, 0, c0 + CH)
+                l_n = _load_half(n_row, n_c0, 0, n_act, H, CH, X_BF16, X_WORDS)
+                r_n = _load_half(n_row, n_c0, H, n_act, H, CH, X_BF16, X_WORDS)
+            elif PREFETCH:
                 l_raw = l_n
                 r_raw = r_n
                 # the next chunk (all masked after the last one)
@@ -498,6 +543,11 @@ def _swiglu_forward_and_per_token_cast_kernel(
             acc_l += tl.sum(pc & 0x3FF, axis=1).to(tl.int64)
             acc_rp += tl.sum((pc >> 10) & 0x3FF, axis=1).to(tl.int64)
             acc_rn += tl.sum(pc >> 20, axis=1).to(tl.int64)
+        if PF_RB:
+            if HAS_P2E:
+                p2e_c = p2e_nx
+            if HAS_WEIGHTS:
+                idx_c = idx_nx
         rb += nprog
     if COUNT:
         tl.atomic_add(cnt_ptr + 0, tl.sum(acc_l))
@@ -564,7 +614,7 @@ def _config(H: int, npc: int, packed: bool) -> dict:
     else:
         ch = _chunk_width(H, packed)
         cfg = dict(BLOCK_R=64 if interpreter_configs() else max(1, 1024 // ch), CH=ch, num_warps=2)
-    cfg.update(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PACKED_COUNT=True,
+    cfg.update(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PREFETCH_RB=False, PACKED_COUNT=True,
                MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True, FAST_DIV=True,
                maxnreg=None)
     return cfg
@@ -591,6 +641,13 @@ def _bf16_round_down_bits(c: float) -> int:
     return struct.unpack("<I", struct.pack("<f", c))[0] >> 16
 
 
+def _minmax_clamp_ok(clamp: Optional[float]) -> bool:
+    """Whether the min/max clamp (``_swiglu_clamp_minmax``) gives the comparisons' bits for ``clamp``.  It does for
+    every c except -0.0: min/max order -0 below +0 where the comparisons see a tie (l = +0 gives -0 instead of
+    +0; measured on the H200), so c = -0.0 takes the comparison path."""
+    return clamp is None or clamp != 0.0 or math.copysign(1.0, clamp) > 0
+
+
 def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamped_count, sf_clamp_min):
     num_rows, two_h = x.shape
     H = two_h // 2
@@ -606,7 +663,9 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
     num_rb = ceil_div(num_rows, block_r)
     count = clamped_count is not None
     # counting: a persistent grid (programs_per_sm per SM) so the counts take 3 atomics per program
-    grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if count else (num_rb,)
+    # (and with PREFETCH_RB, whose prefetch crosses a program's row blocks)
+    persistent = count or (cfg["PREFETCH"] and cfg["PREFETCH_RB"])
+    grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if persistent else (num_rb,)
     num_groups = ceil_div(H, npc)
     # bf16 x as int32 words of two elements: needs an even row stride and a 4-byte aligned start
     words = (bool(cfg["WORDS"]) and x.dtype == torch.bfloat16 and x.stride(0) % 2 == 0
@@ -629,8 +688,8 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
         H=H, X_BF16=x.dtype == torch.bfloat16, HAS_WEIGHTS=ptt is not None, HAS_P2E=p2e is not None,
         HAS_CLAMP=clamp is not None, COUNT=count, ROUND_SF=round_sf, PACKED=packed,
         BLOCK_R=block_r, CH=ch, GB=gb, FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
-        PREFETCH=bool(cfg["PREFETCH"]), PACKED_COUNT=bool(cfg["PACKED_COUNT"]),
-        MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]), X_WORDS=words,
+        PREFETCH=bool(cfg["PREFETCH"]), PREFETCH_RB=bool(cfg["PREFETCH_RB"]), PACKED_COUNT=bool(cfg["PACKED_COUNT"]),
+        MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]) and _minmax_clamp_ok(clamp), X_WORDS=words,
         BF16X2_COUNT=bool(cfg["BF16X2_COUNT"]) and H <= 256 * ch,
         # the bf16 clamp needs c > 0 to be a bf16 value (c = 0 would make signed-zero ties)
         BF16X2_CLAMP=bool(cfg["BF16X2_CLAMP"]) and clamp is not None and clamp > 0

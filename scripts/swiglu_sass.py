@@ -1,0 +1,124 @@
+"""sm_90a SASS figures of the SwiGLU per-token kernels at the benchmark anchors (no GPU needed).
+
+    python scripts/swiglu_sass.py fwd '{"PREFETCH": true}'      # config overrides as JSON
+    python scripts/swiglu_sass.py bwd '{"CH": 1024, "num_warps": 4}' [--dump /tmp/bwd.sass]
+
+Compiles the kernel as the launcher would at the anchor (forward: H = 3584, bf16 words, clamp 0.5 with
+counts, packed UE8M0 sf; backward: H = 7168, npc = 128, float32 sf, clamp 0.5, round_sf), then prints
+registers, spills, and per backward branch (each loop) its static instruction count, the loads/stores
+and barriers in it, and the count per element of one thread (per column for the backward).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import tritile.quant.swiglu_backward_and_per_token_cast_kernel as B  # noqa: E402
+import tritile.quant.swiglu_forward_and_per_token_cast_kernel as F  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
+
+FSIG = {"x_ptr": "*i32", "out_ptr": "*i16", "sf_ptr": "*i32", "ptt_ptr": "*i32", "w_ptr": "*fp32", "p2e_ptr": "*i32",
+        "cnt_ptr": "*i64", "num_rows": "i32", "num_weights": "i32", "num_groups": "i32", "num_words": "i32",
+        "stride_xm": "i32", "stride_om": "i32", "stride_sm": "i32", "stride_sk": "i32", "clamp_value": "fp32",
+        "sf_clamp_min": "fp32", "clamp_bf16": "i32"}
+BSIG = {"q_ptr": "*u8", "sfx_ptr": "*fp32", "g_ptr": "*i16", "ptt_ptr": "*i32", "w_ptr": "*fp32", "out_ptr": "*i16",
+        "dq_ptr": "*u8", "dsf_ptr": "*fp32", "xg_ptr": "*i16", "rowsum_ptr": "*fp32", "num_rows": "i32",
+        "num_weights": "i32", "stride_qm": "i32", "stride_sfm": "i32", "stride_sfk": "i32", "stride_gm": "i32",
+        "stride_om": "i32", "stride_dqm": "i32", "stride_dsm": "i32", "stride_xgm": "i32", "clamp_value": "fp32"}
+DIV16 = {"x_ptr", "out_ptr", "sf_ptr", "ptt_ptr", "w_ptr", "p2e_ptr", "cnt_ptr", "q_ptr", "sfx_ptr", "g_ptr", "dq_ptr",
+         "dsf_ptr", "xg_ptr", "rowsum_ptr", "stride_xm", "stride_om", "stride_qm", "stride_gm", "stride_dqm",
+         "stride_xgm", "stride_sfm", "stride_dsm"}
+LAUNCH_ONLY = {"num_warps", "maxnreg", "programs_per_sm"}
+
+
+def compile_variant(op: str, over: dict):
+    if op == "fwd":
+        H = 3584
+        cfg = F._config(H, 128, True)
+        cfg.update(over)
+        fn, sig = F._swiglu_forward_and_per_token_cast_kernel, FSIG
+        consts = dict(H=H, X_BF16=True, HAS_WEIGHTS=False, HAS_P2E=False, HAS_CLAMP=True, COUNT=True, ROUND_SF=True,
+                      PACKED=True, GB=128, X_WORDS=bool(cfg["WORDS"]))
+        if not consts["X_WORDS"]:
+            sig = dict(sig, x_ptr="*i16", out_ptr="*u8")
+        per = cfg["BLOCK_R"] * cfg["CH"] / (32 * cfg["num_warps"])  # elements per thread per chunk
+    else:
+        H = 7168
+        cfg = B._config(H, 128)
+        cfg.update(over)
+        fn, sig = B._swiglu_backward_and_per_token_cast_kernel, BSIG
+        consts = dict(H=H, NPC=128, SF_PACKED=False, HAS_CLAMP=True, ROUND_SF=True)
+        per = cfg["BLOCK_R"] * cfg["CH"] / (32 * cfg["num_warps"])  # columns per thread per chunk
+    for k, v in cfg.items():
+        if k not in LAUNCH_ONLY and k != "WORDS":
+            consts[k] = v
+    params = [n for n in fn.arg_names]
+    consts = {k: v for k, v in consts.items() if k in params}
+    full = {n: ("constexpr" if n in consts else sig[n]) for n in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in DIV16 and n not in consts}
+    opts = dict(num_warps=cfg["num_warps"], enable_fp_fusion=False)
+    if cfg.get("maxnreg"):
+        opts["maxnreg"] = cfg["maxnreg"]
+    k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs), target=TARGET, options=opts)
+    return k, per, cfg
+
+
+def sass_of(k) -> tuple[str, str]:
+    """(SASS, resource usage line: registers, stack (spills), shared memory)."""
+    path = "/tmp/swiglu_sass_k.cubin"
+    with open(path, "wb") as f:
+        f.write(k.asm["cubin"])
+    run = lambda *a: subprocess.run([os.path.join(BIN, "cuobjdump"), *a, path], capture_output=True,  # noqa: E731
+                                    text=True).stdout
+    res = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", run("-res-usage")))
+    return run("-sass"), res
+
+
+def loops(sass: str):
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    out = []
+    for a, txt in ins:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", txt)
+        if m and int(m.group(1), 16) < a:
+            lo = int(m.group(1), 16)
+            body = [t for b, t in ins if lo <= b <= a]
+            out.append((lo, a, body))
+    return out
+
+
+def main():
+    op = sys.argv[1]
+    over = json.loads(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else {}
+    k, per, cfg = compile_variant(op, over)
+    sass, res = sass_of(k)
+    if "--dump" in sys.argv:
+        with open(sys.argv[sys.argv.index("--dump") + 1], "w") as f:
+            f.write(sass)
+    print(f"{op} {over}: {res} "
+          f"warps {cfg['num_warps']} per-thread elements/step {per:g}")
+    for lo, hi, body in loops(sass):
+        def cnt(p):
+            return sum(1 for t in body if re.search(p, t))
+        print(f"  loop {lo:#x}-{hi:#x}: {len(body)} instr ({len(body) / per:.1f}/elem), "
+              f"LDG {cnt(r'LDG')} (128b {cnt(r'LDG.*128')}) STG {cnt(r'STG')} (128b {cnt(r'STG.*128')}) "
+              f"LDS {cnt(r'LDS')} STS {cnt(r'STS')} BAR {cnt(r'BAR')} MUFU {cnt(r'MUFU')}")
+
+
+if __name__ == "__main__":
+    main()
