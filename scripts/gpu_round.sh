@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine, everything in parallel, logs packed into $OUT/results.tgz:
-#   GPU 0: the GPU tests of $TESTS0 (then $TESTS0B);
+#   GPU 0: the GPU tests of $TESTS0 (then $TESTS0B, with $NPROC0B workers: the big files need ~40 GB each);
 #   GPU 1: `tune --compile-only` of every op in $OPS (parallel processes: fills Triton's cache and checks each
 #          candidate's bits; on GPU 0 beside the tests with COMPILE_GPU=0), then the probe command $EXTRA1 and
 #          `python -m tritile bench --quick` of $BENCH_OPS if set (timings: nothing else runs on GPU 1 then);
@@ -24,7 +24,7 @@ if [ -n "${TESTS0:-}" ]; then
     # $TESTS0B: a second batch in the time left (its own log, so the first batch's summary is kept)
     if [ -n "${TESTS0B:-}" ]; then
       CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - 15 )) python3 -m pytest -v -rf -p no:cacheprovider \
-        -n ${NPROC0:-10} $TESTS0B > "$R/tests0b.log" 2>&1
+        -n ${NPROC0B:-${NPROC0:-10}} $TESTS0B > "$R/tests0b.log" 2>&1
       echo "tests0b rc=$? at $(( $(date +%s) - start )) s" >> "$R/tests0b.log"
     fi ) &
   tests0=$!

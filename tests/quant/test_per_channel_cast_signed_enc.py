@@ -24,11 +24,15 @@ _NAN_OK = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWa
 
 
 def _poke(x):
-    """Blocks with +inf, -inf, +NaN and -NaN (the NaN codes' signs must follow x)."""
+    """Blocks with +inf, -inf, +NaN and -NaN (the NaN codes' signs must follow x).  The NaNs are written as bit
+    patterns in x's own dtype: torch's CUDA float -> bf16 conversion turns every NaN into +NaN (0x7FC0), so a
+    -NaN poked before the cast (or through a float scalar) loses its sign on the GPU."""
     x[3, 10] = float("inf")
-    x[4, 11] = -float("nan")
-    x[130, 12] = float("nan")
     x[200, 70] = -float("inf")
+    ints = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[x.dtype]
+    quiet = -64 if x.dtype == torch.bfloat16 else -4194304  # 0xFFC0 / 0xFFC00000: sign, all-ones exponent, quiet
+    x.view(ints)[4, 11] = quiet
+    x.view(ints)[130, 12] = quiet & (0x7FFF if x.dtype == torch.bfloat16 else 0x7FFFFFFF)
     return x
 
 
@@ -43,7 +47,7 @@ def test_per_channel_cast_fused_signed_enc(config, dtype, device):
     """Plain rows (256 x 192: a partial column tile for BLOCK_K=128) and a gathered map with padding rows."""
     from tritile.quant.per_channel_cast_fused_kernel import _launch
 
-    x = _poke(torch.randn(256, 192, device=device)).to(dtype)
+    x = _poke(torch.randn(256, 192, device=device).to(dtype))
     pos = torch.randint(-1, 256, (384,), device=device, dtype=torch.int32)
     pos[:4] = torch.tensor([3, 4, 130, 200], dtype=torch.int32)
     for rnd in (False, True):
@@ -83,7 +87,7 @@ def test_per_channel_cast_and_transpose_signed_enc(npt, bk, warps, signed_enc, d
     for npt 32: SIGNED_ENC 2 falls back to 1 there)."""
     from tritile.quant.per_channel_cast_and_transpose_kernel import _launch
 
-    x = _poke(torch.randn(256, 320, device=device)).bfloat16()
+    x = _poke(torch.randn(256, 320, device=device).bfloat16())
     for rnd in (False, True):
         for config in (dict(BLOCK_M=npt, BLOCK_K=bk, num_warps=warps, VEC=8, PERM=True, PACK_WORDS=True),
                        dict(BLOCK_M=128, BLOCK_K=64, PACK_WORDS=False, VEC=0, PERM=False)):

@@ -22,25 +22,20 @@ _GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, RO
                    dict(PERSIST=False, ROWS=2, WARPS=16)]
                   + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
                      dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
-# Default: the one-pass kernel (FUSED, 16 warps, FPREFETCH=1, W_RESIDENT).  FUSED=False is the old two-pass default
-# (pass-2 knobs BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF never change a bit; the pass-1 and one-pass kernels sum
-# gamma / grad_v in other orders and may show "output differs").
-_GATE_BWD_TUNE = (  # default: the two passes (1167 us on the H200, 2026-11-30; the one-pass FUSED took 1211 us)
-    [dict(FUSED=True), dict(FUSED=True, FPREFETCH=2), dict(FUSED=True, FPREFETCH=0)]
-    + [dict(BLOCK_D2=256, WARPS2=4, SPLIT=4), dict(SPLIT=1), dict(SPLIT=4), dict(PREFETCH=False), dict(TOK=2),
-       dict(WARPS1=4), dict(BLOCK_D2=1024, WARPS2=8)]
-    # the persistent one-pass kernel (ONEPASS; DRAM floor 598 us).  SASS (sm_90, H=7168): TB=1, [1, 4, 1024] x 8
-    # warps with both manual prefetches 252 registers (1 block/SM), no spills; Triton's pipeliner (OSTAGES=2/3,
-    # no manual prefetch) 214/218 registers with cp.async; 16 warps 128; OWAVES=2 at [1, 4, 512] 96.  The first two lay H out as pass 1 does:
-    # every output bitwise the default's.  OPAIRS keeps grad_v's head order on other tiles; OBLOCK_D != 1024 sums
-    # gamma in another order (grad_x / grad_k may show "output differs" in the last bit).
-    + [dict(ONEPASS=True), dict(ONEPASS=True, OHINTS=False), dict(ONEPASS=True, OPF_B=False),
-       dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=3), dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=2),
-       dict(ONEPASS=True, OWARPS=16),  # 128 registers, no spills (with OPAIRS: 72 bytes of spills)
-       dict(ONEPASS=True, TB=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
-       # 2 programs per SM (96 registers at [1, 4, 512] x 8 warps without prefetch), P = 2 * num_sms
-       dict(ONEPASS=True, OWAVES=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False)]
-)
+# Default: the two passes, pass 1 at 4 warps (767.8 us on the H200, session 4 sweep; 8 warps, the default before:
+# 1169.6 us).  Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; the pass-1 tile and warps
+# and the one-pass kernels sum gamma / grad_v in other orders and may show "output differs" (grad_w_partial's rows
+# always differ for ONEPASS: P and the per-row sums are its own).  Measured in session 4 and dropped from the list:
+# FUSED (1220-1287 us), ONEPASS at 8 warps (1272-1440 us; 16 warps 2597, OWAVES=2 2555), SPLIT=1 (1361).
+_GATE_BWD_TUNE = [
+    dict(WARPS1=8), dict(WARPS1=2), dict(TOK=2), dict(TOK=2, WARPS1=8), dict(TOK=4), dict(BLOCK_D1=2048),
+    dict(BLOCK_D1=512, WARPS1=2), dict(BLOCK_D1=2048, WARPS1=8), dict(WARPS2=4), dict(PREFETCH=False),
+    dict(SPLIT=4), dict(BLOCK_D2=1024, WARPS2=8),
+    # the persistent one-pass kernel (ONEPASS; DRAM floor 598 us), now at the pass-1 default of 4 warps
+    dict(ONEPASS=True), dict(ONEPASS=True, OPF_B=False), dict(ONEPASS=True, OWARPS=8),
+    dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
+    dict(ONEPASS=True, TB=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
+]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])
 

@@ -23,7 +23,8 @@ _M = "quant"
 # blocks: BLOCK_K columns per program, ROWS_PER_STEP (128: the block in registers, one read; else two
 # streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles), VEC (columns per thread; 0 =
 # Triton's choice).
-_TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, VEC=8, FINITE_BRANCH off
+_TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, VEC=8, SIGNED_ENC=2, INT_POW2
+    dict(SIGNED_ENC=0, INT_POW2=False),  # the session-3 default (30.1-30.8 us)
     dict(BLOCK_K=128, ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(BLOCK_K=128, ROWS_PER_STEP=32),
     dict(BLOCK_K=32), dict(BLOCK_K=32, num_warps=2), dict(num_warps=2), dict(num_warps=8), dict(VEC=0),
     dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=64),
@@ -38,11 +39,12 @@ _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, V
     # instructions per element against 18.5 for the round_sf default)
     dict(SIGNED_ENC=2, INT_POW2=True),
 ]
-# per_channel_cast_and_transpose.  Defaults (H200 sweep, 2026-11-30): npt 128: [128, 32] x 2 warps, npt 32:
-# [32, 128] x 2 warps; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
+# per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
+# npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
 # FINITE_BRANCH off, words.  The first candidate of each list is the first version (npt 128: 121.2 us).
 _TUNE_TRANSPOSE = {
-    128: [dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False), dict(BLOCK_K=64, num_warps=4),
+    128: [dict(BLOCK_K=32, num_warps=2, SIGNED_ENC=0),  # the session-3 default (57.9-58.6 us)
+          dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False, SIGNED_ENC=0), dict(BLOCK_K=32, num_warps=2),
           dict(FINITE_BRANCH=True), dict(maxnreg=96, FINITE_BRANCH=True), dict(BLOCK_K=16, num_warps=1),
           dict(BLOCK_K=64, num_warps=2), dict(num_warps=4), dict(num_stages=1), dict(PERM=False),
           # SIGNED_ENC (same bits; sm90 hot path per element: default 19.8 instructions / 96 registers,
@@ -50,7 +52,8 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=4),
           dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
           dict(SIGNED_ENC=2, INT_POW2=True)],
-    32: [dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
+    32: [dict(SIGNED_ENC=0),  # the session-3 default (57.5-59.1 us)
+         dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
          dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),
          dict(BLOCK_K=64, num_warps=2), dict(num_stages=1), dict(PERM=False),
          dict(SIGNED_ENC=2), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=256, num_warps=4),

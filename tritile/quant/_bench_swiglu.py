@@ -106,19 +106,15 @@ def _fwd_cases(device, quick):
 # BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).  sm_90a SASS,
 # executed per element on the fast path: 42.8 with the first candidate (the default before 2026-11-30),
 # 37.1 with FAST_DIV and BF16X2_CLAMP off, 33.6 with the defaults (92 registers: 10 programs of 2 warps fit).
-_FWD_TUNE = (
-    [dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False),
-     dict(FAST_DIV=False), dict(BF16X2_COUNT=False, BF16X2_CLAMP=False), dict(WORDS=False)]
-    + [dict(programs_per_sm=p) for p in (6, 10, 16)]
-    + [dict(PREFETCH=True), dict(PREFETCH=True, programs_per_sm=10)]
-    + [dict(BLOCK_R=4, CH=512, num_warps=4, programs_per_sm=5), dict(BLOCK_R=1, CH=512, num_warps=1, programs_per_sm=20),
-       dict(maxnreg=80, programs_per_sm=12)]
-    # PREFETCH_RB: the prefetch crosses row blocks (no exposed load at a row block's start).  sm_90a: 117
-    # registers (8 programs of 2 warps fit), ~2.6 more SASS per element than the default (the next chunk's
-    # address and mask); 1 warp x BLOCK_R=1: 96 registers, no barrier in the loop (the sf word needs none)
-    + [dict(PREFETCH=True, PREFETCH_RB=True), dict(PREFETCH=True, PREFETCH_RB=True, programs_per_sm=6),
-       dict(PREFETCH=True, PREFETCH_RB=True, BLOCK_R=1, num_warps=1, programs_per_sm=16),
-       dict(PREFETCH=True, PREFETCH_RB=True, BLOCK_R=1, num_warps=1, programs_per_sm=20)]
+_FWD_TUNE = (  # default (session 4): [1, CH] x 1 warp, 20 programs per SM, PREFETCH + PREFETCH_RB
+    [dict(BLOCK_R=2, num_warps=2, programs_per_sm=8, PREFETCH=False, PREFETCH_RB=False),  # session 3 (242.9 us)
+     dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False), dict(FAST_DIV=False),
+     dict(PREFETCH_RB=False), dict(PREFETCH=False, PREFETCH_RB=False)]
+    # more programs per SM: 1 warp at ~96 registers fits ~21, so more need a register cap
+    + [dict(programs_per_sm=p) for p in (16, 24)]
+    + [dict(programs_per_sm=24, maxnreg=80), dict(programs_per_sm=28, maxnreg=72), dict(programs_per_sm=32, maxnreg=64)]
+    + [dict(CH=1024, num_warps=2, programs_per_sm=10), dict(CH=1024, num_warps=2, programs_per_sm=8),
+       dict(BLOCK_R=2, num_warps=2, programs_per_sm=10)]
 )
 
 
@@ -169,7 +165,8 @@ _BWD_TUNE = (
     [dict(FAST_DIV=False), dict(FAST_DIV=False, CH=1024, num_warps=4)]
     + [dict(CH=1024, num_warps=4), dict(CH=512, num_warps=2), dict(CH=2048, num_warps=4), dict(CH=2048, num_warps=8),
        dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2), dict(CH=512, num_warps=1)]
-    + [dict(maxnreg=128), dict(CH=1024, num_warps=4, maxnreg=80), dict(TILE_ROWSUM=True)]
+    + [dict(maxnreg=None), dict(CH=1024, num_warps=4, maxnreg=80), dict(TILE_ROWSUM=True)]  # None: session 3
+    + [dict(maxnreg=112), dict(maxnreg=120), dict(maxnreg=104), dict(CH=512, num_warps=1, maxnreg=128)]
     # PREFETCH: persistent grid, next chunk (and next row block's first chunk, its weight) loaded ahead.
     # Same CH / warps as the default: bit-identical weight_grad too.  sm_90a: 216 registers with 2 warps
     # (4 programs fit); CH=1024 / 4 warps 117; CH=512 / 1 warp 210 and no barrier or smem in the loop
@@ -179,7 +176,8 @@ _BWD_TUNE = (
 )
 
 
-_CHANNEL_TUNE = [  # default (npt 32) [32, 32] x 1 warp, VEC=8 (8 columns per thread), FINITE_BRANCH off
+_CHANNEL_TUNE = [  # default (npt 32) [32, 64] x 2 warps, VEC=8, SIGNED_ENC=2, FAST_DIV, INT_POW2, FINITE_BRANCH off
+    dict(BLOCK_K=32, num_warps=1, SIGNED_ENC=0, FAST_DIV=False, INT_POW2=False),  # session-3 default (66.7 us)
     dict(BLOCK_K=128, num_warps=4, VEC=0), dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=2),
     dict(FINITE_BRANCH=True), dict(VEC=0), dict(BLOCK_K=16, num_warps=1), dict(BLOCK_K=64, num_warps=1),
     dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=32, num_warps=2),

@@ -120,11 +120,17 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         # more per element but needs 128 registers (tune candidate).  H200 sweep (2026-11-30, 8064 x 7168,
         # CUDA-graph us): 2 warps beat 4 at the same elements per thread, [128, 32] 56.4 us against [128, 64]
         # 60.4 us (npt 128), [32, 128] 57.0 us against [32, 256] x 4 warps 93.4 us (npt 32).
-        cfg = cfg._replace(block_m=num_per_tokens, block_k=32 if num_per_tokens == 128 else 128, num_warps=2)
+        # Session 4 sweep: SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 46.9-47.2 us at npt 32 (this tile),
+        # and at npt 128 [128, 64] x 4 warps 45.6-46.4 us ([128, 32] x 2 warps: 52.3), against 57.5-59.1 us
+        # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.
+        if num_per_tokens == 128:
+            cfg = cfg._replace(block_m=128, block_k=64, num_warps=4)
+        else:
+            cfg = cfg._replace(block_m=num_per_tokens, block_k=128, num_warps=2)
         vec = 8
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
-               "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None, "SIGNED_ENC": 0,
+               "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None, "SIGNED_ENC": 2,
                "INT_POW2": False,
                **(config or {})})
     bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]

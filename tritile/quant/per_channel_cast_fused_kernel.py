@@ -200,13 +200,15 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     # SASS-count favourite: ~11.4 instructions per element, but two dependent passes), 36.2 us for 32-row
     # steps, 35.9 us for the one-pass tile with FINITE_BRANCH, and 41.8 us for the first version.  With an
     # input sf (BLOCK_K a multiple of 128): 32-row steps of [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL.
+    # Session 4 sweep (same shape): SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 24.9 us, with INT_POW2
+    # (round_sf) 24.8 us, against 30.1-30.8 us without (TileKernels 25.1 / 25.0).
     gpu = not interpreter_configs()
     if gpu:
         one_pass = not has_sf
         cfg = cfg._replace(block_k=64 if one_pass else 128, rows_per_step=128 if one_pass else 32)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
-                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 0, "INT_POW2": False,
+                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -606,17 +606,25 @@ def _config(H: int, npc: int, packed: bool) -> dict:
     WORDS, BF16X2_COUNT, BF16X2_CLAMP and FAST_DIV off (the defaults before 2026-11-30), 37.1 with
     WORDS + BF16X2_COUNT, 35.1 adding BF16X2_CLAMP, 33.6 with all the defaults below (92 registers, no
     spills; 128-bit loads and stores).  ``programs_per_sm``: the persistent grid of the clamp-counting
-    launch."""
+    launch (and of PREFETCH_RB).
+
+    H200 sweep (session 4, the anchor, CUDA graph): the kernel was latency-bound, not issue-bound (issue time
+    ~137 us of 242.9 us): one row of CH per step, 1 warp, 20 programs per SM on a persistent grid whose
+    prefetch crosses row blocks (PREFETCH + PREFETCH_RB: the next chunk, or the next row block's first chunk,
+    is in flight while a chunk is computed) took 206.0 us, against 242.9 us for [1024 // CH, CH] x 2 warps
+    without prefetch (16 programs per SM: 210.2 us; 8 programs of 2 warps: 221.8 us)."""
+    cfg = dict(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PREFETCH_RB=False,
+               PACKED_COUNT=True, MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True,
+               FAST_DIV=True, maxnreg=None)
     if npc == H:
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
-        cfg = dict(BLOCK_R=block_r, CH=ch, num_warps=max(2, min(16, ch // 512)))
+        cfg.update(BLOCK_R=block_r, CH=ch, num_warps=max(2, min(16, ch // 512)))
+    elif interpreter_configs():
+        cfg.update(BLOCK_R=64, CH=_chunk_width(H, packed), num_warps=2)
     else:
-        ch = _chunk_width(H, packed)
-        cfg = dict(BLOCK_R=64 if interpreter_configs() else max(1, 1024 // ch), CH=ch, num_warps=2)
-    cfg.update(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PREFETCH_RB=False, PACKED_COUNT=True,
-               MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True, FAST_DIV=True,
-               maxnreg=None)
+        cfg.update(BLOCK_R=1, CH=_chunk_width(H, packed), num_warps=1, programs_per_sm=20, PREFETCH=True,
+                   PREFETCH_RB=True)
     return cfg
 
 
