@@ -4,7 +4,8 @@
 #   GPU 1: `tune --compile-only` of every op in $OPS (parallel processes: fills Triton's cache and checks each
 #          candidate's bits; on GPU 0 beside the tests with COMPILE_GPU=0), then the probe command $EXTRA1 and
 #          `python -m tritile bench --quick` of $BENCH_OPS if set (timings: nothing else runs on GPU 1 then);
-#   then both GPUs time the tune candidates of $OPS (two shards), and GPU 0 runs compute-sanitizer memcheck
+#   then both GPUs time the tune candidates of $OPS (two shards; TUNE_ARGS=--cupti ranks by CUPTI time with L2
+#   flushed), and GPU 0 runs compute-sanitizer memcheck
 #   on $SANITIZER0 (the CPU's small shapes) in the time left.  Budget in seconds: $BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,13 +54,13 @@ wait $compile
 echo "compile phase done at $(( $(date +%s) - start )) s"
 if [ -n "${OPS:-}" ]; then
   ( CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 15 )) python3 -m tritile tune $(for op in $OPS; do echo --op $op; done) \
-      --shard 0/2 --top 6 --json "$R/tune1.json" > "$R/tune1.txt" 2>&1 ) &
+      --shard 0/2 ${TUNE_ARGS:-} --top 6 --json "$R/tune1.json" > "$R/tune1.txt" 2>&1 ) &
   t1=$!
 fi
 [ -n "${TESTS0:-}" ] && [ -n "${OPS:-}" ] && wait $tests0
 if [ -n "${OPS:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - ${SAN0_S:-0} - 15 )) python3 -m tritile tune \
-    $(for op in $OPS; do echo --op $op; done) --shard 1/2 --top 6 --json "$R/tune0.json" > "$R/tune0.txt" 2>&1
+    $(for op in $OPS; do echo --op $op; done) --shard 1/2 ${TUNE_ARGS:-} --top 6 --json "$R/tune0.json" > "$R/tune0.txt" 2>&1
 fi
 if [ -n "${SANITIZER0:-}" ] && (( $(left) > 40 )); then
   CUDA_VISIBLE_DEVICES=0 TRITILE_SMALL_SHAPES=1 timeout $(( $(left) - 12 )) compute-sanitizer --tool memcheck \

@@ -53,10 +53,16 @@ def _differs(r) -> str:
 
 
 def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, compile_only: bool = False,
-        shard=(0, 1)) -> List[Dict[str, Any]]:
+        shard=(0, 1), cupti: bool = False) -> List[Dict[str, Any]]:
     """``compile_only``: run each candidate once and check its bits, without timing (several such processes can
-    fill Triton's on-disk cache in parallel before a timing run).  ``shard=(i, n)``: only every n-th case from i."""
-    from ..testing.bench import copy_bandwidth_gbs, time_graph
+    fill Triton's on-disk cache in parallel before a timing run).  ``shard=(i, n)``: only every n-th case from i.
+    ``cupti``: rank by the summed kernel time with L2 flushed before each call (``time_kernels``: how TileKernels'
+    timer counts) instead of CUDA-graph replay; ops whose inputs would partly stay in L2 between graph replays
+    can rank differently."""
+    from ..testing.bench import copy_bandwidth_gbs, time_graph, time_kernels
+
+    def _time(fn):
+        return time_kernels(fn, rep=20) if cupti else time_graph(fn, calls_per_graph=10, rep=10)
     from ..runtime import override_config, poison_outputs
 
     if not torch.cuda.is_available():
@@ -110,7 +116,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
                                 row["passes_check"] = False
                                 row["check_error"] = str(e)[:160]
                         del got
-                        us = None if compile_only else time_graph(case.fn, calls_per_graph=10, rep=10)
+                        us = None if compile_only else _time(case.fn)
                     row["us"] = None if us is None else round(us, 2)
                     if us and case.nbytes:
                         row["gbs"] = round(case.nbytes / us / 1e3, 1)
@@ -130,7 +136,8 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
             ok = [r for r in rows if r.get("us")]
             ok.sort(key=lambda r: r["us"])
             default = rows[0]
-            print(f"\n## {rows[0]['op']} {case.params}\n   default: {default.get('us')} us "
+            print(f"\n## {rows[0]['op']} {case.params}{' (CUPTI, L2 flushed)' if cupti else ''}\n"
+                  f"   default: {default.get('us')} us "
                   f"{default.get('pct_copy', '')}% copy", file=out)
             for r in ok[:top]:
                 tag = "" if r.get("same_bits") else ("  [bits differ, passes check]" if r.get("passes_check")
