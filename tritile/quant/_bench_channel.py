@@ -38,6 +38,8 @@ _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, V
     # INT_POW2 (round_sf cases only: the pow2 scale from amax's bits; SIGNED_ENC=2 + INT_POW2 10.98 hot
     # instructions per element against 18.5 for the round_sf default)
     dict(SIGNED_ENC=2, INT_POW2=True),
+    # session 4: wider tiles under L2-flushed timing (longer DRAM bursts per row)
+    dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=8), dict(BLOCK_K=128, num_warps=2),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
