@@ -101,6 +101,15 @@ def main():
                                   PF_B=ocfg["OPF_B"], STAGES=ocfg["OSTAGES"], EV_KEEP=ev[0], EV_STREAM=ev[1],
                                   HEAD_PAIRS=ocfg["OPAIRS"]), ocfg["OWARPS"])
         assert any(o.startswith("st.global") for o in ops), "the one-pass bwd stores nothing"
+    # the interleaved one-pass kernel: every tune candidate that sets IL
+    for over in [c for c in _GATE_BWD_TUNE if c.get("IL")]:
+        ocfg = {**bcfg, **over}
+        bd = min(ocfg["OBLOCK_D"], 8192)
+        ev = ("evict_last", "evict_first") if ocfg["OHINTS"] else ("", "")
+        ops = compile_kernel(gk._engram_gate_bwd_il_kernel, ONEPASS,
+                             dict(HC_P2=4, TB=ocfg["TB"], BLOCK_D=bd, N_TILES=-(-H // bd), STAGES=ocfg["OSTAGES"],
+                                  EV_KEEP=ev[0], EV_STREAM=ev[1], HEAD_PAIRS=ocfg["OPAIRS"]), ocfg["OWARPS"])
+        assert any(o.startswith("st.global") for o in ops), "the interleaved bwd stores nothing"
     hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
     ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)
     assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
@@ -139,6 +148,9 @@ def main():
     compile_kernel(gk._engram_gate_bwd_onepass_kernel, ONEPASS,
                    dict(HC_P2=1, TB=1, BLOCK_D=1, N_TILES=1, PF_A=True, PF_B=True, STAGES=1, EV_KEEP="",
                         EV_STREAM="", HEAD_PAIRS=True, hc=1, H=1, s_gw1=1), 4)
+    compile_kernel(gk._engram_gate_bwd_il_kernel, ONEPASS,
+                   dict(HC_P2=1, TB=1, BLOCK_D=1, N_TILES=1, STAGES=1, EV_KEEP="", EV_STREAM="", HEAD_PAIRS=True,
+                        hc=1, H=1, s_gw1=1), 4)
     print("ok")
 
 

@@ -238,3 +238,51 @@ def test_engram_gate_bwd_onepass(device, cfg, num_sms):
         saved, _ = _reference(x, k, v, wh, we, grad_out)
         prod = saved[1][:, :, None] * grad_out.float()
         assert_equal(got[2], ((prod[:, 0] + prod[:, 2]) + (prod[:, 1] + 0.0)).bfloat16())
+
+
+_IL = dict(IL=True, ONEPASS=False, TB=1, OBLOCK_D=64, OWARPS=4, OHINTS=True, OSTAGES=1, OWAVES=1, OPAIRS=False)
+
+
+@pytest.mark.parametrize("cfg", [dict(),
+                                 dict(OHINTS=False, OSTAGES=2),
+                                 dict(TB=2, OSTAGES=3),
+                                 dict(TB=4, OWAVES=2),
+                                 dict(OBLOCK_D=128),
+                                 dict(TB=2, OPAIRS=True)])
+@pytest.mark.parametrize("num_sms", [2, 5])
+def test_engram_gate_bwd_interleaved(device, cfg, num_sms):
+    # the interleaved one-pass kernel (IL): phase A of block b + 1 and phase B of block b in one H sweep, with the
+    # A-only first sweep and the B-only last one; several H tiles with a partial last one (H = 232, 64-wide),
+    # token blocks of TB with a partial last one, chunks of 4 with a partial last one (num_sms=2) and of 2 with
+    # an unused (zero) last row (5, and 10 rows of which 4 unused with OWAVES=2); hc = 3 (a padded head).
+    # grad_x, grad_k, grad_v are bitwise those of the two-pass kernels whenever the H tile is the pass-1 tile
+    # (here 64), and of the existing one-pass kernel (ONEPASS) at the same config for any tile.
+    import tritile.engram.engram_gate_kernel as gk
+
+    T, hc, H = 7, 3, 232
+    torch.manual_seed(0)  # see test_engram_gate_bwd_onepass
+    x, k, v, wh, we = make_gate_data(T, hc, H, device)
+    grad_out = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
+    old = get_num_sms()
+    set_num_sms(num_sms)
+    try:
+        with override_config("engram_gate_bwd", FUSED=False, ONEPASS=False, TOK=1, BLOCK_D1=64, WARPS1=4):
+            want = _run_and_check(x, k, v, wh, we, grad_out)
+        with override_config("engram_gate_bwd", **{**_IL, **cfg, "IL": False, "ONEPASS": True}, OPF_A=False,
+                             OPF_B=False):
+            onepass = _run_and_check(x, k, v, wh, we, grad_out)
+        with override_config("engram_gate_bwd", **{**_IL, **cfg}):
+            got = _run_and_check(x, k, v, wh, we, grad_out)
+            assert got[3].shape[0] == gk._bwd_num_parts(H, hc) == num_sms * cfg.get("OWAVES", 1)
+    finally:
+        set_num_sms(old)
+    for a, b in zip(got[:3], onepass[:3]):
+        assert_equal(a, b)
+    # grad_w_partial: the same per-block sums added to the row in the same order as the ONEPASS kernel
+    assert_equal(got[3], onepass[3])
+    same = (0, 1) if cfg.get("OPAIRS") else (0, 1, 2)  # OPAIRS: grad_v in the sm_90 order (see above)
+    if cfg.get("OBLOCK_D", 64) == 64:
+        for i in same:
+            assert_equal(got[i], want[i])
+    elif not cfg.get("OPAIRS"):
+        assert_equal(got[2], want[2])

@@ -35,6 +35,12 @@ _GATE_BWD_TUNE = [
     dict(ONEPASS=True), dict(ONEPASS=True, OPF_B=False), dict(ONEPASS=True, OWARPS=8),
     dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
     dict(ONEPASS=True, TB=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
+    # the interleaved one-pass kernel (IL: phase A of block b + 1 with phase B of block b in one H sweep); sm_90
+    # registers / shared memory, none spills: 241 / 8 KB, 128 / 16 KB, 254 / 80 KB, 255 / 76 KB, 248 / 8 KB,
+    # 145 / 22 KB (two programs per SM)
+    dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=8), dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=16),
+    dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=8, OSTAGES=2), dict(IL=True, TB=1, OBLOCK_D=512, OWARPS=4, OSTAGES=3),
+    dict(IL=True, TB=2, OBLOCK_D=512, OWARPS=8), dict(IL=True, TB=1, OBLOCK_D=256, OWARPS=4, OSTAGES=2, OWAVES=2),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

@@ -769,6 +769,112 @@ def _engram_gate_bwd_onepass_kernel(
         t += TB
 
 
+@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
+def _engram_gate_bwd_il_kernel(
+    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
+    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
+    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
+    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
+    HC_P2: tl.constexpr, TB: tl.constexpr, BLOCK_D: tl.constexpr, N_TILES: tl.constexpr,
+    STAGES: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr, HEAD_PAIRS: tl.constexpr,
+):
+    # One pass, persistent, the two phases of _engram_gate_bwd_onepass_kernel software-pipelined across token
+    # blocks: program p owns token chunk p and grad_w_partial row p.  Sweep i over the H tiles does, per tile j,
+    # phase A of block i + 1 (G, v -> the gamma accumulator and grad_v) and phase B of block i (G again, an L2
+    # hit since sweep i - 1 read it with evict_last, x, k -> grad_x, grad_k and the grad_w_partial row's tile j,
+    # read-modify-written in L2), with delta, a_x, a_k of block i computed at the end of sweep i - 1.  No phase
+    # boundary inside a sweep: each tile step has both blocks' loads (five tiles) independent and in flight.
+    # The first sweep (block i = -1) only does A (B masked off: no traffic), the last only B (A masked off).
+    p = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, HC_P2)
+    hmask = hh < hc
+    tt = tl.arange(0, TB)
+    dd = tl.arange(0, BLOCK_D)
+    t_begin = p * tokens_per_chunk
+    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
+    gw_row = gw_ptr + p * s_gw0
+    if t_begin >= t_end:  # a chunk without tokens: its row is zero
+        for j in tl.range(0, N_TILES):
+            d = j * BLOCK_D + dd
+            tl.store(gw_row + hh[:, None] * s_gw1 + d[None, :], tl.zeros((HC_P2, BLOCK_D), tl.float32),
+                     mask=hmask[:, None] & (d < H)[None, :])
+    hf = hidden_f
+    # block B's coefficients, carried from the sweep that reduced its gamma (zero for the A-only first sweep)
+    delta = tl.zeros((TB, HC_P2), tl.float32)
+    a_x = tl.zeros((TB, HC_P2), tl.float32)
+    a_k = tl.zeros((TB, HC_P2), tl.float32)
+    t = t_begin - TB  # block B's first token
+    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
+        tok_b = t + tt
+        tok_a = tok_b + TB
+        ma = tok_a < t_end
+        mb = (tok_b >= t_begin) & (tok_b < t_end)
+        tok_b = tl.maximum(tok_b, 0)  # the first sweep's block B lies before the chunk: masked, kept in bounds
+        tha = ma[:, None] & hmask[None, :]
+        thb = mb[:, None] & hmask[None, :]
+        sca = tok_a[:, None] * hc + hh[None, :]
+        gate = tl.load(gate_ptr + sca, mask=tha, other=0.0)
+        b_on = t >= t_begin  # block B exists (not the first sweep)
+        gw_in = (t > t_begin).to(tl.int32)  # the row already holds earlier blocks' sums (else: store, not add)
+        ga_rows = tok_a[:, None, None] * s_g0 + hh[None, :, None] * s_g1
+        va_rows = tok_a[:, None, None] * s_v0 + hh[None, :, None] * 0  # v in G's layout (zero head stride)
+        gb_rows = tok_b[:, None, None] * s_g0 + hh[None, :, None] * s_g1
+        xb_rows = tok_b[:, None, None] * s_x0 + hh[None, :, None] * s_x1
+        kb_rows = tok_b[:, None, None] * s_k0 + hh[None, :, None] * s_k1
+        gx_rows = tok_b[:, None, None] * s_gx0 + hh[None, :, None] * s_gx1
+        gk_rows = tok_b[:, None, None] * s_gk0 + hh[None, :, None] * s_gk1
+        acc = tl.zeros((TB, HC_P2, BLOCK_D), tl.float32)
+        for j in tl.range(0, N_TILES, num_stages=STAGES):
+            d = j * BLOCK_D + dd
+            dm = d < H
+            m3a = tha[:, :, None] & dm[None, None, :]
+            m3b = thb[:, :, None] & dm[None, None, :]
+            m2 = (hmask[:, None] & dm[None, :])[None, :, :]
+            d3 = d[None, None, :]
+            w_offs = (hh[:, None] * s_w0 + d[None, :])[None, :, :]
+            gw_offs = (hh[:, None] * s_gw1 + d[None, :])[None, :, :]
+            # every load of the step first: A's G (read again by the next sweep's B: keep it in L2) and v,
+            # B's G (its last use), x, k, w and the row tile (L2-resident, 3D: in the tiles' layout)
+            c_ga = tl.load(go_ptr + ga_rows + d3, mask=m3a, other=0, eviction_policy=EV_KEEP)
+            c_va = tl.load(v_ptr + va_rows + d3, mask=m3a, other=0, eviction_policy=EV_STREAM)
+            c_gb = tl.load(go_ptr + gb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
+            c_x = tl.load(x_ptr + xb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
+            c_k = tl.load(k_ptr + kb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
+            w = tl.load(w_ptr + w_offs, mask=m2 & b_on, other=0.0, eviction_policy=EV_KEEP)
+            c_gw = tl.load(gw_row + gw_offs, mask=m2 & (gw_in != 0), other=0.0, eviction_policy=EV_KEEP)
+            # phase A of the next block: the pass-1 kernel's accumulation and grad_v
+            ga = bf16_bits_to_f32(c_ga)
+            acc += ga * bf16_bits_to_f32(c_va)
+            gv = _sum_heads(gate[:, :, None] * ga, TB, HC_P2, BLOCK_D, HEAD_PAIRS)
+            tl.store(gv_ptr + tok_a[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv),
+                     mask=ma[:, None] & dm[None, :], eviction_policy=EV_STREAM)
+            # phase B of this block: the pass-2 kernel's per-element formulas (_bwd_tile_math)
+            go = bf16_bits_to_f32(c_gb)
+            x = bf16_bits_to_f32(c_x)
+            k = bf16_bits_to_f32(c_k)
+            gx = go + delta[:, :, None] * (w * k - x * a_x[:, :, None])
+            gk = delta[:, :, None] * (w * x - k * a_k[:, :, None])
+            tl.store(gx_ptr + gx_rows + d3, f32_to_bf16_bits(gx), mask=m3b, eviction_policy=EV_STREAM)
+            tl.store(gk_ptr + gk_rows + d3, f32_to_bf16_bits(gk), mask=m3b, eviction_policy=EV_STREAM)
+            gw = c_gw + tl.sum(delta[:, :, None] * (x * k), axis=0, keep_dims=True)
+            tl.store(gw_row + gw_offs, gw, mask=m2 & b_on, eviction_policy=EV_KEEP)
+        # the next block's coefficients, exactly as the coef kernel computes them
+        gamma = tl.sum(acc, axis=2)
+        dot = tl.load(dot_ptr + sca, mask=tha, other=1.0)  # padded lanes: no 0/0
+        rx = tl.load(rstd_x_ptr + sca, mask=tha, other=0.0)
+        rk = tl.load(rstd_k_ptr + sca, mask=tha, other=0.0)
+        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
+        s = dot * rx * rk * scale
+        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
+        delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
+        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
+        a_x = tl.math.div_rn(dot * rx * rx, hf)
+        a_k = tl.math.div_rn(dot * rk * rk, hf)
+        # the row tiles written in this sweep are read back next sweep, maybe by other threads of the program
+        tl.debug_barrier()
+        t += TB
+
+
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -826,17 +932,23 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     # OPAIRS: grad_v's head sum in the pass-1 kernel's sm_90 order, (g0 G0 + g2 G2) + (g1 G1 + g3 G3), whatever
     # the tile (for TB > 1 or another OWARPS, whose layouts would put the heads elsewhere); False: tl.sum (the
     # same order as pass 1 with pass 1's tile and warps; numpy's under the interpreter).
+    # IL: the persistent one-pass kernel with its phases interleaved across token blocks
+    # (``_engram_gate_bwd_il_kernel``: one H sweep does phase A of block b + 1 and phase B of block b, so no
+    # gamma reduction stalls a sweep); it reads TB, OBLOCK_D, OWARPS, OHINTS, OSTAGES, OWAVES, OPAIRS as ONEPASS
+    # does (no manual prefetch: the two blocks' five tile loads of a step are already independent), and takes
+    # precedence over ONEPASS.  Same traffic and floor as ONEPASS; G's second read is one sweep later (L2:
+    # OWAVES * num_sms * TB * hc * H * 2 bytes of G plus the grad_w_partial rows, 22.6 MB at TB=1, OWAVES=1).
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
                                          COEF=True, SPLIT=split, PREFETCH=True,
                                          FUSED=False, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True,
                                          ONEPASS=False, TB=1, OBLOCK_D=bd1, OWARPS=nw, OPF_A=True, OPF_B=True,
-                                         OHINTS=True, OSTAGES=1, OWAVES=1, OPAIRS=False))
+                                         OHINTS=True, OSTAGES=1, OWAVES=1, OPAIRS=False, IL=False))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
-    """P, the number of grad_w_partial rows: num_sms, or OWAVES * num_sms for the persistent one-pass kernel."""
+    """P, the number of grad_w_partial rows: num_sms, or OWAVES * num_sms for the persistent one-pass kernels."""
     cfg = _bwd_launch_config(H, hc)
-    return get_num_sms() * (max(1, int(cfg["OWAVES"])) if cfg["ONEPASS"] and cfg["COEF"] else 1)
+    return get_num_sms() * (max(1, int(cfg["OWAVES"])) if (cfg["ONEPASS"] or cfg["IL"]) and cfg["COEF"] else 1)
 
 
 def engram_gate_bwd(
@@ -920,6 +1032,21 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
             grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
             HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
+        )
+        return grad_x, grad_k, grad_v, grad_w_partial
+    if cfg["IL"]:
+        block_d = min(next_power_of_two(int(cfg["OBLOCK_D"])), next_power_of_two(H))
+        ev_keep, ev_stream = ("evict_last", "evict_first") if cfg["OHINTS"] else ("", "")
+        _engram_gate_bwd_il_kernel[(num_parts,)](
+            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
+            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
+            T, hc, H, float(H), chunk, clamp_value, _scale(H),
+            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
+            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
+            HC_P2=hc_p2, TB=int(cfg["TB"]), BLOCK_D=block_d, N_TILES=ceil_div(H, block_d),
+            STAGES=int(cfg["OSTAGES"]), EV_KEEP=ev_keep, EV_STREAM=ev_stream, HEAD_PAIRS=bool(cfg["OPAIRS"]),
+            num_warps=int(cfg["OWARPS"]),
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     if cfg["ONEPASS"]:
