@@ -124,8 +124,9 @@ def main():
                          cfg["WARPS2"])
     assert "ld.global.v4.b32" in ops, "the bwd split kernel's loads do not vectorise"
     rows, bd, nw, early = rk._config(132, H)
-    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd, EARLY=early), nw)
-    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=256, BLOCK_D=bd, EARLY=True), nw)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd, EARLY=early, SWAP=False, TAIL=0),
+                   nw)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=128, BLOCK_D=bd, EARLY=True, SWAP=True, TAIL=4), nw)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=fk._config(H)), 4)
     compile_kernel(hk._engram_hash_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 4)
     compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 2)
@@ -134,7 +135,8 @@ def main():
                    dict(SAVE=True, ROWS=1, BLOCK_H=1, H=1, hc=1, num_rows=1, s_x1=1, s_o1=1), 4)
     compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
     compile_kernel(gk._engram_gate_bwd_kernel, BWD, dict(HC_P2=1, BLOCK_D=1, hc=1, H=1, s_gw1=1), 4)
-    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=1, BLOCK_D=1, EARLY=False, P=1, H=1), 4)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=1, BLOCK_D=1, EARLY=False, SWAP=False, TAIL=0, P=1,
+                                                          H=1), 4)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=1, H=1, s_wh=1), 4)
     compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
     compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)

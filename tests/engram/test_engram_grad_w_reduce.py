@@ -102,7 +102,10 @@ def test_grad_w_reduce_opcheck(device):
 
 @pytest.mark.parametrize("cfg", [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32, num_warps=8),
                                  dict(ROWS=4, BLOCK_D=16, num_warps=1), dict(ROWS=256, BLOCK_D=32, EARLY=True),
-                                 dict(ROWS=32, BLOCK_D=64, EARLY=True)])
+                                 dict(ROWS=32, BLOCK_D=64, EARLY=True), dict(ROWS=128, BLOCK_D=32, SWAP=True),
+                                 dict(ROWS=128, BLOCK_D=32, TAIL=4), dict(ROWS=128, BLOCK_D=64, TAIL=4, SWAP=True),
+                                 dict(ROWS=128, BLOCK_D=32, TAIL=8, EARLY=True, SWAP=True),
+                                 dict(ROWS=64, BLOCK_D=32, TAIL=4)])  # TAIL too small for P: the loop
 def test_grad_w_reduce_launch_configs(device, cfg):
     """The GPU's tune candidates (P = 132 in one step or several, partial column strips) against the reference."""
     from tritile.runtime import override_config

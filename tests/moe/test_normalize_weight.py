@@ -60,3 +60,28 @@ def test_normalize_weight_configs(device, cfg, num_tokens, num_topk):
     denom_ref, norm_ref = ref(w)
     assert_equal(denom, denom_ref)
     assert_equal(norm, norm_ref)
+
+
+@pytest.mark.parametrize("cfg", [dict(RCP=True, QUADS=True, BLOCK_T=32, num_warps=1),
+                                 dict(RCP=True, QUADS=True, BLOCK_T=128, num_warps=4),
+                                 dict(RCP=True, BLOCK_T=32, num_warps=1)], ids=str)
+@pytest.mark.parametrize("num_tokens,num_topk,wild", [(70, 8, False), (45, 5, False), (33, 3, False), (40, 8, True),
+                                                      (9, 9, True)])
+def test_normalize_weight_rcp(device, cfg, num_tokens, num_topk, wild):
+    """``RCP`` (a reciprocal per row and multiply-add corrections) gives the reference's bits: on routing-like
+    weights (the fast branch) and on wild ones (signed zeros, huge / tiny values: the ``div_rn`` fallback)."""
+    from tritile.runtime import override_config
+    if wild:
+        w = torch.randn(num_tokens, num_topk, device=device) * torch.exp2(
+            torch.randint(-60, 60, (num_tokens, num_topk), device=device).float())
+        w[1, 0] = -0.0
+        w[2, :] = 0.0
+    else:
+        w = torch.rand(num_tokens, num_topk, device=device) ** 4
+        w[1, 0] = -0.0
+        w[3, 1] = 0.0
+    with override_config("normalize_weight", **cfg):
+        denom, norm = moe.normalize_weight(w)
+    denom_ref, norm_ref = ref(w)
+    assert_equal(denom, denom_ref)
+    assert_equal(norm, norm_ref)

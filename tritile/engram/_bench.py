@@ -175,6 +175,11 @@ _GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32,
 # EARLY (the epilogue's loads first) with every partial row in one step (P = 132 <= ROWS): one DRAM round trip
 _GWR_TUNE += [dict(EARLY=True), dict(EARLY=True, ROWS=256), dict(EARLY=True, ROWS=256, num_warps=8),
               dict(EARLY=True, ROWS=256, BLOCK_D=16), dict(EARLY=True, ROWS=256, BLOCK_D=64, num_warps=8)]
+# SWAP: column strips fastest in the grid (consecutive programs read neighbouring 128-byte strips of one row);
+# TAIL: 128 + 4 rows as two tiles issued together (one round trip, no 256-row padding)
+_GWR_TUNE += [dict(SWAP=True), dict(SWAP=True, EARLY=True), dict(TAIL=4), dict(TAIL=4, EARLY=True),
+              dict(TAIL=4, SWAP=True), dict(TAIL=4, SWAP=True, EARLY=True), dict(TAIL=4, BLOCK_D=64, num_warps=8),
+              dict(TAIL=4, SWAP=True, BLOCK_D=64, num_warps=8)]
 
 
 @register("engram", "engram_hash")

@@ -18,10 +18,19 @@ def _grad_w_reduce_kernel(
     part_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr,
     P, H,
     s_p0, s_p1, s_wh0, s_we0, s_gwh0, s_gwe0,
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr,
 ):
-    h = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    """``SWAP``: grid (column strips, hc) instead of (hc, column strips), so programs launched one after another
+    read neighbouring strips of the same partial rows (DRAM page locality) rather than rows H floats apart.
+    ``TAIL`` (> 0, the wrapper sets it only when ``ROWS < P <= ROWS + TAIL``): all P rows as one [ROWS, BLOCK_D]
+    and one [TAIL, BLOCK_D] tile, both loads issued before any add: one DRAM round trip without padding the
+    tile to the next power of two (P = 132: 128 + 4 rows, not 256)."""
+    if SWAP:
+        h = tl.program_id(1).to(tl.int64)
+        d = tl.program_id(0).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    else:
+        h = tl.program_id(0).to(tl.int64)
+        d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < H
     if EARLY:  # the epilogue's four loads issued with the first partial rows: no extra DRAM round trip at the end
         wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
@@ -29,15 +38,23 @@ def _grad_w_reduce_kernel(
         gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
         gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
     r = tl.arange(0, ROWS).to(tl.int64)
-    # ROWS partial rows in flight per step; a fixed summation order (deterministic for a given P)
-    acc = tl.zeros((ROWS, BLOCK_D), tl.float32)
-    p0 = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
-    while p0 < P:  # a while loop: range() over run-time bounds breaks the interpreter with numpy 2.4
-        p = p0 + r
-        m = (p < P)[:, None] & dmask[None, :]
-        acc += tl.load(part_ptr + p[:, None] * s_p0 + h * s_p1 + d[None, :], mask=m, other=0.0)
-        p0 += ROWS
-    total = tl.sum(acc, axis=0)
+    if TAIL > 0:
+        # rows [0, ROWS) and [ROWS, P): both tiles in flight together; a fixed order (main tile's sum, then tail's)
+        rt = ROWS + tl.arange(0, TAIL).to(tl.int64)
+        main = tl.load(part_ptr + r[:, None] * s_p0 + h * s_p1 + d[None, :], mask=dmask[None, :], other=0.0)
+        tail = tl.load(part_ptr + rt[:, None] * s_p0 + h * s_p1 + d[None, :],
+                       mask=(rt < P)[:, None] & dmask[None, :], other=0.0)
+        total = tl.sum(main, axis=0) + tl.sum(tail, axis=0)
+    else:
+        # ROWS partial rows in flight per step; a fixed summation order (deterministic for a given P)
+        acc = tl.zeros((ROWS, BLOCK_D), tl.float32)
+        p0 = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
+        while p0 < P:  # a while loop: range() over run-time bounds breaks the interpreter with numpy 2.4
+            p = p0 + r
+            m = (p < P)[:, None] & dmask[None, :]
+            acc += tl.load(part_ptr + p[:, None] * s_p0 + h * s_p1 + d[None, :], mask=m, other=0.0)
+            p0 += ROWS
+        total = tl.sum(acc, axis=0)
     if not EARLY:
         wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
         we_b = tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0)
@@ -52,6 +69,7 @@ def _grad_w_reduce_kernel(
 def _config(P: int, H: int):
     """(ROWS, BLOCK_D, num_warps, EARLY): [ROWS, BLOCK_D] partial rows in flight per step, through
     ``tuned("grad_w_reduce", ...)``.  The summation order follows ROWS (fixed for a given config and P).
+    Speed-only keys read by ``_launch``: ``SWAP`` (grid order), ``TAIL`` (see the kernel).
 
     GPU: all P rows of a 32-column strip in flight at once (one DRAM round trip per program; the first
     version's [32, 128] steps made 5 dependent round trips at P = 132: 9.4 us CUPTI, L2 flushed).  EARLY: the
@@ -112,11 +130,16 @@ def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, gra
     if hc == 0 or H == 0 or P == 0:  # nothing to add
         return
     rows, block_d, num_warps, early = _config(P, H)
-    _grad_w_reduce_kernel[(hc, ceil_div(H, block_d))](
+    extra = tuned("grad_w_reduce", dict(SWAP=False, TAIL=0))
+    swap, tail = bool(extra["SWAP"]), int(extra["TAIL"])
+    if not rows < P <= rows + tail:  # the one-shot tiles hold exactly rows + tail >= P rows (tail a power of 2)
+        tail = 0
+    grid = (ceil_div(H, block_d), hc) if swap else (hc, ceil_div(H, block_d))
+    _grad_w_reduce_kernel[grid](
         grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
         P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
         grad_weight_hidden.stride(0), grad_weight_embed.stride(0),
-        ROWS=rows, BLOCK_D=block_d, EARLY=early, num_warps=num_warps,
+        ROWS=rows, BLOCK_D=block_d, EARLY=early, SWAP=swap, TAIL=tail, num_warps=num_warps,
     )
 
 

@@ -142,6 +142,12 @@ _NORMALIZE_TUNE = [
     dict(PER_COL=False, BLOCK_T=128, num_warps=4), dict(PER_COL=False, BLOCK_T=64, num_warps=2),
     dict(PER_COL=False, BLOCK_T=32, num_warps=1), dict(PER_COL=False, BLOCK_T=256, num_warps=4),
 ]
+# RCP: one div_rn(1, d) per row, three multiply-adds per element (block-uniform div_rn fallback outside the range)
+_NORMALIZE_TUNE += [
+    dict(RCP=True), dict(RCP=True, BLOCK_T=128, num_warps=2), dict(RCP=True, QUADS=True, BLOCK_T=128, num_warps=4),
+    dict(RCP=True, QUADS=True, BLOCK_T=32, num_warps=1), dict(RCP=True, QUADS=True, BLOCK_T=64, num_warps=2),
+    dict(RCP=True, QUADS=True, BLOCK_T=256, num_warps=4),
+]
 
 
 @register(_M, "aux_fi")

@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, is_interpreter,
+                             tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
@@ -16,15 +17,53 @@ __all__ = ["normalize_weight"]
 
 
 @triton.jit
+def _fma(a, b, c, EMU: tl.constexpr):
+    """``a * b + c`` rounded once.  ``EMU`` (the interpreter, whose ``tl.fma`` rounds twice): in float64, exact
+    for the remainders below (48-bit product, cancelling sum) and for the corrections except in double-rounding
+    ties far rarer than the tests' inputs can reach."""
+    if EMU:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.fma(a, b, c)
+
+
+@triton.jit
+def _div_by_recip(w, d, r, EMU: tl.constexpr):
+    """``w / d`` correctly rounded from ``r = div_rn(1, d)`` (broadcast like ``d``), for normal operands
+    and quotients with margin (the caller's ``_recip_ok``).  q0 = w * r is within 2 ulps; one correction
+    q1 = q0 + (w - q0 d) r makes it faithful; Markstein's theorem (r within half an ulp of 1/d, q1 faithful,
+    no underflow) makes the remainder w - q1 d exact and q2 = RN(q1 + rem r) the correctly rounded quotient.
+    A zero w keeps q0's signed zero (q2 would be +0 for w = -0)."""
+    q0 = w * r
+    q1 = _fma(_fma(-q0, d, w, EMU), r, q0, EMU)
+    q2 = _fma(_fma(-q1, d, w, EMU), r, q1, EMU)
+    return tl.where(w == 0, q0, q2)
+
+
+@triton.jit
+def _recip_ok(w, d_ok):
+    """Where ``_div_by_recip`` is exact: |d| in [2^-20, 2^20] (``d_ok``) and w zero or |w| in [2^-80, 2^100], so
+    1/d, every quotient (|q| in [2^-100, 2^120]) and the remainders (multiples of >= 2^-130) stay normal and
+    nothing overflows.  NaN / inf / subnormal operands fail (comparisons with NaN are false)."""
+    aw = tl.abs(w)
+    return d_ok & (((aw >= 8.271806125530277e-25) & (aw <= 1.2676506002282294e30)) | (w == 0))
+
+
+@triton.jit
 def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
                              NUM_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PER_COL: tl.constexpr, QUADS: tl.constexpr):
+                             PER_COL: tl.constexpr, QUADS: tl.constexpr, RCP: tl.constexpr = False,
+                             EMU: tl.constexpr = False):
     """``QUADS`` (``NUM_TOPK <= 8``): the row as two ``[BLOCK_T, 4]`` tiles (columns 0-3 and 4-7), each a
     16-byte vector held by one thread (``BLOCK_T >= 32 * num_warps``), so the whole row sits in one thread:
     both loads go out at once, the sequential sum is 8 in-thread adds (no shuffles), one pass.
     ``PER_COL``: each column loaded as its own ``[BLOCK_T]`` vector (a row stays in one thread: the
     sequential sum needs no shuffles).  Otherwise one ``[BLOCK_T, BLOCK_K]`` tile, columns extracted by
-    select-sums (a row may span lanes)."""
+    select-sums (a row may span lanes).
+    ``RCP`` (``QUADS`` and the tile path): one ``div_rn(1, d)`` per row and three multiply-adds per element
+    instead of a full division per element (MUFU.RCP, Newton step, FCHK check and slow-path branch each), same
+    bits; the block falls back to ``div_rn`` when any of its elements is outside ``_recip_ok``'s range (one
+    block-wide max, uniform branch).  ``EMU``: emulated fused multiply-adds (interpreter only)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < num_tokens
     if QUADS:
@@ -55,9 +94,23 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
                 if k + 4 < NUM_TOPK:
                     denom = denom + tl.sum(tl.where(q[None, :] == k, w1, 0.0), axis=1)
         tl.store(denom_ptr + rows, denom, mask=row_ok)
-        tl.store(out_ptr + offs0, tl.math.div_rn(w0, denom[:, None]), mask=m0)
-        if NUM_TOPK > 4:
-            tl.store(out_ptr + offs0 + 4, tl.math.div_rn(w1, denom[:, None]), mask=m1)
+        fast = False
+        if RCP:
+            r = tl.math.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), denom)[:, None]
+            ad = tl.abs(denom)
+            d_ok = ((ad >= 9.5367431640625e-07) & (ad <= 1048576.0)) | (rows >= num_tokens)  # padded rows: w = 0
+            bad = tl.where(_recip_ok(w0, d_ok[:, None]), 0, 1)
+            if NUM_TOPK > 4:
+                bad = tl.maximum(bad, tl.where(_recip_ok(w1, d_ok[:, None]), 0, 1))
+            fast = tl.max(bad) == 0
+        if fast:
+            tl.store(out_ptr + offs0, _div_by_recip(w0, denom[:, None], r, EMU), mask=m0)
+            if NUM_TOPK > 4:
+                tl.store(out_ptr + offs0 + 4, _div_by_recip(w1, denom[:, None], r, EMU), mask=m1)
+        else:
+            tl.store(out_ptr + offs0, tl.math.div_rn(w0, denom[:, None]), mask=m0)
+            if NUM_TOPK > 4:
+                tl.store(out_ptr + offs0 + 4, tl.math.div_rn(w1, denom[:, None]), mask=m1)
     elif PER_COL:
         # Strictly sequential float32 sum, left to right.  Loads first (all in flight), then the adds.
         denom = tl.full([BLOCK_T], 1e-20, tl.float32)
@@ -78,13 +131,22 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
         for k in tl.static_range(NUM_TOPK):
             denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
         tl.store(denom_ptr + rows, denom, mask=row_ok)
-        tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
+        fast = False
+        if RCP:
+            r = tl.math.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), denom)[:, None]
+            ad = tl.abs(denom)
+            d_ok = ((ad >= 9.5367431640625e-07) & (ad <= 1048576.0)) | (rows >= num_tokens)  # padded rows: w = 0
+            fast = tl.max(tl.where(_recip_ok(w, d_ok[:, None]), 0, 1)) == 0
+        if fast:
+            tl.store(out_ptr + offs, _div_by_recip(w, denom[:, None], r, EMU), mask=m)
+        else:
+            tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
 
 
 def _config(num_topk: int, interpret: bool) -> dict:
     """Default launch config: ``[BLOCK_T, next_pow2(K)]`` tiles.  Launch configs go through
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``QUADS`` (taken only
-    when ``K <= 8``), ``num_warps``."""
+    when ``K <= 8``), ``RCP`` (reciprocal + corrections; not with ``PER_COL``), ``num_warps``."""
     # H200 (2026-11-30): the per-column variant (64 rows, 2 warps) ran 4.2 us against 2.3 us for the tile
     # variant below (1024 / next_pow2(K) rows, 4 warps), which stays the default until a sweep says otherwise
     bt = max(16, 1024 // next_power_of_two(num_topk))
@@ -120,5 +182,6 @@ def normalize_weight(topk_weights: torch.Tensor):
     _normalize_weight_kernel[(ceil_div(num_tokens, cfg["BLOCK_T"]),)](
         topk_weights, denom, out, num_tokens,
         NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_K=next_power_of_two(num_topk), PER_COL=bool(cfg["PER_COL"]),
-        QUADS=bool(cfg.get("QUADS", False)) and num_topk <= 8, num_warps=cfg["num_warps"])
+        QUADS=bool(cfg.get("QUADS", False)) and num_topk <= 8, RCP=bool(cfg.get("RCP", False)), EMU=is_interpreter(),
+        num_warps=cfg["num_warps"])
     return denom, out
