@@ -188,3 +188,37 @@ def test_expand_to_fused_with_per_token_cast(layout, device):
     ref, ref_sf = ref_expand_sf(*args)
     assert_equal(out, ref)
     assert_equal(out_sf, ref_sf)
+
+
+# Launch-config candidates of the tune lists (tritile/moe/_bench_fused.py) at small tiles, so that several
+# token tiles, column blocks and padding programs run: COMPACT (one [BT, KP] index load, a store per valid
+# slot rank), PAD_FIRST (padding programs on the low program ids), PERSIST (that many persistent token
+# programs, the next tile loaded before the current one is stored; 3 does not divide the tile count).
+_CANDIDATES = [dict(), dict(COMPACT=True), dict(PAD_FIRST=True), dict(COMPACT=True, PAD_FIRST=True),
+               dict(COMPACT=True, BT=1, PBT=4, PSUB=2), dict(PERSIST=3), dict(PERSIST=3, PAD_FIRST=True),
+               dict(PERSIST=1000)]
+
+
+@pytest.mark.parametrize("overrides", _CANDIDATES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "base")
+@pytest.mark.parametrize("layout", SF_LAYOUTS[:2], ids=["row", "col-packed"])
+def test_expand_to_fused_candidates(overrides, layout, device):
+    from tritile.runtime import override_config
+    col_major, _round_sf, packed = layout
+    num_tokens, num_topk, num_experts = 37, 5, 3
+    # sparse rows as at ep 64 (most slots -1, some tokens with 2-3 valid slots)
+    topk_idx = torch.randint(0, num_experts * 4, (num_tokens, num_topk), device=device)
+    topk_idx = torch.where(topk_idx < num_experts, topk_idx, torch.full_like(topk_idx, -1))
+    pos_to_expert, token_topk_to_pos = _mapping(topk_idx, num_experts, 8)
+    x = _random_fp8((num_tokens, 256), device)
+    x_sf = _random_sf(num_tokens, 256, 32, packed, device)
+    cfg = dict(BT=8, BH=16, PBT=8, PSUB=2, num_warps=4)
+    cfg.update(overrides)
+    with override_config("expand_to_fused_with_sf", **cfg):
+        out, out_sf = expand_to_fused_with_sf((x, x_sf), 32, token_topk_to_pos, pos_to_expert, col_major)
+    ref, ref_sf = ref_expand_sf((x, x_sf), 32, token_topk_to_pos, pos_to_expert, col_major)
+    assert_equal(out, ref)
+    assert_equal(out_sf, ref_sf)
+    xb = torch.randn((num_tokens, 40), dtype=torch.bfloat16, device=device)
+    with override_config("expand_to_fused", **cfg):
+        out = expand_to_fused(xb, token_topk_to_pos, pos_to_expert)
+    assert_equal(out, ref_expand(xb, token_topk_to_pos, pos_to_expert))

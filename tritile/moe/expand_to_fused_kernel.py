@@ -9,6 +9,10 @@ One launch.  The grid has two parts:
 * padding programs, one per ``PBT * PSUB`` output rows: rows with ``pos_to_expert < 0`` (only the sign is read)
   are zeroed, data and scales; blocks without padding exit after one small load.
 
+Tune candidates (off by default): ``COMPACT`` loads a tile's ``[BT, K]`` positions at once and stores once per
+rank of valid slot instead of ``K`` times; ``PAD_FIRST`` gives the padding programs the low program ids;
+``PERSIST = n`` runs ``n`` persistent token programs that load the next tile before storing the current one.
+
 Data moves through an integer view of the widest word that divides the row (int32/int16/int8), so the
 copy is bit-exact for every dtype on every backend.
 """
@@ -32,37 +36,124 @@ _WORDS = {4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
 @triton.jit
+def _tile_load(x_ptr, xs_ptr, pos_ptr, tile_id, num_tiles, num_tokens, num_expanded, hidden_w, hidden_sf,
+               stride_x, stride_xs, stride_pt, stride_pk, num_col_blocks,
+               K: tl.constexpr, KP: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+               BSF: tl.constexpr):
+    """Token tile ``tile_id`` (all masked off past ``num_tiles``): data ``[BT, BH]``, scales ``[BT, BSF]`` (column
+    block 0 only; zeros without scales) and the ``[BT, KP]`` positions (``-1`` = none or out of range)."""
+    rows = (tile_id // num_col_blocks).to(tl.int64) * BT + tl.arange(0, BT)
+    cb = tile_id % num_col_blocks
+    cols = cb * BH + tl.arange(0, BH)
+    rm = (rows < num_tokens) & (tile_id < num_tiles)
+    k_ar = tl.arange(0, KP)
+    pk = tl.load(pos_ptr + rows[:, None] * stride_pt + k_ar[None, :] * stride_pk,
+                 mask=rm[:, None] & (k_ar < K)[None, :], other=-1)
+    pk = tl.where((pk >= 0) & (pk < num_expanded), pk, -1)
+    tile = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rm[:, None] & (cols < hidden_w)[None, :])
+    s_ar = tl.arange(0, BSF)
+    if WITH_SF:
+        sft = tl.load(xs_ptr + rows[:, None] * stride_xs + s_ar[None, :],
+                      mask=rm[:, None] & (s_ar < hidden_sf)[None, :] & (cb == 0))
+    else:
+        sft = tl.zeros([BT, BSF], dtype=tl.int32)
+    return tile, sft, pk
+
+
+@triton.jit
+def _tile_store(out_ptr, outs_ptr, tile, sft, pk, tile_id, num_col_blocks, hidden_w, hidden_sf,
+                stride_out, stride_os0, stride_os1,
+                WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BSF: tl.constexpr):
+    """Store a tile of :func:`_tile_load` to each row's valid positions: each row's largest remaining position,
+    drop it, repeat, so as many (predicated) stores as the tile's most valid slots per token.  A token's
+    positions are distinct in a valid mapping; equal ones would get the same row anyway."""
+    cb = tile_id % num_col_blocks
+    cols = cb * BH + tl.arange(0, BH)
+    cm = cols < hidden_w
+    s_ar = tl.arange(0, BSF)
+    sfm = (s_ar < hidden_sf) & (cb == 0)
+    p = tl.max(pk, axis=1)
+    while tl.max(p, axis=0) >= 0:
+        ok = p >= 0
+        p64 = tl.where(ok, p, 0).to(tl.int64)
+        tl.store(out_ptr + p64[:, None] * stride_out + cols[None, :], tile, mask=ok[:, None] & cm[None, :])
+        if WITH_SF:
+            tl.store(outs_ptr + p64[:, None] * stride_os0 + s_ar[None, :] * stride_os1, sft,
+                     mask=ok[:, None] & sfm[None, :])
+        pk = tl.where(pk == p[:, None], -1, pk)
+        p = tl.max(pk, axis=1)
+
+
+@triton.jit
 def _expand_to_fused_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, pos_ptr, pe_ptr,
                             num_tokens, num_expanded, hidden_w, hidden_sf,
                             stride_x, stride_xs, stride_out, stride_os0, stride_os1,
-                            stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks,
+                            stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks, num_tiles,
                             K: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
-                            BSF: tl.constexpr, PBT: tl.constexpr, PSUB: tl.constexpr, COL_ITERS: tl.constexpr):
+                            BSF: tl.constexpr, PBT: tl.constexpr, PSUB: tl.constexpr, COL_ITERS: tl.constexpr,
+                            KP: tl.constexpr, COMPACT: tl.constexpr, PAD_FIRST: tl.constexpr,
+                            PERSIST: tl.constexpr):
     pid = tl.program_id(0)
     t_ar = tl.arange(0, BT)
     h_ar = tl.arange(0, BH)
     s_ar = tl.arange(0, BSF)
-    if pid < num_token_progs:
-        tb = pid // num_col_blocks
-        cb = pid % num_col_blocks
-        rows = tb.to(tl.int64) * BT + t_ar
-        cols = cb * BH + h_ar
-        rm = rows < num_tokens
-        cm = cols < hidden_w
-        tile = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rm[:, None] & cm[None, :])
-        if WITH_SF:
-            sfm = rm[:, None] & (s_ar < hidden_sf)[None, :] & (cb == 0)
-            sft = tl.load(xs_ptr + rows[:, None] * stride_xs + s_ar[None, :], mask=sfm)
-        for k in tl.static_range(K):
-            p = tl.load(pos_ptr + rows * stride_pt + k * stride_pk, mask=rm, other=-1)
-            ok = rm & (p >= 0) & (p < num_expanded)
-            p64 = tl.where(ok, p, 0).to(tl.int64)
-            tl.store(out_ptr + p64[:, None] * stride_out + cols[None, :], tile, mask=ok[:, None] & cm[None, :])
-            if WITH_SF:
-                tl.store(outs_ptr + p64[:, None] * stride_os0 + s_ar[None, :] * stride_os1, sft,
-                         mask=ok[:, None] & sfm)
+    num_pad_progs = tl.num_programs(0) - num_token_progs
+    if PAD_FIRST:
+        # padding programs on the low ids: they start in the first wave and overlap the copy instead of
+        # forming a tail of short programs after the last token tiles
+        is_tok = pid >= num_pad_progs
+        tok_pid = pid - num_pad_progs
+        pad_pid = pid
     else:
-        base = (pid - num_token_progs).to(tl.int64) * (PBT * PSUB)
+        is_tok = pid < num_token_progs
+        tok_pid = pid
+        pad_pid = pid - num_token_progs
+    if is_tok:
+        if PERSIST:
+            # persistent token programs, tiles tok_pid, tok_pid + num_token_progs, ...: the next tile (data and
+            # positions) is loaded before the current one is stored, so each program keeps two tiles in flight
+            tid = tok_pid
+            tile, sft, pk = _tile_load(x_ptr, xs_ptr, pos_ptr, tid, num_tiles, num_tokens, num_expanded, hidden_w,
+                                       hidden_sf, stride_x, stride_xs, stride_pt, stride_pk, num_col_blocks,
+                                       K, KP, WITH_SF, BT, BH, BSF)
+            while tid < num_tiles:
+                nid = tid + num_token_progs
+                ntile, nsft, npk = _tile_load(x_ptr, xs_ptr, pos_ptr, nid, num_tiles, num_tokens, num_expanded,
+                                              hidden_w, hidden_sf, stride_x, stride_xs, stride_pt, stride_pk,
+                                              num_col_blocks, K, KP, WITH_SF, BT, BH, BSF)
+                _tile_store(out_ptr, outs_ptr, tile, sft, pk, tid, num_col_blocks, hidden_w, hidden_sf,
+                            stride_out, stride_os0, stride_os1, WITH_SF, BT, BH, BSF)
+                tile, sft, pk, tid = ntile, nsft, npk, nid
+        elif COMPACT:
+            # all K positions of the tile in one [BT, KP] load (BT * K contiguous words) issued with the data
+            # tile; then one store per rank of valid slot (1-2 at ep 64, each predicated store instruction of
+            # the default's K per tile issues whether or not a row has that slot)
+            tile, sft, pk = _tile_load(x_ptr, xs_ptr, pos_ptr, tok_pid, num_token_progs, num_tokens, num_expanded,
+                                       hidden_w, hidden_sf, stride_x, stride_xs, stride_pt, stride_pk,
+                                       num_col_blocks, K, KP, WITH_SF, BT, BH, BSF)
+            _tile_store(out_ptr, outs_ptr, tile, sft, pk, tok_pid, num_col_blocks, hidden_w, hidden_sf,
+                        stride_out, stride_os0, stride_os1, WITH_SF, BT, BH, BSF)
+        else:
+            tb = tok_pid // num_col_blocks
+            cb = tok_pid % num_col_blocks
+            rows = tb.to(tl.int64) * BT + t_ar
+            cols = cb * BH + h_ar
+            rm = rows < num_tokens
+            cm = cols < hidden_w
+            tile = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rm[:, None] & cm[None, :])
+            if WITH_SF:
+                sfm = rm[:, None] & (s_ar < hidden_sf)[None, :] & (cb == 0)
+                sft = tl.load(xs_ptr + rows[:, None] * stride_xs + s_ar[None, :], mask=sfm)
+            for k in tl.static_range(K):
+                p = tl.load(pos_ptr + rows * stride_pt + k * stride_pk, mask=rm, other=-1)
+                ok = rm & (p >= 0) & (p < num_expanded)
+                p64 = tl.where(ok, p, 0).to(tl.int64)
+                tl.store(out_ptr + p64[:, None] * stride_out + cols[None, :], tile, mask=ok[:, None] & cm[None, :])
+                if WITH_SF:
+                    tl.store(outs_ptr + p64[:, None] * stride_os0 + s_ar[None, :] * stride_os1, sft,
+                             mask=ok[:, None] & sfm)
+    else:
+        base = pad_pid.to(tl.int64) * (PBT * PSUB)
         pr_ar = tl.arange(0, PBT)
         for r in tl.static_range(PSUB):
             prow = base + r * PBT + pr_ar
@@ -127,7 +218,7 @@ def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool) -> 
     bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))
     pbt = max(1, min(budget // bh, next_power_of_two(num_expanded)))
     psub = 1 if interp else max(1, 64 // pbt)
-    return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4)
+    return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4, COMPACT=False, PAD_FIRST=False, PERSIST=0)
 
 
 def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
@@ -144,7 +235,9 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
                 _config(hidden_w, num_tokens, num_expanded, interpreter_configs()))
     bt, bh, pbt, psub = cfg["BT"], cfg["BH"], cfg["PBT"], cfg["PSUB"]
     num_col_blocks = ceil_div(max(hidden_w, 1), bh)
-    num_token_progs = ceil_div(num_tokens, bt) * num_col_blocks
+    num_tiles = ceil_div(num_tokens, bt) * num_col_blocks
+    persist = int(cfg.get("PERSIST", 0))
+    num_token_progs = min(persist, num_tiles) if persist > 0 else num_tiles
     num_pad_progs = ceil_div(num_expanded, pbt * psub)
     if with_sf:
         hidden_sf = x_sf.shape[1]
@@ -158,9 +251,10 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         num_tokens, num_expanded, hidden_w, hidden_sf,
         xw.stride(0), sxs, ow.stride(0), sos0, sos1,
         token_topk_to_pos.stride(0), token_topk_to_pos.stride(1), pos_to_expert.stride(0),
-        num_token_progs, num_col_blocks,
+        num_token_progs, num_col_blocks, num_tiles,
         K=num_topk, WITH_SF=with_sf, BT=bt, BH=bh, BSF=bsf, PBT=pbt, PSUB=psub, COL_ITERS=num_col_blocks,
-        num_warps=cfg["num_warps"])
+        KP=max(2, next_power_of_two(num_topk)), COMPACT=bool(cfg["COMPACT"]), PAD_FIRST=bool(cfg["PAD_FIRST"]),
+        PERSIST=persist > 0, num_warps=cfg["num_warps"])
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
