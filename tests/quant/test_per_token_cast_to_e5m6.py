@@ -114,6 +114,25 @@ def test_per_token_cast_to_e5m6_kernel_choice(device):
     with override_config("per_token_cast_to_e5m6", HW_RTZ=False):
         _check(x, 576, CONFIGS[0])
 
+@pytest.mark.parametrize("cfg", [
+    dict(COAL_ST=True),  # one pass, a quad per lane-quad (4 lanes x 16 bytes, the 4th masked)
+    dict(COAL_ST=True, BLOCK_Q=8, num_warps=1),  # two passes, a partial last chunk (18 quads)
+    dict(COAL_ST=True, BLOCK_M=2, BLOCK_Q=32, num_warps=2),  # two rows per program, a partial last row tile
+])
+def test_per_token_cast_to_e5m6_coalesced_stores(cfg, device):
+    """COAL_ST (lane-contiguous 16-byte stores through a layout conversion) gives the default's bits, non-finite
+    rows included."""
+    x = (torch.randn(5, 576, device=device) * 3).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    x[3, 575] = float("-inf")
+    for flags in (CONFIGS[1], EXTRA_CONFIGS[0]):
+        ref = _check(x, 576, flags)
+        with override_config("per_token_cast_to_e5m6", **cfg):
+            out, sf = per_token_cast_to_e5m6(x, 576, *flags)
+        assert_equal(out, ref[0])
+        assert_equal(sf, ref[1])
+
+
 def _codes(out):
     """uint8 (M, K*3/2) -> int codes (M, K)."""
     b = out.cpu().to(torch.int64).reshape(out.shape[0], -1, 4)

@@ -29,6 +29,11 @@ _TUNE_E5M6 = [
     dict(BLOCK_M=8, BLOCK_Q=32, num_warps=8), dict(BLOCK_Q=256, num_warps=4), dict(BLOCK_Q=128, num_warps=4),
     dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8), dict(HW_RTZ=False),
     dict(QUAD=False, BLOCK_M=1, BLOCK_K=1024, num_warps=2),
+    # COAL_ST: lane-contiguous 16-byte stores (4 lanes per quad, whole 32-byte sectors per warp store) through a
+    # shared-memory layout conversion; sm_90: 64 regs (default 56), +~2 SASS per quad, 8 conversion rounds of
+    # 2 KB with 2 barriers each at 256 quads x 4 warps, 4 rounds at 128 quads or 8 warps
+    dict(COAL_ST=True), dict(COAL_ST=True, BLOCK_Q=256, num_warps=8), dict(COAL_ST=True, BLOCK_Q=128, num_warps=4),
+    dict(COAL_ST=True, BLOCK_M=2, BLOCK_Q=256, num_warps=8),
 ]
 # cast_back_e5m6: default [2 rows, 512 groups of 8] (8192 values), 8 warps
 _TUNE_CAST_BACK = [

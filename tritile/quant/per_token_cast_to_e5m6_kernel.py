@@ -7,7 +7,9 @@ row (``num_per_channels == K``).
 Two kernels: bf16 rows of whole 32-column quads (``K % 32 == 0``, rows readable as int32 words) go through
 the quad kernel, in which a thread owns whole quads: 4 x 16-byte loads in, 12 words = 3 x 16-byte stores
 out, and on the GPU a whole row of up to 8192 columns stays in registers (one pass).  Other inputs (fp32,
-odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).
+odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  The quad
+kernel's COAL_ST tune key stores through a layout conversion so that consecutive lanes write consecutive
+16-byte pieces (whole 32-byte sectors per warp store).
 """
 
 from __future__ import annotations
@@ -194,6 +196,16 @@ def _load_group(xw_row, q, qm, gi: tl.constexpr):
 
 
 @triton.jit
+def _load_quads(xw_row, q, qm):
+    """The four groups (``[R, Q, 4]`` words each) of every quad ``q`` and the tile's ``max |x|`` per row."""
+    g0 = _load_group(xw_row, q, qm, 0)
+    g1 = _load_group(xw_row, q, qm, 1)
+    g2 = _load_group(xw_row, q, qm, 2)
+    g3 = _load_group(xw_row, q, qm, 3)
+    return g0, g1, g2, g3, _absmax_quads(g0, g1, g2, g3)
+
+
+@triton.jit
 def _absmax_quads(g0, g1, g2, g3):
     """Per row ``max |x|`` over the bf16 pairs of four ``[R, Q, 4]`` int32 word tiles, as float32 bits with
     NaN as +inf (an integer max of the 15-bit magnitudes, which order like the values, NaN above inf);
@@ -231,28 +243,46 @@ def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
 
 
 @triton.jit
-def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
+                        FINITE: tl.constexpr, COAL_ST: tl.constexpr):
     """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store each as three 16-byte vectors."""
     u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
     u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
     u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
     u9, u10, u11 = _encode_group(g3, sf_inv, HW_RTZ, FINITE)
-    wd = tl.arange(0, 4)
-    op = o_row + (12 * q)[None, :, None] + wd[None, None, :]
-    m = qm[:, :, None]
-    tl.store(op, _stack4(u0, u1, u2, u3), mask=m)
-    tl.store(op + 4, _stack4(u4, u5, u6, u7), mask=m)
-    tl.store(op + 8, _stack4(u8, u9, u10, u11), mask=m)
+    s0 = _stack4(u0, u1, u2, u3)
+    s1 = _stack4(u4, u5, u6, u7)
+    s2 = _stack4(u8, u9, u10, u11)
+    if COAL_ST:
+        # One [R, Q, 16] store: a quad's 12 words plus 4 padding words (masked off), so that the pointers are
+        # contiguous over 16 words and the store layout puts 4 consecutive lanes on a quad's 16-byte pieces
+        # (3 of 4 lanes active): each warp store writes 12 whole 32-byte sectors, where the quad-per-lane
+        # stores below write half of each of 32 sectors (two partial writes per sector).  The compiler reaches
+        # that layout through shared memory (a layout conversion, in rounds of the 2 KB scratch buffer).
+        R: tl.constexpr = s0.shape[0]
+        Q: tl.constexpr = s0.shape[1]
+        t = tl.join(tl.join(s0, s2), tl.join(s1, s0))  # [R, Q, 4 words, 2, 2]: piece 2 * i + j (3 = padding)
+        t = tl.reshape(tl.permute(t, (0, 1, 3, 4, 2)), (R, Q, 16))
+        j = tl.arange(0, 16)
+        tl.store(o_row + (12 * q)[None, :, None] + j[None, None, :], t, mask=qm[:, :, None] & (j < 12)[None, None, :])
+    else:
+        wd = tl.arange(0, 4)
+        op = o_row + (12 * q)[None, :, None] + wd[None, None, :]
+        m = qm[:, :, None]
+        tl.store(op, s0, mask=m)
+        tl.store(op + 4, s1, mask=m)
+        tl.store(op + 8, s2, mask=m)
 
 
 @triton.jit
-def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr):
+def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
+                        COAL_ST: tl.constexpr):
     """Tiles whose rows are all finite (``sf_inv > 0``, the common case) skip the NaN patch: one uniform
     branch around the whole chunk (so the compiler keeps it a branch, not per-element selects)."""
     if tl.min(sf_inv) > 0.0:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True, COAL_ST)
     else:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False, COAL_ST)
 
 
 @triton.jit
@@ -262,6 +292,7 @@ def _per_token_cast_to_e5m6_quad_kernel(
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
+    COAL_ST: tl.constexpr = False,
 ):
     """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
     columns: 4 x 16-byte loads in (one per group of 8), 12 words = 3 x 16-byte stores out, so every global
@@ -279,18 +310,13 @@ def _per_token_cast_to_e5m6_quad_kernel(
 
     if NUM_K_CHUNKS == 1:
         qm = row_ok[:, None] & (qs < nq)[None, :]
-        g0 = _load_group(xw_row, qs, qm, 0)
-        g1 = _load_group(xw_row, qs, qm, 1)
-        g2 = _load_group(xw_row, qs, qm, 2)
-        g3 = _load_group(xw_row, qs, qm, 3)
-        ab = _absmax_quads(g0, g1, g2, g3)
+        g0, g1, g2, g3, ab = _load_quads(xw_row, qs, qm)
     else:
         ab = tl.zeros((BLOCK_M,), tl.int32)
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
-            ab = tl.maximum(ab, _absmax_quads(_load_group(xw_row, q, qm, 0), _load_group(xw_row, q, qm, 1),
-                                              _load_group(xw_row, q, qm, 2), _load_group(xw_row, q, qm, 3)))
+            ab = tl.maximum(ab, _load_quads(xw_row, q, qm)[4])
 
     sf, sf_inv = quant_scale(ab.to(tl.float32, bitcast=True), CLAMP, MAX, ROUND_SF)
     if PACKED:
@@ -299,14 +325,13 @@ def _per_token_cast_to_e5m6_quad_kernel(
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ)
+        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ, COAL_ST)
     else:
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
-            _encode_store_chunk(_load_group(xw_row, q, qm, 0), _load_group(xw_row, q, qm, 1),
-                                _load_group(xw_row, q, qm, 2), _load_group(xw_row, q, qm, 3),
-                                sf_inv, o_row, q, qm, HW_RTZ)
+            g0, g1, g2, g3, _ = _load_quads(xw_row, q, qm)
+            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, COAL_ST)
 
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
@@ -350,7 +375,8 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         return out.view(torch.uint8), sf
     # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): QUAD (the quad kernel; bf16 rows of whole quads
     # only, elsewhere ignored), BLOCK_M rows, num_warps, HW_RTZ (see _e5m6_code_bounded); QUAD: BLOCK_Q quads
-    # of 32 columns per pass (a wider row takes two passes); plain: BLOCK_K columns (a power of two >= 8).
+    # of 32 columns per pass (a wider row takes two passes), COAL_ST (lane-contiguous 16-byte stores, see
+    # _encode_store_quads); plain: BLOCK_K columns (a power of two >= 8).
     # Only the overridden keys are taken; the rest come from the chosen kernel's own rule.
     over = tuned("per_token_cast_to_e5m6", {})
     quad_ok = (x.dtype == torch.bfloat16 and hidden % 32 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
@@ -359,7 +385,8 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         block_m, bq, num_warps = _quad_launch_config(num_tokens, hidden)
         if block_q is not None:
             bq = block_q
-        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, **over}
+        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": False,
+             **over}
         block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
         if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
             raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: BLOCK_M and BLOCK_Q powers of two")
@@ -370,7 +397,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             xw.stride(0), out.stride(0) // 12, sf.stride(0),
             ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
             BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq), HW_RTZ=bool(c["HW_RTZ"]),
-            num_warps=num_warps,
+            COAL_ST=bool(c["COAL_ST"]), num_warps=num_warps,
         )
         return out.view(torch.uint8), sf
     block_m, block_k, _, num_warps = _launch_config(num_tokens, hidden, block_k)
