@@ -142,8 +142,8 @@ def test_non_finite(device):
 
 @pytest.mark.parametrize("path", [dict(FAST_DIV=False), dict(FAST_DIV=False, RCP=True), dict(),
                                   dict(FAST_ENC=False, FAST_MAX=False, MINMAX_CLAMP=False, MASK_FLAGS=False),
-                                  dict(PREFETCH=True)],
-                         ids=["div_rn", "rcp", "default", "slow_flags", "prefetch"])
+                                  dict(PREFETCH=True), dict(ROWSUM_PAIRS=True, CH=128)],
+                         ids=["div_rn", "rcp", "default", "slow_flags", "prefetch", "rowsum_pairs"])
 @pytest.mark.parametrize("clamp", [None, 0.5])
 def test_code_paths(device, path, clamp):
     """The division paths (config keys): ``div_rn`` twice, ``rcp.rn`` + ``div_rn``, the shared 4-wide

@@ -340,6 +340,46 @@ def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
         assert_equal(counts, ref_counts)
 
 
+@pytest.mark.parametrize("ch", [512, 1024])
+@pytest.mark.parametrize("p2e,weights,packed,clamp", [(True, True, False, 0.5), (False, False, True, 0.5),
+                                                       (True, False, True, None)])
+def test_prefetch_two_ahead(device, ch, p2e, weights, packed, clamp):
+    """PREFETCH2 (two chunks in flight) on a persistent grid of 2 programs: H = 1536 in 3 chunks of 512 (the
+    look-ahead crosses into the next row block at the second and the last chunk) or 2 of 1024 (the second
+    masked; it crosses at every chunk), bitwise against the reference, with the counts."""
+    from tritile.runtime import override_config
+
+    hidden = 1536
+    d = moe_data((6, 72, 8), hidden, 16, device)
+    x = d["x"]
+    pad = d["pos_to_expert"] < 0
+    x_ref = x
+    if p2e:
+        x = x.clone()  # padding rows hold values the kernel must ignore (prefetched or not)
+        x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
+    ptt = d["pos_to_token_topk"] if weights else None
+    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
+    counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
+    ref_counts = counts0.clone() if clamp is not None else None
+    ref_out, ref_sf = _run_ref(x_ref, 128, ptt, w, clamp, ref_counts, packed, packed, packed)
+    counts = counts0.clone() if clamp is not None else None
+    old = get_num_sms()
+    try:
+        set_num_sms(2)
+        with override_config("swiglu_forward_and_per_token_cast", PREFETCH=True, PREFETCH_RB=True, PREFETCH2=True,
+                             BLOCK_R=16, CH=ch, programs_per_sm=1):
+            out, sf = swiglu_forward_and_per_token_cast(
+                x, "e4m3", 128, pos_to_token_topk=ptt, topk_weights=w,
+                pos_to_expert=d["pos_to_expert"] if p2e else None, use_tma_aligned_col_major_sf=packed,
+                round_sf=packed, use_packed_ue8m0=packed, swiglu_clamp_value=clamp, clamped_count=counts)
+    finally:
+        set_num_sms(old)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+    if clamp is not None:
+        assert_equal(counts, ref_counts)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in the interpreter
 @pytest.mark.parametrize("clamp", [None, 0.5, 0.3, 0.0, -0.0, 1e-40, 9.2e-41, 10.0, 3.0e38])
 def test_every_bf16(device, clamp):

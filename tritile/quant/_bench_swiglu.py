@@ -115,6 +115,10 @@ _FWD_TUNE = (  # default (session 4): [1, CH] x 1 warp, 20 programs per SM, PREF
     + [dict(programs_per_sm=24, maxnreg=80), dict(programs_per_sm=28, maxnreg=72), dict(programs_per_sm=32, maxnreg=64)]
     + [dict(CH=1024, num_warps=2, programs_per_sm=10), dict(CH=1024, num_warps=2, programs_per_sm=8),
        dict(BLOCK_R=2, num_warps=2, programs_per_sm=10)]
+    # PREFETCH2: loads two chunks ahead (two 2 KB chunks in flight per program).  sm_90a: 119 registers, no
+    # spills (17 one-warp programs fit); maxnreg=104: 8 bytes of stack, 19 fit
+    + [dict(PREFETCH2=True, programs_per_sm=p) for p in (12, 16, 17)]
+    + [dict(PREFETCH2=True, programs_per_sm=19, maxnreg=104)]
 )
 
 
@@ -173,6 +177,13 @@ _BWD_TUNE = (
     + [dict(PREFETCH=True, programs_per_sm=4), dict(PREFETCH=True, programs_per_sm=3),
        dict(PREFETCH=True, maxnreg=168, programs_per_sm=6), dict(PREFETCH=True, CH=1024, num_warps=4, programs_per_sm=4),
        dict(PREFETCH=True, CH=512, num_warps=1, programs_per_sm=8), dict(PREFETCH=True, CH=512, num_warps=2, programs_per_sm=8)]
+    # ROWSUM_PAIRS at CH=512 x 1 warp: no barrier or smem in the loop and weight_grad bit-identical to the
+    # default (chunk pairs summed as the 2-warp kernel's two warp partials).  sm_90a: 128 registers (the
+    # default cap), no spills; uncapped 168; maxnreg=120 for 17 programs
+    + [dict(CH=512, num_warps=1, ROWSUM_PAIRS=True), dict(CH=512, num_warps=1, ROWSUM_PAIRS=True, maxnreg=None),
+       dict(CH=512, num_warps=1, ROWSUM_PAIRS=True, maxnreg=120)]
+    # PREFETCH at CH=256 x 1 warp: 111 registers, no spills (18 programs fit); weight_grad order differs
+    + [dict(PREFETCH=True, CH=256, num_warps=1, maxnreg=None, programs_per_sm=p) for p in (12, 16)]
 )
 
 

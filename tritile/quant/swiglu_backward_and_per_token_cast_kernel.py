@@ -137,7 +137,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
-        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr):
+        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr,
+        ROWSUM_PAIRS: tl.constexpr):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -146,7 +147,11 @@ def _swiglu_backward_and_per_token_cast_kernel(
     4 elements).  PREFETCH: a persistent grid whose programs walk row blocks; each chunk's loads (codes,
     scales, grad_out) are issued one chunk ahead, across row blocks (the last chunk of a row block loads
     the first chunk of the program's next one), and the routing weight is gathered a row block ahead
-    (its index two ahead), so neither the chunk loads nor the index -> weight round trips are exposed."""
+    (its index two ahead), so neither the chunk loads nor the index -> weight round trips are exposed.
+    ROWSUM_PAIRS (without TILE_ROWSUM): the row sum adds the sums of chunk pairs (2k, 2k + 1), so CH=512 with
+    1 warp gives the default's (CH=1024, 2 warps) weight_grad bits: both reduce each 128-group in the
+    layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp partials meet in one
+    (commutative) add."""
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
     rb = tl.program_id(0)
@@ -183,6 +188,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
         rowsum = tl.zeros([BLOCK_R], tl.float32)
         if TILE_ROWSUM:
             rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
+        elif ROWSUM_PAIRS:
+            pend = tl.zeros([BLOCK_R], tl.float32)  # the last even chunk's sum
         for c0 in range(0, H, CH):
             cols = c0 + tl.arange(0, CH)
             gx = c0 // NPC + tl.arange(0, G)
@@ -246,6 +253,14 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     dxy = tl.where(cy, 0.0, dxy)
             if TILE_ROWSUM:
                 rs += g * act
+            elif ROWSUM_PAIRS:
+                # the chunk sums of an even and the following odd chunk added first, then into the row sum:
+                # the float32 order of one chunk twice as wide split over two warps (the two warps'
+                # partials meet in one commutative add), e.g. CH=512 x 1 warp sums as CH=1024 x 2 warps
+                s_c = tl.sum(tl.sum(g * act, axis=2), axis=1)
+                odd = (c0 // CH) % 2 == 1
+                rowsum = tl.where(odd, rowsum + (pend + s_c), rowsum)
+                pend = s_c
             else:
                 rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
             out = tl.reshape(f32_to_bf16_bits(act * w3), (BLOCK_R, CH))
@@ -260,6 +275,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
                          BLOCK_R, CH, FAST_MAX, FAST_ENC)
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
+        elif ROWSUM_PAIRS:
+            if ((H + CH - 1) // CH) % 2 == 1:
+                rowsum += pend  # an odd chunk count: the last chunk has no partner
         tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
         if PREFETCH:
             w_c = w_nx
@@ -303,7 +321,7 @@ def _config(H: int, npc: int) -> dict:
     gpu = not interpreter_configs()
     return dict(BLOCK_R=1 if gpu else 64, CH=ch, num_warps=max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
-                FAST_DIV=True, PREFETCH=False, programs_per_sm=4,
+                FAST_DIV=True, PREFETCH=False, ROWSUM_PAIRS=False, programs_per_sm=4,
                 maxnreg=128 if gpu else None)
 
 
@@ -346,6 +364,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]) and _minmax_clamp_ok(clamp), MASK_FLAGS=bool(cfg["MASK_FLAGS"]),
             RCP=bool(cfg["RCP"]),
             TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), PREFETCH=bool(cfg["PREFETCH"]),
+            ROWSUM_PAIRS=bool(cfg["ROWSUM_PAIRS"]),
             num_warps=cfg["num_warps"],
             enable_fp_fusion=False, **extra)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
     n = ttp.numel()

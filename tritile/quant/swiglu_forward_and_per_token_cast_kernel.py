@@ -328,7 +328,8 @@ def _swiglu_forward_and_per_token_cast_kernel(
         BLOCK_R: tl.constexpr, CH: tl.constexpr, GB: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
         MINMAX_CLAMP: tl.constexpr, X_WORDS: tl.constexpr, BF16X2_COUNT: tl.constexpr,
-        BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH_RB: tl.constexpr):
+        BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH_RB: tl.constexpr,
+        PREFETCH2: tl.constexpr):
     """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
     e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
     codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
@@ -343,7 +344,9 @@ def _swiglu_forward_and_per_token_cast_kernel(
     (with FAST_ENC): ``l / t`` by ``_div_fast`` (one range check per 4 elements).  PREFETCH_RB (with
     PREFETCH): the prefetch crosses row blocks (the last chunk of a row block loads the first chunk of the
     program's next one), and ``pos_to_expert`` / ``pos_to_token_topk`` are read one row block ahead, so
-    no row block starts with an exposed load round trip."""
+    no row block starts with an exposed load round trip.  PREFETCH2 (with PREFETCH and PREFETCH_RB; the host
+    sets it only for >= 2 chunks per row): the loads run two chunks ahead (two chunks in flight per program
+    while one is computed; 16 more registers at [1, 512] x 1 warp)."""
     G: tl.constexpr = CH // GB  # groups per chunk
     NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
     pid = tl.program_id(0)
@@ -375,6 +378,10 @@ def _swiglu_forward_and_per_token_cast_kernel(
             idx_c = tl.load(ptt_ptr + rows_c, mask=rows_c < num_rows, other=-1)
         l_n = _load_half(x_ptr + rows_c[:, None] * stride_xm, 0, 0, active_c, H, CH, X_BF16, X_WORDS)
         r_n = _load_half(x_ptr + rows_c[:, None] * stride_xm, 0, H, active_c, H, CH, X_BF16, X_WORDS)
+        if PREFETCH2:
+            tl.static_assert(NCH >= 2)  # two chunks ahead stays within the next row block
+            l_nn = _load_half(x_ptr + rows_c[:, None] * stride_xm, CH, 0, active_c, H, CH, X_BF16, X_WORDS)
+            r_nn = _load_half(x_ptr + rows_c[:, None] * stride_xm, CH, H, active_c, H, CH, X_BF16, X_WORDS)
     while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_ok = rows < num_rows
@@ -417,7 +424,22 @@ def _swiglu_forward_and_per_token_cast_kernel(
             l_n = _load_half(x_row, 0, 0, active, H, CH, X_BF16, X_WORDS)
             r_n = _load_half(x_row, 0, H, active, H, CH, X_BF16, X_WORDS)
         for c0 in range(0, H, CH):
-            if PF_RB:
+            if PF_RB and PREFETCH2:
+                l_raw = l_n
+                r_raw = r_n
+                l_n = l_nn
+                r_n = r_nn
+                # the chunk two ahead: in this row block, or past its end the next row block's chunk
+                # c0 + 2 CH - NCH CH (NCH >= 2: never further than the next row block)
+                cross = c0 + 2 * CH >= NCH * CH
+                n_row = x_row + tl.where(cross, step_nx, 0)
+                n_act = (rows + tl.where(cross, nprog * BLOCK_R, 0)) < num_rows
+                if HAS_P2E:
+                    n_act = n_act & (tl.where(cross, p2e_nx, p2e_c) >= 0)
+                n_c0 = tl.where(cross, c0 + 2 * CH - NCH * CH, c0 + 2 * CH)
+                l_nn = _load_half(n_row, n_c0, 0, n_act, H, CH, X_BF16, X_WORDS)
+                r_nn = _load_half(n_row, n_c0, H, n_act, H, CH, X_BF16, X_WORDS)
+            elif PF_RB:
                 l_raw = l_n
                 r_raw = r_n
                 # the next chunk of this row block, or after the last one the next row block's first
@@ -615,7 +637,7 @@ def _config(H: int, npc: int, packed: bool) -> dict:
     without prefetch (16 programs per SM: 210.2 us; 8 programs of 2 warps: 221.8 us)."""
     cfg = dict(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PREFETCH_RB=False,
                PACKED_COUNT=True, MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True,
-               FAST_DIV=True, maxnreg=None)
+               FAST_DIV=True, PREFETCH2=False, maxnreg=None)
     if npc == H:
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
@@ -703,6 +725,7 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
         BF16X2_CLAMP=bool(cfg["BF16X2_CLAMP"]) and clamp is not None and clamp > 0
         and _bf16_round_down_bits(clamp) << 16 == struct.unpack("<I", struct.pack("<f", clamp))[0],
         FAST_DIV=bool(cfg["FAST_DIV"]),
+        PREFETCH2=bool(cfg["PREFETCH2"]) and bool(cfg["PREFETCH"]) and bool(cfg["PREFETCH_RB"]) and ceil_div(H, ch) >= 2,
         num_warps=cfg["num_warps"],
         enable_fp_fusion=False, **extra)  # see the module docstring
     return out, sf
