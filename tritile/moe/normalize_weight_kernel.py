@@ -94,7 +94,8 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
                 if k + 4 < NUM_TOPK:
                     denom = denom + tl.sum(tl.where(q[None, :] == k, w1, 0.0), axis=1)
         tl.store(denom_ptr + rows, denom, mask=row_ok)
-        fast = False
+        # The fast path's names exist only inside the constexpr RCP branch: the GPU compiler (unlike the
+        # interpreter) does not let a later run-time `if` read a name a constexpr-false branch never defined.
         if RCP:
             r = tl.math.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), denom)[:, None]
             ad = tl.abs(denom)
@@ -102,11 +103,14 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
             bad = tl.where(_recip_ok(w0, d_ok[:, None]), 0, 1)
             if NUM_TOPK > 4:
                 bad = tl.maximum(bad, tl.where(_recip_ok(w1, d_ok[:, None]), 0, 1))
-            fast = tl.max(bad) == 0
-        if fast:
-            tl.store(out_ptr + offs0, _div_by_recip(w0, denom[:, None], r, EMU), mask=m0)
-            if NUM_TOPK > 4:
-                tl.store(out_ptr + offs0 + 4, _div_by_recip(w1, denom[:, None], r, EMU), mask=m1)
+            if tl.max(bad) == 0:
+                tl.store(out_ptr + offs0, _div_by_recip(w0, denom[:, None], r, EMU), mask=m0)
+                if NUM_TOPK > 4:
+                    tl.store(out_ptr + offs0 + 4, _div_by_recip(w1, denom[:, None], r, EMU), mask=m1)
+            else:
+                tl.store(out_ptr + offs0, tl.math.div_rn(w0, denom[:, None]), mask=m0)
+                if NUM_TOPK > 4:
+                    tl.store(out_ptr + offs0 + 4, tl.math.div_rn(w1, denom[:, None]), mask=m1)
         else:
             tl.store(out_ptr + offs0, tl.math.div_rn(w0, denom[:, None]), mask=m0)
             if NUM_TOPK > 4:
@@ -131,14 +135,14 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
         for k in tl.static_range(NUM_TOPK):
             denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
         tl.store(denom_ptr + rows, denom, mask=row_ok)
-        fast = False
-        if RCP:
+        if RCP:  # see the QUADS path
             r = tl.math.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), denom)[:, None]
             ad = tl.abs(denom)
             d_ok = ((ad >= 9.5367431640625e-07) & (ad <= 1048576.0)) | (rows >= num_tokens)  # padded rows: w = 0
-            fast = tl.max(tl.where(_recip_ok(w, d_ok[:, None]), 0, 1)) == 0
-        if fast:
-            tl.store(out_ptr + offs, _div_by_recip(w, denom[:, None], r, EMU), mask=m)
+            if tl.max(tl.where(_recip_ok(w, d_ok[:, None]), 0, 1)) == 0:
+                tl.store(out_ptr + offs, _div_by_recip(w, denom[:, None], r, EMU), mask=m)
+            else:
+                tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
         else:
             tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
 

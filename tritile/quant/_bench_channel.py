@@ -24,7 +24,8 @@ _M = "quant"
 # streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles), VEC (columns per thread; 0 =
 # Triton's choice).
 _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, VEC=8, SIGNED_ENC=2, INT_POW2
-    dict(SIGNED_ENC=0, INT_POW2=False),  # the session-3 default (30.1-30.8 us)
+    dict(SIGNED_ENC=0, INT_POW2=False, BLOCK_K=64),  # the session-3 default (30.1-30.8 us graph)
+    dict(BLOCK_K=64),  # the first session-4 default (27.0-27.1 us CUPTI)
     dict(BLOCK_K=128, ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(BLOCK_K=128, ROWS_PER_STEP=32),
     dict(BLOCK_K=32), dict(BLOCK_K=32, num_warps=2), dict(num_warps=2), dict(num_warps=8), dict(VEC=0),
     dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=64),

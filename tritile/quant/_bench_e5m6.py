@@ -23,7 +23,8 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 # RTZ; sm_90: ~16 SASS per element, 32 registers (the previous default, first candidate: two passes of
 # 2048-column chunks, 4-byte stores at a 12-byte stride, ~22 SASS per element, 120 registers).  BLOCK_Q=32
 # candidates: two passes of 7 exact 1024-column chunks, a warp per row (x re-read from L2).
-_TUNE_E5M6 = [
+_TUNE_E5M6 = [  # default (session 4): the quad kernel with COAL_ST
+    dict(COAL_ST=False),  # the session-3 default (58.4 us CUPTI)
     dict(QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2), dict(BLOCK_M=4, BLOCK_Q=32, num_warps=4),
     dict(BLOCK_M=2, BLOCK_Q=32, num_warps=2), dict(BLOCK_M=1, BLOCK_Q=32, num_warps=1),
     dict(BLOCK_M=8, BLOCK_Q=32, num_warps=8), dict(BLOCK_Q=256, num_warps=4), dict(BLOCK_Q=128, num_warps=4),

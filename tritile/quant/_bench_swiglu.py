@@ -165,7 +165,9 @@ def _bwd_cases(device, quick):
 # sm_90a SASS per column: 75.2 with FAST_DIV off (the default before 2026-11-30, 164 registers), 61.2 with
 # the default (168 registers), 68.5 with CH=1024 / 4 warps (96 registers, no smem round trip for the bf16
 # stores).
-_BWD_TUNE = (
+_BWD_TUNE = (  # default (session 4): CH=512 x 1 warp with ROWSUM_PAIRS, maxnreg=128
+    [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]  # the session-3/4 default (950.0 us CUPTI)
+    +
     [dict(FAST_DIV=False), dict(FAST_DIV=False, CH=1024, num_warps=4)]
     + [dict(CH=1024, num_warps=4), dict(CH=512, num_warps=2), dict(CH=2048, num_warps=4), dict(CH=2048, num_warps=8),
        dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2), dict(CH=512, num_warps=1)]

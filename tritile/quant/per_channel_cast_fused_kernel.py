@@ -202,10 +202,11 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     # input sf (BLOCK_K a multiple of 128): 32-row steps of [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL.
     # Session 4 sweep (same shape): SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 24.9 us, with INT_POW2
     # (round_sf) 24.8 us, against 30.1-30.8 us without (TileKernels 25.1 / 25.0).
+    # Session 4 (CUPTI, L2 flushed): [128, 128] x 4 warps 26.3-26.5 us against 27.0-27.1 us for [128, 64].
     gpu = not interpreter_configs()
     if gpu:
         one_pass = not has_sf
-        cfg = cfg._replace(block_k=64 if one_pass else 128, rows_per_step=128 if one_pass else 32)
+        cfg = cfg._replace(block_k=128, rows_per_step=128 if one_pass else 32)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
                      "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True,

@@ -385,7 +385,8 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         block_m, bq, num_warps = _quad_launch_config(num_tokens, hidden)
         if block_q is not None:
             bq = block_q
-        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": False,
+        # COAL_ST: session 4 sweep (8001 x 7168, CUPTI, L2 flushed) 55.6-56.0 us against 58.4-58.5 us
+        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": True,
              **over}
         block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
         if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
