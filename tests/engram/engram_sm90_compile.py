@@ -32,14 +32,6 @@ FWD = _types({"x_ptr k_ptr v_ptr out_ptr": "*i16", "w_ptr dot_ptr gate_ptr rstd_
               "num_rows hc H s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_o0 s_o1": "i32",
               "hidden_f eps clamp_value scale": "fp32"})
 FWDP = dict(FWD, T="i32", chunk="i32")
-FUSED_BWD = _types({"go_ptr x_ptr k_ptr v_ptr gx_ptr gk_ptr gv_ptr": "*i16",
-                    "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gw_ptr": "*fp32",
-                    "T hc H SW tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gv0 "
-                    "s_gw0 s_gw1": "i32", "hidden_f clamp_value scale": "fp32"})
-ONEPASS = _types({"go_ptr x_ptr k_ptr v_ptr gx_ptr gk_ptr gv_ptr": "*i16",
-                  "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gw_ptr": "*fp32",
-                  "T hc H tokens_per_chunk s_g0 s_g1 s_x0 s_x1 s_k0 s_k1 s_v0 s_w0 s_gx0 s_gx1 s_gk0 s_gk1 s_gv0 "
-                  "s_gw0 s_gw1": "i32", "hidden_f clamp_value scale": "fp32"})
 GAMMA = _types({"go_ptr v_ptr gv_ptr": "*i16", "gate_ptr gamma_ptr": "*fp32", "T hc H s_g0 s_g1 s_v0 s_gv0": "i32"})
 BWD = _types({"go_ptr x_ptr k_ptr gx_ptr gk_ptr": "*i16",
               "w_ptr dot_ptr gate_ptr rstd_x_ptr rstd_k_ptr gamma_ptr gw_ptr": "*fp32",
@@ -83,33 +75,6 @@ def main():
             ops = compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
                                  dict(SAVE=save, BLOCK_H=fcfg["BLOCK_H"], PREFETCH=pf), fcfg["WARPS"])
             assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the persistent fwd does not vectorise"
-    bcfg = gk._bwd_launch_config(H, hc)
-    for pf in (0, 1, 2):
-        for wr in (True, False):
-            ops = compile_kernel(gk._engram_gate_bwd_fused_kernel, FUSED_BWD,
-                                 dict(HC_P2=4, BLOCK_H=8192, BLOCK_S=2048, PREFETCH=pf, W_RESIDENT=wr), bcfg["FWARPS"])
-            assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the one-pass bwd does not vectorise"
-    # the persistent one-pass kernel: its default and every tune candidate (_bench._GATE_BWD_TUNE) that sets ONEPASS
-    from tritile.engram._bench import _GATE_BWD_TUNE
-
-    for over in [c for c in _GATE_BWD_TUNE if c.get("ONEPASS")]:
-        ocfg = {**bcfg, **over}
-        bd = min(ocfg["OBLOCK_D"], 8192)
-        ev = ("evict_last", "evict_first") if ocfg["OHINTS"] else ("", "")
-        ops = compile_kernel(gk._engram_gate_bwd_onepass_kernel, ONEPASS,
-                             dict(HC_P2=4, TB=ocfg["TB"], BLOCK_D=bd, N_TILES=-(-H // bd), PF_A=ocfg["OPF_A"],
-                                  PF_B=ocfg["OPF_B"], STAGES=ocfg["OSTAGES"], EV_KEEP=ev[0], EV_STREAM=ev[1],
-                                  HEAD_PAIRS=ocfg["OPAIRS"]), ocfg["OWARPS"])
-        assert any(o.startswith("st.global") for o in ops), "the one-pass bwd stores nothing"
-    # the interleaved one-pass kernel: every tune candidate that sets IL
-    for over in [c for c in _GATE_BWD_TUNE if c.get("IL")]:
-        ocfg = {**bcfg, **over}
-        bd = min(ocfg["OBLOCK_D"], 8192)
-        ev = ("evict_last", "evict_first") if ocfg["OHINTS"] else ("", "")
-        ops = compile_kernel(gk._engram_gate_bwd_il_kernel, ONEPASS,
-                             dict(HC_P2=4, TB=ocfg["TB"], BLOCK_D=bd, N_TILES=-(-H // bd), STAGES=ocfg["OSTAGES"],
-                                  EV_KEEP=ev[0], EV_STREAM=ev[1], HEAD_PAIRS=ocfg["OPAIRS"]), ocfg["OWARPS"])
-        assert any(o.startswith("st.global") for o in ops), "the interleaved bwd stores nothing"
     hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
     ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)
     assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
@@ -123,8 +88,8 @@ def main():
                          dict(HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=cfg["SPLIT"], PREFETCH=cfg["PREFETCH"]),
                          cfg["WARPS2"])
     assert "ld.global.v4.b32" in ops, "the bwd split kernel's loads do not vectorise"
-    rows, bd, nw, early = rk._config(132, H)
-    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd, EARLY=early, SWAP=False, TAIL=0),
+    rows, bd, nw, early, swap, tail = rk._config(132, H)
+    compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd, EARLY=early, SWAP=swap, TAIL=tail),
                    nw)
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=128, BLOCK_D=bd, EARLY=True, SWAP=True, TAIL=4), nw)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=fk._config(H)), 4)
@@ -145,14 +110,6 @@ def main():
                                                                  H=1, s_gw1=1), 4)
     compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
                    dict(SAVE=True, BLOCK_H=1, PREFETCH=True, H=1, hc=1, s_x1=1, s_o1=1), 4)
-    compile_kernel(gk._engram_gate_bwd_fused_kernel, FUSED_BWD,
-                   dict(HC_P2=1, BLOCK_H=1, BLOCK_S=1, PREFETCH=2, W_RESIDENT=False, hc=1, H=1, SW=1, s_gw1=1), 4)
-    compile_kernel(gk._engram_gate_bwd_onepass_kernel, ONEPASS,
-                   dict(HC_P2=1, TB=1, BLOCK_D=1, N_TILES=1, PF_A=True, PF_B=True, STAGES=1, EV_KEEP="",
-                        EV_STREAM="", HEAD_PAIRS=True, hc=1, H=1, s_gw1=1), 4)
-    compile_kernel(gk._engram_gate_bwd_il_kernel, ONEPASS,
-                   dict(HC_P2=1, TB=1, BLOCK_D=1, N_TILES=1, STAGES=1, EV_KEEP="", EV_STREAM="", HEAD_PAIRS=True,
-                        hc=1, H=1, s_gw1=1), 4)
     print("ok")
 
 

@@ -87,7 +87,7 @@ def test_grad_w_reduce_gpu_like_blocks(device, monkeypatch):
     # several row steps with a partial last one (P = 5, 2 rows a step) and several H tiles with a tail
     import tritile.engram.engram_grad_w_reduce_kernel as gm
 
-    monkeypatch.setattr(gm, "_config", lambda P, H: (2, 32, 4, False))
+    monkeypatch.setattr(gm, "_config", lambda P, H: (2, 32, 4, False, False, 0))
     test_grad_w_reduce(device, 5, 3, 100)
 
 

@@ -22,25 +22,14 @@ _GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, RO
                    dict(PERSIST=False, ROWS=2, WARPS=16)]
                   + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
                      dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
-# Default: the two passes, pass 1 at 4 warps (767.8 us on the H200, session 4 sweep; 8 warps, the default before:
-# 1169.6 us).  Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; the pass-1 tile and warps
-# and the one-pass kernels sum gamma / grad_v in other orders and may show "output differs" (grad_w_partial's rows
-# always differ for ONEPASS: P and the per-row sums are its own).  Measured in session 4 and dropped from the list:
-# FUSED (1220-1287 us), ONEPASS at 8 warps (1272-1440 us; 16 warps 2597, OWAVES=2 2555), SPLIT=1 (1361).
+# Default: the two passes, pass 1 at 4 warps (765 us CUPTI on the H200, session 4; 8 warps, the default before: 1169).
+# Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; the pass-1 tile and warps sum gamma in
+# another order and may show "output differs" (within the tests' bounds).  The one-pass kernels were removed after
+# losing in three sweeps (benchmarks/NOTES.md).
 _GATE_BWD_TUNE = [
     dict(WARPS1=8), dict(WARPS1=2), dict(TOK=2), dict(TOK=2, WARPS1=8), dict(TOK=4), dict(BLOCK_D1=2048),
     dict(BLOCK_D1=512, WARPS1=2), dict(BLOCK_D1=2048, WARPS1=8), dict(WARPS2=4), dict(PREFETCH=False),
-    dict(SPLIT=4), dict(BLOCK_D2=1024, WARPS2=8),
-    # the persistent one-pass kernel (ONEPASS; DRAM floor 598 us), now at the pass-1 default of 4 warps
-    dict(ONEPASS=True), dict(ONEPASS=True, OPF_B=False), dict(ONEPASS=True, OWARPS=8),
-    dict(ONEPASS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
-    dict(ONEPASS=True, TB=2, OBLOCK_D=512, OPAIRS=True, OPF_A=False, OPF_B=False, OSTAGES=3),
-    # the interleaved one-pass kernel (IL: phase A of block b + 1 with phase B of block b in one H sweep); sm_90
-    # registers / shared memory, none spills: 241 / 8 KB, 128 / 16 KB, 254 / 80 KB, 255 / 76 KB, 248 / 8 KB,
-    # 145 / 22 KB (two programs per SM)
-    dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=8), dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=16),
-    dict(IL=True, TB=1, OBLOCK_D=1024, OWARPS=8, OSTAGES=2), dict(IL=True, TB=1, OBLOCK_D=512, OWARPS=4, OSTAGES=3),
-    dict(IL=True, TB=2, OBLOCK_D=512, OWARPS=8), dict(IL=True, TB=1, OBLOCK_D=256, OWARPS=4, OSTAGES=2, OWAVES=2),
+    dict(SPLIT=4), dict(BLOCK_D2=1024, WARPS2=8), dict(COEF=False),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])
@@ -167,8 +156,10 @@ def _grad_w_reduce(device, quick):
                tune=("grad_w_reduce", _GWR_TUNE) if _gpu(device) else None)
 
 
-# grad_w_reduce (P = 132, hc = 4, H = 7168); the first version's [32, 128] steps, 4 warps, come first
-_GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4), dict(ROWS=256, BLOCK_D=32, num_warps=8),
+# grad_w_reduce (P = 132, hc = 4, H = 7168); default (session 4): [128, 32] x 4 warps, TAIL = 4, EARLY.  The first
+# version's [32, 128] steps, 4 warps, come first; then the session-3 default
+_GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4, TAIL=0), dict(TAIL=0, EARLY=False),
+             dict(ROWS=256, BLOCK_D=32, num_warps=8),
              dict(ROWS=128, BLOCK_D=64, num_warps=4), dict(ROWS=128, BLOCK_D=64, num_warps=8),
              dict(ROWS=256, BLOCK_D=64, num_warps=8), dict(ROWS=64, BLOCK_D=128, num_warps=8),
              dict(ROWS=128, BLOCK_D=32, num_warps=4), dict(ROWS=256, BLOCK_D=16, num_warps=4)]

@@ -11,14 +11,20 @@ Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w
 The forward's default is ``_engram_gate_fwd_persist_kernel`` (program = one head of a token chunk, w[h] in
 registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.
 
-The backward's default is one pass, ``_engram_gate_bwd_fused_kernel`` (program = one head of a token chunk: the
-row's gamma = G . v, then grad_x, grad_k, the grad_w accumulator and a column slice of grad_v).  The earlier two
-passes remain as tuning alternatives (``FUSED=False``):
+The backward is two passes:
 
 1. ``_engram_gate_bwd_coef_kernel`` (or ``_engram_gate_bwd_gamma_kernel``), one program per token:
    ``gamma[t, h] = sum_d G_d v_d`` (dL/dg) and ``grad_v[t] = sum_h g_h G_h``.
 2. ``_engram_gate_bwd_split_kernel`` (or ``_engram_gate_bwd_kernel``), programs over (token chunk p, H tiles):
    grad_x, grad_k and ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
+
+The two passes move 2.98 GB at T=8001, hc=4, H=7168 (G and v are read twice): 706 us at the copy rate, against 598
+us for one pass.  Three one-pass designs were built and measured on the H200 (2026-11-30, sessions 3 and 4) and
+removed because each lost to the two passes (765 us CUPTI): a program per (token chunk, head) with the whole row in
+registers (1211-1287 us: 128 registers, one block per SM, too few bytes in flight); a persistent kernel walking
+token blocks with a gamma phase and an L2-hit second phase (1001 us at best); and the same with the two phases
+interleaved across token blocks (1375 us at best; the configurations with enough bytes in flight need ~250
+registers).  benchmarks/NOTES.md has the figures.
 """
 
 from __future__ import annotations
@@ -498,383 +504,6 @@ def _engram_gate_bwd_split_kernel(
         j += SPLIT
 
 
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_fused_kernel(
-    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
-    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
-    T, hc, H, SW, hidden_f, tokens_per_chunk, clamp_value, scale,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, PREFETCH: tl.constexpr,
-    W_RESIDENT: tl.constexpr,
-):
-    # One pass.  Program (p, h): head h of token chunk p (grad_w_partial[p, h]), one whole row at a time:
-    # gamma = G . v (dL/dg) reduced over the row held in registers, then delta, grad_x, grad_k and the grad_w
-    # accumulator (w[h] and the accumulator stay in registers).  grad_v[t] = sum_h g_h G_h is split by columns:
-    # this program writes columns [h * SW, (h + 1) * SW), reading the other heads' G slices, which the hc
-    # programs of the chunk (neighbours in the grid, in step) have just brought into L2.
-    pid = tl.program_id(0)
-    h = pid % hc
-    p = (pid // hc).to(tl.int64)
-    t = p * tokens_per_chunk
-    t_end = tl.minimum(t + tokens_per_chunk, T)
-    d = tl.arange(0, BLOCK_H)[None, :]
-    dmask = d < H
-    if W_RESIDENT:
-        w = tl.load(w_ptr + h * s_w0 + d, mask=dmask, other=0.0)
-    gp = go_ptr + h * s_g1 + d
-    xp = x_ptr + h * s_x1 + d
-    kp = k_ptr + h * s_k1 + d
-    vp = v_ptr + d
-    one = tl.full([1], 0, tl.int64) + h  # [1]-shaped head index into the (T, hc) saved tensors
-    # grad_v slice
-    hh = tl.arange(0, HC_P2)
-    e = h * SW + tl.arange(0, BLOCK_S)
-    smask = (tl.arange(0, BLOCK_S) < SW) & (e < H)
-    s2 = (hh < hc)[:, None] & smask[None, :]
-    gsp = go_ptr + hh[:, None] * s_g1 + e[None, :]
-    hf = hidden_f
-    acc = tl.zeros((1, BLOCK_H), tl.float32)
-    if PREFETCH >= 1:
-        pm = dmask & (t < t_end)
-        n_go = tl.load(gp + t * s_g0, mask=pm, other=0)
-        n_v = tl.load(vp + t * s_v0, mask=pm, other=0)
-    if PREFETCH >= 2:
-        n_x = tl.load(xp + t * s_x0, mask=pm, other=0)
-        n_k = tl.load(kp + t * s_k0, mask=pm, other=0)
-    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        if PREFETCH >= 1:  # 1: G and v (the reduction's inputs) of token t + 1 in flight; 2: also x and k
-            c_go = n_go
-            c_v = n_v
-            pm = dmask & (t + 1 < t_end)
-            n_go = tl.load(gp + (t + 1) * s_g0, mask=pm, other=0)
-            n_v = tl.load(vp + (t + 1) * s_v0, mask=pm, other=0)
-        else:
-            c_go = tl.load(gp + t * s_g0, mask=dmask, other=0)
-            c_v = tl.load(vp + t * s_v0, mask=dmask, other=0)
-        if PREFETCH >= 2:
-            c_x = n_x
-            c_k = n_k
-            n_x = tl.load(xp + (t + 1) * s_x0, mask=pm, other=0)
-            n_k = tl.load(kp + (t + 1) * s_k0, mask=pm, other=0)
-        else:
-            c_x = tl.load(xp + t * s_x0, mask=dmask, other=0)
-            c_k = tl.load(kp + t * s_k0, mask=dmask, other=0)
-        if not W_RESIDENT:  # w[h] again for every token (an L1 hit): 16 fewer registers at 16 warps
-            w = tl.load(w_ptr + h * s_w0 + d, mask=dmask, other=0.0, eviction_policy="evict_last")
-        row = t * hc + one
-        dot = tl.load(dot_ptr + row)
-        g = tl.load(gate_ptr + row)
-        rx = tl.load(rstd_x_ptr + row)
-        rk = tl.load(rstd_k_ptr + row)
-        go = bf16_bits_to_f32(c_go)
-        gamma = tl.sum(go * bf16_bits_to_f32(c_v), axis=1)
-        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
-        s = dot * rx * rk * scale
-        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
-        delta = gamma * (g * (1.0 - g)) * 0.5 * dsqrt
-        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
-        a_x = tl.math.div_rn(dot * rx * rx, hf)
-        a_k = tl.math.div_rn(dot * rk * rk, hf)
-        x = bf16_bits_to_f32(c_x)
-        k = bf16_bits_to_f32(c_k)
-        gx = go + delta[:, None] * (w * k - x * a_x[:, None])
-        gk = delta[:, None] * (w * x - k * a_k[:, None])
-        tl.store(gx_ptr + t * s_gx0 + h * s_gx1 + d, f32_to_bf16_bits(gx), mask=dmask)
-        tl.store(gk_ptr + t * s_gk0 + h * s_gk1 + d, f32_to_bf16_bits(gk), mask=dmask)
-        acc += delta[:, None] * (x * k)
-        # grad_v columns of this program: all heads' G (L2 hits), summed over the heads
-        gates = tl.load(gate_ptr + t * hc + hh, mask=hh < hc, other=0.0)
-        gs = bf16_bits_to_f32(tl.load(gsp + t * s_g0, mask=s2, other=0))
-        gv = tl.sum(gates[:, None] * gs, axis=0)
-        tl.store(gv_ptr + t * s_gv0 + e, f32_to_bf16_bits(gv), mask=smask)
-        t += 1
-    tl.store(gw_ptr + p * s_gw0 + h * s_gw1 + d, acc, mask=dmask)
-
-
-@triton.jit
-def _sum_heads(p, TB: tl.constexpr, HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr):
-    """``sum_h p[:, h, :]`` of a ``[TB, HC_P2, BLOCK_D]`` tile -> ``[TB, BLOCK_D]``.
-
-    PAIRS: by halving, head h with head h + HC_P2 / 2 first: (p0 + p2) + (p1 + p3) at hc = 4.  Each step adds two
-    values (commutative, so one rounding whatever the layout): the order the pass-1 kernel's [1, 4, 1024] x 8
-    warps layout gives on sm_90 (warpsPerCTA [1, 2, 4]: heads h and h + 2 in one thread's registers, the two
-    halves in two warps), on any tile shape and warp count.  Else tl.sum, whose order follows the layout (the
-    same as pass 1's for the same tile and warps, and numpy's sequential order under the interpreter)."""
-    if not PAIRS:
-        return tl.sum(p, axis=1)
-    s = p
-    if HC_P2 >= 2:
-        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 2, BLOCK_D)), axis=1)
-    if HC_P2 >= 4:
-        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 4, BLOCK_D)), axis=1)
-    if HC_P2 >= 8:
-        s = tl.sum(tl.reshape(s, (TB, 2, HC_P2 // 8, BLOCK_D)), axis=1)
-    if HC_P2 >= 16:  # hc > 8 (TileKernels takes hc = 4 only): the rest in tl.sum's order
-        s = tl.sum(s, axis=1, keep_dims=True)
-    return tl.reshape(s, (TB, BLOCK_D))
-
-
-@triton.jit
-def _onepass_load_a(go_ptr, v_ptr, tok, hh, hmask, t_end, j, H, s_g0, s_g1, s_v0,
-                    BLOCK_D: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr):
-    """Phase A's tile j of tokens ``tok`` [TB]: G and v [TB, HC_P2, BLOCK_D] (bf16 bits; v broadcast over the
-    heads through a zero head stride, so that it comes in G's layout: no shared-memory layout conversion)."""
-    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
-    dm = d < H
-    tm = tok < t_end
-    m3 = (tm[:, None] & hmask[None, :])[:, :, None] & dm[None, None, :]
-    # G is read again by phase B a few microseconds later: keep it in L2
-    go = tl.load(go_ptr + tok[:, None, None] * s_g0 + hh[None, :, None] * s_g1 + d[None, None, :], mask=m3,
-                 other=0, eviction_policy=EV_KEEP)
-    v = tl.load(v_ptr + tok[:, None, None] * s_v0 + hh[None, :, None] * 0 + d[None, None, :], mask=m3, other=0,
-                eviction_policy=EV_STREAM)
-    return go, v
-
-
-@triton.jit
-def _onepass_load_b(go_ptr, x_ptr, k_ptr, w_ptr, gw_ptr, tok, hh, hmask, t_end, first, j, H,
-                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1,
-                    BLOCK_D: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr):
-    """Phase B's tile j: G (an L2 hit), x, k [TB, HC_P2, BLOCK_D] (bf16 bits), w[:, tile] and the grad_w_partial
-    row's running sum [1, HC_P2, BLOCK_D] (fp32; 0 for the chunk's first token block, which stores instead of
-    adds).  All 3D, so that they share the tiles' layout (2D [HC_P2, BLOCK_D] loads were given another one and
-    converted through shared memory)."""
-    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
-    dm = d < H
-    tm = tok < t_end
-    m3 = (tm[:, None] & hmask[None, :])[:, :, None] & dm[None, None, :]
-    m2 = (hmask[:, None] & dm[None, :])[None, :, :]
-    go = tl.load(go_ptr + tok[:, None, None] * s_g0 + hh[None, :, None] * s_g1 + d[None, None, :], mask=m3,
-                 other=0, eviction_policy=EV_STREAM)
-    x = tl.load(x_ptr + tok[:, None, None] * s_x0 + hh[None, :, None] * s_x1 + d[None, None, :], mask=m3,
-                other=0, eviction_policy=EV_STREAM)
-    k = tl.load(k_ptr + tok[:, None, None] * s_k0 + hh[None, :, None] * s_k1 + d[None, None, :], mask=m3,
-                other=0, eviction_policy=EV_STREAM)
-    w = tl.load(w_ptr + (hh[:, None] * s_w0 + d[None, :])[None, :, :], mask=m2, other=0.0, eviction_policy=EV_KEEP)
-    gw = tl.load(gw_ptr + (hh[:, None] * s_gw1 + d[None, :])[None, :, :], mask=m2 & (first == 0), other=0.0,
-                 eviction_policy=EV_KEEP)
-    return go, x, k, w, gw
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_onepass_kernel(
-    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
-    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
-    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, TB: tl.constexpr, BLOCK_D: tl.constexpr, N_TILES: tl.constexpr,
-    PF_A: tl.constexpr, PF_B: tl.constexpr, STAGES: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr,
-    HEAD_PAIRS: tl.constexpr,
-):
-    # One pass, persistent: program p owns token chunk p and grad_w_partial row p, and walks its tokens in
-    # blocks of TB.  Phase A sweeps H in BLOCK_D tiles over all heads: gamma = G . v (dL/dg) and grad_v; then
-    # delta, a_x, a_k of the block; phase B sweeps H again: G (read again, from L2: the block's TB x hc x H x 2
-    # bytes were loaded moments ago), x, k -> grad_x, grad_k, and grad_w_partial[p] += sum over the block of
-    # delta * x * k (a read-modify-write of an L2-resident row).  G, x, k, v come from DRAM once.
-    # PF_A / PF_B: the tile after the current one is in flight while the current one is computed (phase A's
-    # last tile prefetches the next block's first; phase B's first tile is issued before the gamma reduction).
-    p = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, HC_P2)
-    hmask = hh < hc
-    tt = tl.arange(0, TB)
-    dd = tl.arange(0, BLOCK_D)
-    t_begin = p * tokens_per_chunk
-    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
-    gw_row = gw_ptr + p * s_gw0
-    if t_begin >= t_end:  # a chunk without tokens: its row is zero
-        for j in tl.range(0, N_TILES):
-            d = j * BLOCK_D + dd
-            tl.store(gw_row + hh[:, None] * s_gw1 + d[None, :], tl.zeros((HC_P2, BLOCK_D), tl.float32),
-                     mask=hmask[:, None] & (d < H)[None, :])
-    hf = hidden_f
-    t = t_begin
-    if PF_A:
-        n_go, n_v = _onepass_load_a(go_ptr, v_ptr, t + tt, hh, hmask, t_end, 0, H, s_g0, s_g1, s_v0,
-                                    BLOCK_D, EV_KEEP, EV_STREAM)
-    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        tok = t + tt
-        tmask = tok < t_end
-        th_mask = tmask[:, None] & hmask[None, :]
-        sc = tok[:, None] * hc + hh[None, :]
-        gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
-        # phase A: gamma and grad_v (the same [TB, HC_P2, BLOCK_D] accumulation as the pass-1 kernel)
-        acc = tl.zeros((TB, HC_P2, BLOCK_D), tl.float32)
-        for j in tl.range(0, N_TILES, num_stages=STAGES):
-            if PF_A:
-                c_go = n_go
-                c_v = n_v
-                jn = j + 1  # the next tile: tile j + 1, or after the last one the next block's tile 0
-                wrap = jn // N_TILES
-                n_go, n_v = _onepass_load_a(go_ptr, v_ptr, tok + wrap * TB, hh, hmask, t_end, jn - wrap * N_TILES,
-                                            H, s_g0, s_g1, s_v0, BLOCK_D, EV_KEEP, EV_STREAM)
-            else:
-                c_go, c_v = _onepass_load_a(go_ptr, v_ptr, tok, hh, hmask, t_end, j, H, s_g0, s_g1, s_v0,
-                                            BLOCK_D, EV_KEEP, EV_STREAM)
-            go = bf16_bits_to_f32(c_go)
-            acc += go * bf16_bits_to_f32(c_v)
-            gv = _sum_heads(gate[:, :, None] * go, TB, HC_P2, BLOCK_D, HEAD_PAIRS)
-            d = j * BLOCK_D + dd
-            tl.store(gv_ptr + tok[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv),
-                     mask=tmask[:, None] & (d < H)[None, :], eviction_policy=EV_STREAM)
-        first = (t == t_begin).to(tl.int32)
-        # grad_w_partial[p] was last written by the previous block's phase B, possibly by other threads
-        tl.debug_barrier()
-        if PF_B:
-            b_go, b_x, b_k, b_w, b_gw = _onepass_load_b(
-                go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, 0, H,
-                s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
-        gamma = tl.sum(acc, axis=2)
-        dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
-        rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
-        rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
-        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
-        s = dot * rx * rk * scale
-        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
-        delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
-        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
-        a_x = tl.math.div_rn(dot * rx * rx, hf)
-        a_k = tl.math.div_rn(dot * rk * rk, hf)
-        # phase B: grad_x, grad_k and the grad_w_partial row
-        gx_rows = tok[:, None, None] * s_gx0 + hh[None, :, None] * s_gx1
-        gk_rows = tok[:, None, None] * s_gk0 + hh[None, :, None] * s_gk1
-        for j in tl.range(0, N_TILES, num_stages=STAGES):
-            if PF_B:
-                c_go = b_go
-                c_x = b_x
-                c_k = b_k
-                c_w = b_w
-                c_gw = b_gw
-                # tile j + 1 (past the row after the last tile: all masked, no traffic)
-                b_go, b_x, b_k, b_w, b_gw = _onepass_load_b(
-                    go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, j + 1, H,
-                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
-            else:
-                c_go, c_x, c_k, c_w, c_gw = _onepass_load_b(
-                    go_ptr, x_ptr, k_ptr, w_ptr, gw_row, tok, hh, hmask, t_end, first, j, H,
-                    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gw1, BLOCK_D, EV_KEEP, EV_STREAM)
-            go = bf16_bits_to_f32(c_go)
-            x = bf16_bits_to_f32(c_x)
-            k = bf16_bits_to_f32(c_k)
-            w = c_w
-            # the pass-2 kernel's per-element formulas (_bwd_tile_math), on [TB, HC_P2, BLOCK_D]
-            gx = go + delta[:, :, None] * (w * k - x * a_x[:, :, None])
-            gk = delta[:, :, None] * (w * x - k * a_k[:, :, None])
-            d = j * BLOCK_D + dd
-            m3 = th_mask[:, :, None] & (d < H)[None, None, :]
-            tl.store(gx_ptr + gx_rows + d[None, None, :], f32_to_bf16_bits(gx), mask=m3, eviction_policy=EV_STREAM)
-            tl.store(gk_ptr + gk_rows + d[None, None, :], f32_to_bf16_bits(gk), mask=m3, eviction_policy=EV_STREAM)
-            gw = c_gw + tl.sum(delta[:, :, None] * (x * k), axis=0, keep_dims=True)
-            tl.store(gw_row + (hh[:, None] * s_gw1 + d[None, :])[None, :, :], gw,
-                     mask=(hmask[:, None] & (d < H)[None, :])[None, :, :], eviction_policy=EV_KEEP)
-        t += TB
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_il_kernel(
-    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
-    gx_ptr, gk_ptr, gv_ptr, gw_ptr,
-    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, TB: tl.constexpr, BLOCK_D: tl.constexpr, N_TILES: tl.constexpr,
-    STAGES: tl.constexpr, EV_KEEP: tl.constexpr, EV_STREAM: tl.constexpr, HEAD_PAIRS: tl.constexpr,
-):
-    # One pass, persistent, the two phases of _engram_gate_bwd_onepass_kernel software-pipelined across token
-    # blocks: program p owns token chunk p and grad_w_partial row p.  Sweep i over the H tiles does, per tile j,
-    # phase A of block i + 1 (G, v -> the gamma accumulator and grad_v) and phase B of block i (G again, an L2
-    # hit since sweep i - 1 read it with evict_last, x, k -> grad_x, grad_k and the grad_w_partial row's tile j,
-    # read-modify-written in L2), with delta, a_x, a_k of block i computed at the end of sweep i - 1.  No phase
-    # boundary inside a sweep: each tile step has both blocks' loads (five tiles) independent and in flight.
-    # The first sweep (block i = -1) only does A (B masked off: no traffic), the last only B (A masked off).
-    p = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, HC_P2)
-    hmask = hh < hc
-    tt = tl.arange(0, TB)
-    dd = tl.arange(0, BLOCK_D)
-    t_begin = p * tokens_per_chunk
-    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
-    gw_row = gw_ptr + p * s_gw0
-    if t_begin >= t_end:  # a chunk without tokens: its row is zero
-        for j in tl.range(0, N_TILES):
-            d = j * BLOCK_D + dd
-            tl.store(gw_row + hh[:, None] * s_gw1 + d[None, :], tl.zeros((HC_P2, BLOCK_D), tl.float32),
-                     mask=hmask[:, None] & (d < H)[None, :])
-    hf = hidden_f
-    # block B's coefficients, carried from the sweep that reduced its gamma (zero for the A-only first sweep)
-    delta = tl.zeros((TB, HC_P2), tl.float32)
-    a_x = tl.zeros((TB, HC_P2), tl.float32)
-    a_k = tl.zeros((TB, HC_P2), tl.float32)
-    t = t_begin - TB  # block B's first token
-    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        tok_b = t + tt
-        tok_a = tok_b + TB
-        ma = tok_a < t_end
-        mb = (tok_b >= t_begin) & (tok_b < t_end)
-        tok_b = tl.maximum(tok_b, 0)  # the first sweep's block B lies before the chunk: masked, kept in bounds
-        tha = ma[:, None] & hmask[None, :]
-        thb = mb[:, None] & hmask[None, :]
-        sca = tok_a[:, None] * hc + hh[None, :]
-        gate = tl.load(gate_ptr + sca, mask=tha, other=0.0)
-        b_on = t >= t_begin  # block B exists (not the first sweep)
-        gw_in = (t > t_begin).to(tl.int32)  # the row already holds earlier blocks' sums (else: store, not add)
-        ga_rows = tok_a[:, None, None] * s_g0 + hh[None, :, None] * s_g1
-        va_rows = tok_a[:, None, None] * s_v0 + hh[None, :, None] * 0  # v in G's layout (zero head stride)
-        gb_rows = tok_b[:, None, None] * s_g0 + hh[None, :, None] * s_g1
-        xb_rows = tok_b[:, None, None] * s_x0 + hh[None, :, None] * s_x1
-        kb_rows = tok_b[:, None, None] * s_k0 + hh[None, :, None] * s_k1
-        gx_rows = tok_b[:, None, None] * s_gx0 + hh[None, :, None] * s_gx1
-        gk_rows = tok_b[:, None, None] * s_gk0 + hh[None, :, None] * s_gk1
-        acc = tl.zeros((TB, HC_P2, BLOCK_D), tl.float32)
-        for j in tl.range(0, N_TILES, num_stages=STAGES):
-            d = j * BLOCK_D + dd
-            dm = d < H
-            m3a = tha[:, :, None] & dm[None, None, :]
-            m3b = thb[:, :, None] & dm[None, None, :]
-            m2 = (hmask[:, None] & dm[None, :])[None, :, :]
-            d3 = d[None, None, :]
-            w_offs = (hh[:, None] * s_w0 + d[None, :])[None, :, :]
-            gw_offs = (hh[:, None] * s_gw1 + d[None, :])[None, :, :]
-            # every load of the step first: A's G (read again by the next sweep's B: keep it in L2) and v,
-            # B's G (its last use), x, k, w and the row tile (L2-resident, 3D: in the tiles' layout)
-            c_ga = tl.load(go_ptr + ga_rows + d3, mask=m3a, other=0, eviction_policy=EV_KEEP)
-            c_va = tl.load(v_ptr + va_rows + d3, mask=m3a, other=0, eviction_policy=EV_STREAM)
-            c_gb = tl.load(go_ptr + gb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
-            c_x = tl.load(x_ptr + xb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
-            c_k = tl.load(k_ptr + kb_rows + d3, mask=m3b, other=0, eviction_policy=EV_STREAM)
-            w = tl.load(w_ptr + w_offs, mask=m2 & b_on, other=0.0, eviction_policy=EV_KEEP)
-            c_gw = tl.load(gw_row + gw_offs, mask=m2 & (gw_in != 0), other=0.0, eviction_policy=EV_KEEP)
-            # phase A of the next block: the pass-1 kernel's accumulation and grad_v
-            ga = bf16_bits_to_f32(c_ga)
-            acc += ga * bf16_bits_to_f32(c_va)
-            gv = _sum_heads(gate[:, :, None] * ga, TB, HC_P2, BLOCK_D, HEAD_PAIRS)
-            tl.store(gv_ptr + tok_a[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv),
-                     mask=ma[:, None] & dm[None, :], eviction_policy=EV_STREAM)
-            # phase B of this block: the pass-2 kernel's per-element formulas (_bwd_tile_math)
-            go = bf16_bits_to_f32(c_gb)
-            x = bf16_bits_to_f32(c_x)
-            k = bf16_bits_to_f32(c_k)
-            gx = go + delta[:, :, None] * (w * k - x * a_x[:, :, None])
-            gk = delta[:, :, None] * (w * x - k * a_k[:, :, None])
-            tl.store(gx_ptr + gx_rows + d3, f32_to_bf16_bits(gx), mask=m3b, eviction_policy=EV_STREAM)
-            tl.store(gk_ptr + gk_rows + d3, f32_to_bf16_bits(gk), mask=m3b, eviction_policy=EV_STREAM)
-            gw = c_gw + tl.sum(delta[:, :, None] * (x * k), axis=0, keep_dims=True)
-            tl.store(gw_row + gw_offs, gw, mask=m2 & b_on, eviction_policy=EV_KEEP)
-        # the next block's coefficients, exactly as the coef kernel computes them
-        gamma = tl.sum(acc, axis=2)
-        dot = tl.load(dot_ptr + sca, mask=tha, other=1.0)  # padded lanes: no 0/0
-        rx = tl.load(rstd_x_ptr + sca, mask=tha, other=0.0)
-        rk = tl.load(rstd_k_ptr + sca, mask=tha, other=0.0)
-        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
-        s = dot * rx * rk * scale
-        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
-        delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
-        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
-        a_x = tl.math.div_rn(dot * rx * rx, hf)
-        a_k = tl.math.div_rn(dot * rk * rk, hf)
-        # the row tiles written in this sweep are read back next sweep, maybe by other threads of the program
-        tl.debug_barrier()
-        t += TB
-
-
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -900,10 +529,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
     division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
-    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.
-    FUSED: one pass instead (``_engram_gate_bwd_fused_kernel``, program = one head of a token chunk, the
-    other knobs unused); FWARPS: its warps; FPREFETCH: 0, 1 (token t + 1's G and v in flight while token t is
-    computed), 2 (also its x and k); W_RESIDENT: w[h] held in registers (else re-read from L1 every token)."""
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -913,42 +539,13 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
         # its token chunk: one wave, no tail (one tile per program gave 3.5 waves of long programs)
         split = min(2, n_tiles)
         nw2 = 8 if hc_p2 * bd2 >= 2048 else 4
-    # FUSED: the one-pass kernel (G, x, k, v read once from DRAM: 2.52 GB at T=8001, hc=4, H=7168, against 2.98 GB
-    # for the two passes, which took 1165 us on the H200, 2026-11-30).  SASS (sm_90, BLOCK_H = 8192, 16 warps,
-    # FPREFETCH=1, W_RESIDENT): 128 registers, 4 scalar spills (16 bytes) per token, 16-byte loads and stores of
-    # every row; FPREFETCH=2 spills 104 bytes, 32 warps cap at 64 registers and spill in the loop.
-    # H200 sweep (2026-11-30, T=8001, hc=4, H=7168, CUDA-graph us): the one-pass kernel took 1211 us, the two
-    # passes 1167 us (both far from TileKernels' 644 us): FUSED stays a candidate, off by default.
-    fwarps = min(16, max(4, next_power_of_two(H) // 512)) if not interp() else 4
-    # ONEPASS: the persistent one-pass kernel (``_engram_gate_bwd_onepass_kernel``, OWAVES * num_sms programs,
-    # program p = token chunk p and grad_w_partial row p; the FUSED and two-pass knobs unused).  DRAM traffic
-    # ~2.52 GB + 15 MB at T=8001, hc=4, H=7168 (floor 598 us at 4.22 TB/s); G's second read, w and the
-    # grad_w_partial row's read-modify-write are L2 traffic.  TB: tokens per block (1, 2, 4); OBLOCK_D, OWARPS:
-    # the [TB, HC_P2, OBLOCK_D] tile and its warps (OBLOCK_D = BLOCK_D1 = 1024 with >= 4 warps lays the H axis
-    # out as pass 1 does: gamma, hence every output, bitwise the default's; another OBLOCK_D sums gamma in
-    # another order).  OPF_A / OPF_B: prefetch the next tile in phase A / B.  OHINTS: evict_last on G's first
-    # read, w and the grad_w_partial row, evict_first on the streamed tensors.  OSTAGES: num_stages of the
-    # H loops (Triton's pipeliner).  OWAVES: programs per SM (P = OWAVES * num_sms rows of grad_w_partial).
-    # OPAIRS: grad_v's head sum in the pass-1 kernel's sm_90 order, (g0 G0 + g2 G2) + (g1 G1 + g3 G3), whatever
-    # the tile (for TB > 1 or another OWARPS, whose layouts would put the heads elsewhere); False: tl.sum (the
-    # same order as pass 1 with pass 1's tile and warps; numpy's under the interpreter).
-    # IL: the persistent one-pass kernel with its phases interleaved across token blocks
-    # (``_engram_gate_bwd_il_kernel``: one H sweep does phase A of block b + 1 and phase B of block b, so no
-    # gamma reduction stalls a sweep); it reads TB, OBLOCK_D, OWARPS, OHINTS, OSTAGES, OWAVES, OPAIRS as ONEPASS
-    # does (no manual prefetch: the two blocks' five tile loads of a step are already independent), and takes
-    # precedence over ONEPASS.  Same traffic and floor as ONEPASS; G's second read is one sweep later (L2:
-    # OWAVES * num_sms * TB * hc * H * 2 bytes of G plus the grad_w_partial rows, 22.6 MB at TB=1, OWAVES=1).
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=True,
-                                         FUSED=False, FWARPS=fwarps, FPREFETCH=1, W_RESIDENT=True,
-                                         ONEPASS=False, TB=1, OBLOCK_D=bd1, OWARPS=nw, OPF_A=True, OPF_B=True,
-                                         OHINTS=True, OSTAGES=1, OWAVES=1, OPAIRS=False, IL=False))
+                                         COEF=True, SPLIT=split, PREFETCH=True))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
-    """P, the number of grad_w_partial rows: num_sms, or OWAVES * num_sms for the persistent one-pass kernels."""
-    cfg = _bwd_launch_config(H, hc)
-    return get_num_sms() * (max(1, int(cfg["OWAVES"])) if (cfg["ONEPASS"] or cfg["IL"]) and cfg["COEF"] else 1)
+    """P, the number of grad_w_partial rows: num_sms (one token chunk per row)."""
+    return get_num_sms()
 
 
 def engram_gate_bwd(
@@ -1032,50 +629,6 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
             grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
             HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
-        )
-        return grad_x, grad_k, grad_v, grad_w_partial
-    if cfg["IL"]:
-        block_d = min(next_power_of_two(int(cfg["OBLOCK_D"])), next_power_of_two(H))
-        ev_keep, ev_stream = ("evict_last", "evict_first") if cfg["OHINTS"] else ("", "")
-        _engram_gate_bwd_il_kernel[(num_parts,)](
-            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
-            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
-            T, hc, H, float(H), chunk, clamp_value, _scale(H),
-            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
-            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
-            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
-            HC_P2=hc_p2, TB=int(cfg["TB"]), BLOCK_D=block_d, N_TILES=ceil_div(H, block_d),
-            STAGES=int(cfg["OSTAGES"]), EV_KEEP=ev_keep, EV_STREAM=ev_stream, HEAD_PAIRS=bool(cfg["OPAIRS"]),
-            num_warps=int(cfg["OWARPS"]),
-        )
-        return grad_x, grad_k, grad_v, grad_w_partial
-    if cfg["ONEPASS"]:
-        block_d = min(next_power_of_two(int(cfg["OBLOCK_D"])), next_power_of_two(H))
-        ev_keep, ev_stream = ("evict_last", "evict_first") if cfg["OHINTS"] else ("", "")
-        _engram_gate_bwd_onepass_kernel[(num_parts,)](
-            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
-            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
-            T, hc, H, float(H), chunk, clamp_value, _scale(H),
-            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
-            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
-            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
-            HC_P2=hc_p2, TB=int(cfg["TB"]), BLOCK_D=block_d,
-            N_TILES=ceil_div(H, block_d), PF_A=bool(cfg["OPF_A"]), PF_B=bool(cfg["OPF_B"]),
-            STAGES=int(cfg["OSTAGES"]), EV_KEEP=ev_keep, EV_STREAM=ev_stream, HEAD_PAIRS=bool(cfg["OPAIRS"]),
-            num_warps=int(cfg["OWARPS"]),
-        )
-        return grad_x, grad_k, grad_v, grad_w_partial
-    if cfg["FUSED"]:
-        sw = ceil_div(ceil_div(H, hc), 16) * 16  # grad_v columns per program: a multiple of 16 (vector access)
-        _engram_gate_bwd_fused_kernel[(num_parts * hc,)](
-            bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x,
-            rstd_k, bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial,
-            T, hc, H, sw, float(H), chunk, clamp_value, _scale(H),
-            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
-            k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
-            grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
-            HC_P2=hc_p2, BLOCK_H=next_power_of_two(H), BLOCK_S=next_power_of_two(sw),
-            PREFETCH=int(cfg["FPREFETCH"]), W_RESIDENT=bool(cfg["W_RESIDENT"]), num_warps=cfg["FWARPS"],
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k

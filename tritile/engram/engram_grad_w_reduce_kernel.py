@@ -67,9 +67,10 @@ def _grad_w_reduce_kernel(
 
 
 def _config(P: int, H: int):
-    """(ROWS, BLOCK_D, num_warps, EARLY): [ROWS, BLOCK_D] partial rows in flight per step, through
-    ``tuned("grad_w_reduce", ...)``.  The summation order follows ROWS (fixed for a given config and P).
-    Speed-only keys read by ``_launch``: ``SWAP`` (grid order), ``TAIL`` (see the kernel).
+    """(ROWS, BLOCK_D, num_warps, EARLY, SWAP, TAIL), through ``tuned("grad_w_reduce", ...)``: [ROWS, BLOCK_D]
+    partial rows in flight per step, plus a [TAIL, BLOCK_D] tile issued with the first when ``ROWS < P <= ROWS +
+    TAIL`` (see the kernel).  The summation order follows ROWS and TAIL (fixed for a given config and P).
+    SWAP: the grid order.
 
     GPU: all P rows of a 32-column strip in flight at once (one DRAM round trip per program; the first
     version's [32, 128] steps made 5 dependent round trips at P = 132: 9.4 us CUPTI, L2 flushed).  EARLY: the
@@ -80,8 +81,13 @@ def _config(P: int, H: int):
         # H200 sweep (2026-11-30, P=132, hc=4, H=7168, CUDA-graph us): [128, 32] x 4 warps 5.05, [256, 32] 5.34,
         # [32, 128] (the first version) 5.18
         rows, block_d, warps = min(128, next_power_of_two(P)), min(32, next_power_of_two(H)), 4
-    cfg = tuned("grad_w_reduce", dict(ROWS=rows, BLOCK_D=block_d, num_warps=warps, EARLY=False))
-    return cfg["ROWS"], cfg["BLOCK_D"], cfg["num_warps"], bool(cfg["EARLY"])
+    # session 4 (CUPTI, L2 flushed, P=132): the 4 rows past 128 as a tail tile issued with the first, and the
+    # epilogue's loads first (EARLY): one DRAM round trip, 7.17 us against 8.02 us (TileKernels 6.94)
+    tail = next_power_of_two(P - rows) if P > rows else 0
+    cfg = tuned("grad_w_reduce", dict(ROWS=rows, BLOCK_D=block_d, num_warps=warps, EARLY=not interp(), SWAP=False,
+                                      TAIL=tail))
+    return (cfg["ROWS"], cfg["BLOCK_D"], cfg["num_warps"], bool(cfg["EARLY"]), bool(cfg["SWAP"]),
+            int(cfg["TAIL"]))
 
 
 def grad_w_reduce(
@@ -129,9 +135,7 @@ def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, gra
     P, hc, H = grad_w_partial.shape
     if hc == 0 or H == 0 or P == 0:  # nothing to add
         return
-    rows, block_d, num_warps, early = _config(P, H)
-    extra = tuned("grad_w_reduce", dict(SWAP=False, TAIL=0))
-    swap, tail = bool(extra["SWAP"]), int(extra["TAIL"])
+    rows, block_d, num_warps, early, swap, tail = _config(P, H)
     if not rows < P <= rows + tail:  # the one-shot tiles hold exactly rows + tail >= P rows (tail a power of 2)
         tail = 0
     grid = (ceil_div(H, block_d), hc) if swap else (hc, ceil_div(H, block_d))
