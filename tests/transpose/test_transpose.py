@@ -5,11 +5,10 @@ import torch
 
 import tritile.config
 
-from tritile.runtime import empty, override_config
 from tritile.testing import assert_equal, pick
 from tritile.torch.transpose import batched_transpose_ref, transpose_ref
 from tritile.transpose import batched_transpose, transpose
-from tritile.transpose.batched_transpose_kernel import _tma_launch, batched_transpose_with_config
+from tritile.transpose.batched_transpose_kernel import batched_transpose_with_config
 
 DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -107,51 +106,3 @@ def test_bad_input(device):
         transpose([[1, 2]])
     with pytest.raises(TypeError, match="x must have 1-, 2-, 4- or 8-byte elements"):
         transpose(torch.zeros(4, 4, dtype=torch.complex128, device=device))
-
-
-# TMA candidates (tune key TMA=True): element tiles, 1-byte words and row pairs, with and without the pipelined
-# persistent grid.  Small boxes keep the interpreter's program count low; ragged tiles on every shape.
-TMA_CASES = [
-    ("fp8", (2, 64, 96), dict(BLOCK_M4=8, BLOCK_N4=16)),
-    ("fp8", (3, 48, 80), dict(BLOCK_M4=8, BLOCK_N4=8, PERSIST=1, STAGES=3)),
-    ("fp8", (2, 64, 96), dict(word_path=False, BLOCK_M=32, BLOCK_N=64)),
-    ("fp8", (2, 48, 80), dict(word_path=False, PAIRS=True, BLOCK_M=32, BLOCK_N=32)),
-    ("fp8", (3, 48, 80), dict(word_path=False, PAIRS=True, BLOCK_M=32, BLOCK_N=32, PERSIST=1, STAGES=2)),
-    ("bf16", (2, 40, 72), dict(BLOCK_M=32, BLOCK_N=32)),
-    ("fp32", (3, 36, 20), dict(BLOCK_M=16, BLOCK_N=16)),
-    ("fp32", (3, 36, 20), dict(BLOCK_M=16, BLOCK_N=8, PERSIST=1, STAGES=3)),
-]
-
-
-@pytest.mark.parametrize("dtype,shape,cfg", TMA_CASES)
-def test_tma_candidates(dtype, shape, cfg, device):
-    """The TMA path is taken (``_tma_launch`` returns True) and gives the reference's bytes, directly and through
-    the tuning override; the persistent cases run past the last tile (TMA drops those loads and stores)."""
-    old = tritile.config.get_num_sms()
-    tritile.config.set_num_sms(2)
-    try:
-        x = _rand(shape, DTYPES[dtype], device)
-        ref = batched_transpose_ref(x)
-        out = empty(ref.shape, x.dtype, device)
-        assert _tma_launch(x, out, dict(TMA=True, **cfg))
-        assert_equal(out, ref)
-        with override_config("transpose", TMA=True, **cfg):
-            assert_equal(batched_transpose(x), ref)
-        assert_equal(transpose(x[1]), transpose_ref(x[1]))  # a 2D view with an offset base
-    finally:
-        tritile.config.set_num_sms(old)
-
-
-def test_tma_fallback(device):
-    """Inputs TMA cannot describe fall back to the pointer kernels (same bytes): 8-byte elements, a row stride that
-    is not a 16-byte multiple, an output row (M bytes) that is not, a non-unit inner stride, a misaligned base,
-    and a tile whose inner box is under 16 bytes."""
-    base = _rand((2, 64, 3 * 64), torch.float8_e4m3fn, device)
-    cases = [_rand((2, 16, 8), torch.float64, device), _rand((2, 32, 36), torch.float8_e4m3fn, device),
-             _rand((2, 36, 64), torch.float8_e4m3fn, device), base[:, :, ::3], base[:, :, 1:65]]
-    for x in cases:
-        out = empty((x.shape[0], x.shape[2], x.shape[1]), x.dtype, device)
-        assert not _tma_launch(x, out, dict(TMA=True))
-        assert_equal(batched_transpose_with_config(x, dict(TMA=True)), batched_transpose_ref(x))
-    x = _rand((1, 32, 32), torch.float32, device)
-    assert not _tma_launch(x, torch.empty(1, 32, 32, device=device), dict(TMA=True, BLOCK_M=2, BLOCK_N=32))
