@@ -300,22 +300,18 @@ def test_code_paths(device, path, p2e, weights, packed, clamp):
         assert_equal(counts, ref_counts)
 
 
-@pytest.mark.parametrize("words", [True, False])
-@pytest.mark.parametrize("p2e,weights,packed,clamp", [(True, True, False, 0.5), (False, False, True, 0.5),
-                                                       (True, False, False, None), (False, True, False, 0.3)])
-def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
-    """PREFETCH_RB on a persistent grid of 2 programs walking many small row blocks, several chunks each (so
-    the next-row-block prefetch, the maps read a row block ahead and the grid's tail all run), bitwise
-    against the reference, with the counts; without a clamp the grid is persistent too."""
+def _check_persistent(device, hidden, cfg, p2e, weights, packed, clamp):
+    """A persistent grid of 2 programs (programs_per_sm=1, num_sms=2) over the moe_data rows with the launch
+    config ``cfg``: padding rows hold values the kernel must ignore (prefetched or not); out, sf and the counts
+    bitwise against the reference."""
     from tritile.runtime import override_config
 
-    hidden = 512
     d = moe_data((6, 72, 8), hidden, 16, device)
     x = d["x"]
     pad = d["pos_to_expert"] < 0
     x_ref = x
     if p2e:
-        x = x.clone()  # padding rows hold values the kernel must ignore (prefetched or not)
+        x = x.clone()
         x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
     ptt = d["pos_to_token_topk"] if weights else None
     w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
@@ -326,8 +322,7 @@ def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
     old = get_num_sms()
     try:
         set_num_sms(2)
-        with override_config("swiglu_forward_and_per_token_cast", PREFETCH=True, PREFETCH_RB=True, WORDS=words,
-                             BLOCK_R=8, CH=256 if not packed else 512, programs_per_sm=1):
+        with override_config("swiglu_forward_and_per_token_cast", programs_per_sm=1, **cfg):
             out, sf = swiglu_forward_and_per_token_cast(
                 x, "e4m3", 128, pos_to_token_topk=ptt, topk_weights=w,
                 pos_to_expert=d["pos_to_expert"] if p2e else None, use_tma_aligned_col_major_sf=packed,
@@ -338,46 +333,26 @@ def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
     assert_equal(sf, ref_sf)
     if clamp is not None:
         assert_equal(counts, ref_counts)
+
+
+@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize("p2e,weights,packed,clamp", [(True, True, False, 0.5), (False, False, True, 0.5),
+                                                       (True, False, False, None), (False, True, False, 0.3)])
+def test_prefetch_row_blocks(device, words, p2e, weights, packed, clamp):
+    """PREFETCH_RB walking many small row blocks, several chunks each (the next-row-block prefetch, the maps
+    read a row block ahead and the grid's tail all run); without a clamp the grid is persistent too."""
+    _check_persistent(device, 512, dict(PREFETCH=True, PREFETCH_RB=True, WORDS=words, BLOCK_R=8,
+                                        CH=256 if not packed else 512), p2e, weights, packed, clamp)
 
 
 @pytest.mark.parametrize("ch", [512, 1024])
 @pytest.mark.parametrize("p2e,weights,packed,clamp", [(True, True, False, 0.5), (False, False, True, 0.5),
                                                        (True, False, True, None)])
 def test_prefetch_two_ahead(device, ch, p2e, weights, packed, clamp):
-    """PREFETCH2 (two chunks in flight) on a persistent grid of 2 programs: H = 1536 in 3 chunks of 512 (the
-    look-ahead crosses into the next row block at the second and the last chunk) or 2 of 1024 (the second
-    masked; it crosses at every chunk), bitwise against the reference, with the counts."""
-    from tritile.runtime import override_config
-
-    hidden = 1536
-    d = moe_data((6, 72, 8), hidden, 16, device)
-    x = d["x"]
-    pad = d["pos_to_expert"] < 0
-    x_ref = x
-    if p2e:
-        x = x.clone()  # padding rows hold values the kernel must ignore (prefetched or not)
-        x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
-    ptt = d["pos_to_token_topk"] if weights else None
-    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
-    counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
-    ref_counts = counts0.clone() if clamp is not None else None
-    ref_out, ref_sf = _run_ref(x_ref, 128, ptt, w, clamp, ref_counts, packed, packed, packed)
-    counts = counts0.clone() if clamp is not None else None
-    old = get_num_sms()
-    try:
-        set_num_sms(2)
-        with override_config("swiglu_forward_and_per_token_cast", PREFETCH=True, PREFETCH_RB=True, PREFETCH2=True,
-                             BLOCK_R=16, CH=ch, programs_per_sm=1):
-            out, sf = swiglu_forward_and_per_token_cast(
-                x, "e4m3", 128, pos_to_token_topk=ptt, topk_weights=w,
-                pos_to_expert=d["pos_to_expert"] if p2e else None, use_tma_aligned_col_major_sf=packed,
-                round_sf=packed, use_packed_ue8m0=packed, swiglu_clamp_value=clamp, clamped_count=counts)
-    finally:
-        set_num_sms(old)
-    assert_equal(out, ref_out)
-    assert_equal(sf, ref_sf)
-    if clamp is not None:
-        assert_equal(counts, ref_counts)
+    """PREFETCH2 (two chunks in flight): H = 1536 in 3 chunks of 512 (the look-ahead crosses into the next row
+    block at the second and the last chunk) or 2 of 1024 (the second masked; it crosses at every chunk)."""
+    _check_persistent(device, 1536, dict(PREFETCH=True, PREFETCH_RB=True, PREFETCH2=True, BLOCK_R=16, CH=ch),
+                      p2e, weights, packed, clamp)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in the interpreter
