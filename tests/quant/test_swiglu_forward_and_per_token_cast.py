@@ -59,19 +59,25 @@ def _run_ref(x, npc, ptt, w, clamp, counts, col, rnd, packed, clamp_min=None):
     return ref_per_token_cast(act, npc, rnd, col, packed, clamp_min)
 
 
-@pytest.mark.parametrize("params", _params(), ids=_id)
-def test_swiglu_forward_and_per_token_cast(device, params):
-    moe, hidden, p2e, weights, npc, col, rnd, packed, clamp = params
+def _moe_inputs(moe, hidden, p2e, weights, device):
+    """(data, x for the kernel, x for the reference, pos_to_token_topk, routing weights): with ``p2e`` the
+    padding rows hold garbage the kernel must ignore (prefetched or not); the reference sees them as zeros."""
     d = moe_data(moe, hidden, 16, device)
     x = d["x"]
-    pad = d["pos_to_expert"] < 0
     x_ref = x
     if p2e:
-        # padding rows hold garbage the kernel must ignore; the reference sees them as zeros
+        pad = d["pos_to_expert"] < 0
         x = x.clone()
         x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
     ptt = d["pos_to_token_topk"] if weights else None
     w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
+    return d, x, x_ref, ptt, w
+
+
+@pytest.mark.parametrize("params", _params(), ids=_id)
+def test_swiglu_forward_and_per_token_cast(device, params):
+    moe, hidden, p2e, weights, npc, col, rnd, packed, clamp = params
+    d, x, x_ref, ptt, w = _moe_inputs(moe, hidden, p2e, weights, device)
     counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
     ref_counts = counts0.clone() if clamp is not None else None
     ref_out, ref_sf = _run_ref(x_ref, npc, ptt, w, clamp, ref_counts, col, rnd, packed)
@@ -306,15 +312,7 @@ def _check_persistent(device, hidden, cfg, p2e, weights, packed, clamp):
     bitwise against the reference."""
     from tritile.runtime import override_config
 
-    d = moe_data((6, 72, 8), hidden, 16, device)
-    x = d["x"]
-    pad = d["pos_to_expert"] < 0
-    x_ref = x
-    if p2e:
-        x = x.clone()
-        x[pad] = (torch.randn((int(pad.sum()), 2 * hidden), device=device) * 4).to(x.dtype)
-    ptt = d["pos_to_token_topk"] if weights else None
-    w = torch.randn((d["num_tokens"], d["num_topk"]), device=device) if weights else None
+    d, x, x_ref, ptt, w = _moe_inputs((6, 72, 8), hidden, p2e, weights, device)
     counts0 = torch.tensor([5, 7, 11], dtype=torch.int64, device=device)
     ref_counts = counts0.clone() if clamp is not None else None
     ref_out, ref_sf = _run_ref(x_ref, 128, ptt, w, clamp, ref_counts, packed, packed, packed)
