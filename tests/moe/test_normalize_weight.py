@@ -44,11 +44,10 @@ def test_normalize_weight_bad_input(device):
         moe.normalize_weight([[1.0, 2.0]])
 
 
-@pytest.mark.parametrize("cfg", [dict(QUADS=True, BLOCK_T=32, num_warps=1), dict(QUADS=True, BLOCK_T=128, num_warps=2),
-                                 dict(PER_COL=True, BLOCK_T=64, num_warps=2)], ids=str)
+@pytest.mark.parametrize("cfg", [dict(BLOCK_T=32, num_warps=1), dict(PER_COL=True, BLOCK_T=64, num_warps=2)], ids=str)
 @pytest.mark.parametrize("num_tokens,num_topk", [(1, 1), (7, 3), (33, 4), (45, 5), (70, 8), (9, 9)])
 def test_normalize_weight_configs(device, cfg, num_tokens, num_topk):
-    """Every launch-config path (tune candidates) gives the reference's bits; ``QUADS`` with K > 8 falls back."""
+    """Every launch-config path (tune candidates) gives the reference's bits."""
     from tritile.runtime import override_config
     w = torch.randn(num_tokens, num_topk, device=device) * torch.exp2(torch.randint(-30, 30, (num_tokens, num_topk),
                                                                                      device=device).float())
@@ -62,9 +61,8 @@ def test_normalize_weight_configs(device, cfg, num_tokens, num_topk):
     assert_equal(norm, norm_ref)
 
 
-@pytest.mark.parametrize("cfg", [dict(RCP=True, QUADS=True, BLOCK_T=32, num_warps=1),
-                                 dict(RCP=True, QUADS=True, BLOCK_T=128, num_warps=4),
-                                 dict(RCP=True, BLOCK_T=32, num_warps=1)], ids=str)
+@pytest.mark.parametrize("cfg", [dict(RCP=True, BLOCK_T=32, num_warps=1), dict(RCP=True, BLOCK_T=128, num_warps=4)],
+                         ids=str)
 @pytest.mark.parametrize("num_tokens,num_topk,wild", [(70, 8, False), (45, 5, False), (33, 3, False), (40, 8, True),
                                                       (9, 9, True)])
 def test_normalize_weight_rcp(device, cfg, num_tokens, num_topk, wild):

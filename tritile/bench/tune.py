@@ -59,11 +59,11 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
     ``cupti``: rank by the summed kernel time with L2 flushed before each call (``time_kernels``: how TileKernels'
     timer counts) instead of CUDA-graph replay; ops whose inputs would partly stay in L2 between graph replays
     can rank differently."""
+    from ..runtime import override_config, poison_outputs
     from ..testing.bench import copy_bandwidth_gbs, time_graph, time_kernels
 
     def _time(fn):
         return time_kernels(fn, rep=20) if cupti else time_graph(fn, calls_per_graph=10, rep=10)
-    from ..runtime import override_config, poison_outputs
 
     if not torch.cuda.is_available():
         raise SystemExit("python -m tritile tune needs a GPU")

@@ -14,6 +14,14 @@ from ._utils import bits16, check_rows, interp
 
 
 @triton.jit
+def _epilogue_loads(wh_ptr, we_ptr, gwh_ptr, gwe_ptr, h, d, dmask, s_wh0, s_we0, s_gwh0, s_gwe0):
+    """The weights (bf16 bits) and the float32 gradients the sum is accumulated into, at head h, columns d."""
+    return (tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0), tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0),
+            tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0),
+            tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0))
+
+
+@triton.jit
 def _grad_w_reduce_kernel(
     part_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr,
     P, H,
@@ -33,10 +41,8 @@ def _grad_w_reduce_kernel(
         d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < H
     if EARLY:  # the epilogue's four loads issued with the first partial rows: no extra DRAM round trip at the end
-        wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
-        we_b = tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0)
-        gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
-        gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
+        wh_b, we_b, gwh, gwe = _epilogue_loads(wh_ptr, we_ptr, gwh_ptr, gwe_ptr, h, d, dmask, s_wh0, s_we0, s_gwh0,
+                                               s_gwe0)
     r = tl.arange(0, ROWS).to(tl.int64)
     if TAIL > 0:
         # rows [0, ROWS) and [ROWS, P): both tiles in flight together; a fixed order (main tile's sum, then tail's)
@@ -56,10 +62,8 @@ def _grad_w_reduce_kernel(
             p0 += ROWS
         total = tl.sum(acc, axis=0)
     if not EARLY:
-        wh_b = tl.load(wh_ptr + h * s_wh0 + d, mask=dmask, other=0)
-        we_b = tl.load(we_ptr + h * s_we0 + d, mask=dmask, other=0)
-        gwh = tl.load(gwh_ptr + h * s_gwh0 + d, mask=dmask, other=0.0)
-        gwe = tl.load(gwe_ptr + h * s_gwe0 + d, mask=dmask, other=0.0)
+        wh_b, we_b, gwh, gwe = _epilogue_loads(wh_ptr, we_ptr, gwh_ptr, gwe_ptr, h, d, dmask, s_wh0, s_we0, s_gwh0,
+                                               s_gwe0)
     wh = bf16_bits_to_f32(wh_b)
     we = bf16_bits_to_f32(we_b)
     tl.store(gwh_ptr + h * s_gwh0 + d, gwh + total * we, mask=dmask)

@@ -98,9 +98,8 @@ _EXPAND_BF16_TUNE = [
     dict(BT=8, BH=256, num_warps=2), dict(BT=4, BH=1024), dict(BT=2, BH=1024, num_warps=2), dict(BT=32, BH=128),
     dict(BT=2, BH=2048), dict(BT=4, BH=512, num_warps=2), dict(BT=8, BH=512, PBT=4, PSUB=16),
     dict(BT=8, BH=512, PBT=16, PSUB=4),
-    # COMPACT: one [BT, KP] index load, a store per valid-slot rank; PAD_FIRST: padding programs first;
-    # PERSIST: that many persistent token programs with the next tile prefetched (132 SMs x 8)
-    dict(COMPACT=True), dict(COMPACT=True, PAD_FIRST=True), dict(PERSIST=1056, PAD_FIRST=True),
+    # COMPACT: one [BT, KP] index load, a store per valid-slot rank; PAD_FIRST: padding programs first
+    dict(COMPACT=True), dict(COMPACT=True, PAD_FIRST=True),
 ]
 _EXPAND_FP8_TUNE = [  # default: COMPACT + PAD_FIRST (session 4)
     dict(COMPACT=False, PAD_FIRST=False),  # the session-3 default (141.5 us CUPTI at ep 64)
@@ -110,11 +109,8 @@ _EXPAND_FP8_TUNE = [  # default: COMPACT + PAD_FIRST (session 4)
     dict(BT=2, BH=2048), dict(BT=4, BH=1024), dict(BT=1, BH=2048, num_warps=8), dict(BT=8, BH=512),
     dict(BT=16, BH=256, PBT=8, PSUB=8), dict(BT=16, BH=256, PBT=32, PSUB=2), dict(BT=16, BH=256, PBT=16, PSUB=1),
     # COMPACT: one [BT, KP] index load, a store per valid-slot rank (1-2 at ep 64 against K = 9 predicated
-    # stores); PAD_FIRST: padding programs on the low ids (no tail of short programs); PERSIST: that many
-    # persistent token programs, the next tile (data, positions, scales) loaded before the current is stored
-    dict(COMPACT=True), dict(PAD_FIRST=True), dict(COMPACT=True, PAD_FIRST=True),
-    dict(COMPACT=True, PAD_FIRST=True, BT=4, BH=256, num_warps=1), dict(PERSIST=1056, PAD_FIRST=True),
-    dict(PERSIST=2112, PAD_FIRST=True, BT=8, BH=256, num_warps=2),
+    # stores); PAD_FIRST: padding programs on the low ids (no tail of short programs)
+    dict(COMPACT=False), dict(PAD_FIRST=False), dict(BT=4, BH=256, num_warps=1),
 ]
 
 

@@ -127,26 +127,14 @@ def _normalize_cases(device, quick):
                tune=("normalize_weight", _NORMALIZE_TUNE) if device.type == "cuda" else None)
 
 
-# Default: [128, 8] tiles, 4 warps (a row spans 2 lanes: the select-sums need shuffles).  QUADS: the row as two
-# 16-byte [BLOCK_T, 4] halves in one thread (8 in-thread adds, no shuffles, one pass; BLOCK_T >= 32 * num_warps):
-# 1 row per thread at BLOCK_T = 32 * num_warps, 2 at twice that.  All candidates before QUADS: 2.52-2.81 us graph
-# (2026-11-30).
+# Default: [128, 8] tiles, 4 warps (a row spans 2 lanes: the select-sums need shuffles); all tile candidates
+# 2.52-2.81 us graph (2026-11-30).  RCP: one div_rn(1, d) per row, three multiply-adds per element (block-uniform
+# div_rn fallback outside the range).
 _NORMALIZE_TUNE = [
-    dict(QUADS=True, BLOCK_T=128, num_warps=4), dict(QUADS=True, BLOCK_T=64, num_warps=2),
-    dict(QUADS=True, BLOCK_T=32, num_warps=1), dict(QUADS=True, BLOCK_T=256, num_warps=8),
-    dict(QUADS=True, BLOCK_T=256, num_warps=4), dict(QUADS=True, BLOCK_T=512, num_warps=4),
-    dict(QUADS=True, BLOCK_T=128, num_warps=2), dict(QUADS=True, BLOCK_T=256, num_warps=2),
     dict(PER_COL=True, BLOCK_T=64, num_warps=2),
     dict(BLOCK_T=32, num_warps=1), dict(BLOCK_T=64, num_warps=1), dict(BLOCK_T=128, num_warps=4),
     dict(BLOCK_T=128, num_warps=2), dict(BLOCK_T=256, num_warps=8), dict(BLOCK_T=256, num_warps=4),
-    dict(PER_COL=False, BLOCK_T=128, num_warps=4), dict(PER_COL=False, BLOCK_T=64, num_warps=2),
-    dict(PER_COL=False, BLOCK_T=32, num_warps=1), dict(PER_COL=False, BLOCK_T=256, num_warps=4),
-]
-# RCP: one div_rn(1, d) per row, three multiply-adds per element (block-uniform div_rn fallback outside the range)
-_NORMALIZE_TUNE += [
-    dict(RCP=True), dict(RCP=True, BLOCK_T=128, num_warps=2), dict(RCP=True, QUADS=True, BLOCK_T=128, num_warps=4),
-    dict(RCP=True, QUADS=True, BLOCK_T=32, num_warps=1), dict(RCP=True, QUADS=True, BLOCK_T=64, num_warps=2),
-    dict(RCP=True, QUADS=True, BLOCK_T=256, num_warps=4),
+    dict(RCP=True), dict(RCP=True, BLOCK_T=128, num_warps=2), dict(RCP=True, BLOCK_T=32, num_warps=1),
 ]
 
 

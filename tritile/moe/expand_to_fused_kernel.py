@@ -9,9 +9,11 @@ One launch.  The grid has two parts:
 * padding programs, one per ``PBT * PSUB`` output rows: rows with ``pos_to_expert < 0`` (only the sign is read)
   are zeroed, data and scales; blocks without padding exit after one small load.
 
-Tune candidates (off by default): ``COMPACT`` loads a tile's ``[BT, K]`` positions at once and stores once per
-rank of valid slot instead of ``K`` times; ``PAD_FIRST`` gives the padding programs the low program ids;
-``PERSIST = n`` runs ``n`` persistent token programs that load the next tile before storing the current one.
+``COMPACT`` loads a tile's ``[BT, K]`` positions at once and stores once per rank of valid slot instead of ``K``
+times; ``PAD_FIRST`` gives the padding programs the low program ids.  Both are the default of
+``expand_to_fused_with_sf`` (measured there); ``expand_to_fused`` keeps them as tune candidates.  A persistent
+variant that loaded the next tile before storing the current one measured 108.7-149.0 us against 101.7-133.2 us
+(H200, session 4) and was removed.
 
 Data moves through an integer view of the widest word that divides the row (int32/int16/int8), so the
 copy is bit-exact for every dtype on every backend.
@@ -36,16 +38,16 @@ _WORDS = {4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
 @triton.jit
-def _tile_load(x_ptr, xs_ptr, pos_ptr, tile_id, num_tiles, num_tokens, num_expanded, hidden_w, hidden_sf,
+def _tile_load(x_ptr, xs_ptr, pos_ptr, tile_id, num_tokens, num_expanded, hidden_w, hidden_sf,
                stride_x, stride_xs, stride_pt, stride_pk, num_col_blocks,
                K: tl.constexpr, KP: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                BSF: tl.constexpr):
-    """Token tile ``tile_id`` (all masked off past ``num_tiles``): data ``[BT, BH]``, scales ``[BT, BSF]`` (column
+    """Token tile ``tile_id``: data ``[BT, BH]``, scales ``[BT, BSF]`` (column
     block 0 only; zeros without scales) and the ``[BT, KP]`` positions (``-1`` = none or out of range)."""
     rows = (tile_id // num_col_blocks).to(tl.int64) * BT + tl.arange(0, BT)
     cb = tile_id % num_col_blocks
     cols = cb * BH + tl.arange(0, BH)
-    rm = (rows < num_tokens) & (tile_id < num_tiles)
+    rm = rows < num_tokens
     k_ar = tl.arange(0, KP)
     pk = tl.load(pos_ptr + rows[:, None] * stride_pt + k_ar[None, :] * stride_pk,
                  mask=rm[:, None] & (k_ar < K)[None, :], other=-1)
@@ -88,11 +90,10 @@ def _tile_store(out_ptr, outs_ptr, tile, sft, pk, tile_id, num_col_blocks, hidde
 def _expand_to_fused_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, pos_ptr, pe_ptr,
                             num_tokens, num_expanded, hidden_w, hidden_sf,
                             stride_x, stride_xs, stride_out, stride_os0, stride_os1,
-                            stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks, num_tiles,
+                            stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks,
                             K: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                             BSF: tl.constexpr, PBT: tl.constexpr, PSUB: tl.constexpr, COL_ITERS: tl.constexpr,
-                            KP: tl.constexpr, COMPACT: tl.constexpr, PAD_FIRST: tl.constexpr,
-                            PERSIST: tl.constexpr):
+                            KP: tl.constexpr, COMPACT: tl.constexpr, PAD_FIRST: tl.constexpr):
     pid = tl.program_id(0)
     t_ar = tl.arange(0, BT)
     h_ar = tl.arange(0, BH)
@@ -109,28 +110,13 @@ def _expand_to_fused_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, pos_ptr, pe_ptr,
         tok_pid = pid
         pad_pid = pid - num_token_progs
     if is_tok:
-        if PERSIST:
-            # persistent token programs, tiles tok_pid, tok_pid + num_token_progs, ...: the next tile (data and
-            # positions) is loaded before the current one is stored, so each program keeps two tiles in flight
-            tid = tok_pid
-            tile, sft, pk = _tile_load(x_ptr, xs_ptr, pos_ptr, tid, num_tiles, num_tokens, num_expanded, hidden_w,
-                                       hidden_sf, stride_x, stride_xs, stride_pt, stride_pk, num_col_blocks,
-                                       K, KP, WITH_SF, BT, BH, BSF)
-            while tid < num_tiles:
-                nid = tid + num_token_progs
-                ntile, nsft, npk = _tile_load(x_ptr, xs_ptr, pos_ptr, nid, num_tiles, num_tokens, num_expanded,
-                                              hidden_w, hidden_sf, stride_x, stride_xs, stride_pt, stride_pk,
-                                              num_col_blocks, K, KP, WITH_SF, BT, BH, BSF)
-                _tile_store(out_ptr, outs_ptr, tile, sft, pk, tid, num_col_blocks, hidden_w, hidden_sf,
-                            stride_out, stride_os0, stride_os1, WITH_SF, BT, BH, BSF)
-                tile, sft, pk, tid = ntile, nsft, npk, nid
-        elif COMPACT:
+        if COMPACT:
             # all K positions of the tile in one [BT, KP] load (BT * K contiguous words) issued with the data
             # tile; then one store per rank of valid slot (1-2 at ep 64, each predicated store instruction of
             # the default's K per tile issues whether or not a row has that slot)
-            tile, sft, pk = _tile_load(x_ptr, xs_ptr, pos_ptr, tok_pid, num_token_progs, num_tokens, num_expanded,
-                                       hidden_w, hidden_sf, stride_x, stride_xs, stride_pt, stride_pk,
-                                       num_col_blocks, K, KP, WITH_SF, BT, BH, BSF)
+            tile, sft, pk = _tile_load(x_ptr, xs_ptr, pos_ptr, tok_pid, num_tokens, num_expanded, hidden_w,
+                                       hidden_sf, stride_x, stride_xs, stride_pt, stride_pk, num_col_blocks,
+                                       K, KP, WITH_SF, BT, BH, BSF)
             _tile_store(out_ptr, outs_ptr, tile, sft, pk, tok_pid, num_col_blocks, hidden_w, hidden_sf,
                         stride_out, stride_os0, stride_os1, WITH_SF, BT, BH, BSF)
         else:
@@ -200,7 +186,7 @@ def _check_mapping(token_topk_to_pos, pos_to_expert, num_tokens: int):
                              f"got values in [{lo}, {hi}]")
 
 
-def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool) -> dict:
+def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool, with_sf: bool) -> dict:
     """Default launch config (deterministic in the shape).  ``BT x BH`` words per token tile (about 4096 on
     GPUs: 32 words = 8 16-byte vectors per thread at 4 warps), ``BH`` the widest power of two in [512, 2048]
     whose column blocks waste at most 1/16 of a row of at least 2048 words (narrower rows: one 2048-wide
@@ -220,7 +206,7 @@ def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool) -> 
     psub = 1 if interp else max(1, 64 // pbt)
     # COMPACT + PAD_FIRST: session 4 sweep (fp8 with sf, CUPTI, L2 flushed): ep 64 133.2 us against 141.5, ep 8
     # 101.7 us against 117.0 (TileKernels 137.8 and 105.2); the bf16 path was not swept and keeps them off
-    return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4, COMPACT=False, PAD_FIRST=False, PERSIST=0)
+    return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4, COMPACT=with_sf, PAD_FIRST=with_sf)
 
 
 def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
@@ -233,15 +219,11 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
     ow = _word_view("out", out)
     hidden_w = xw.shape[1]
     with_sf = x_sf is not None
-    base = _config(hidden_w, num_tokens, num_expanded, interpreter_configs())
-    if with_sf:
-        base.update(COMPACT=True, PAD_FIRST=True)
-    cfg = tuned("expand_to_fused_with_sf" if with_sf else "expand_to_fused", base)
+    cfg = tuned("expand_to_fused_with_sf" if with_sf else "expand_to_fused",
+                _config(hidden_w, num_tokens, num_expanded, interpreter_configs(), with_sf))
     bt, bh, pbt, psub = cfg["BT"], cfg["BH"], cfg["PBT"], cfg["PSUB"]
     num_col_blocks = ceil_div(max(hidden_w, 1), bh)
-    num_tiles = ceil_div(num_tokens, bt) * num_col_blocks
-    persist = int(cfg.get("PERSIST", 0))
-    num_token_progs = min(persist, num_tiles) if persist > 0 else num_tiles
+    num_token_progs = ceil_div(num_tokens, bt) * num_col_blocks
     num_pad_progs = ceil_div(num_expanded, pbt * psub)
     if with_sf:
         hidden_sf = x_sf.shape[1]
@@ -255,10 +237,10 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         num_tokens, num_expanded, hidden_w, hidden_sf,
         xw.stride(0), sxs, ow.stride(0), sos0, sos1,
         token_topk_to_pos.stride(0), token_topk_to_pos.stride(1), pos_to_expert.stride(0),
-        num_token_progs, num_col_blocks, num_tiles,
+        num_token_progs, num_col_blocks,
         K=num_topk, WITH_SF=with_sf, BT=bt, BH=bh, BSF=bsf, PBT=pbt, PSUB=psub, COL_ITERS=num_col_blocks,
         KP=max(2, next_power_of_two(num_topk)), COMPACT=bool(cfg["COMPACT"]), PAD_FIRST=bool(cfg["PAD_FIRST"]),
-        PERSIST=persist > 0, num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"])
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ row (``num_per_channels == K``).
 Two kernels: bf16 rows of whole 32-column quads (``K % 32 == 0``, rows readable as int32 words) go through
 the quad kernel, in which a thread owns whole quads: 4 x 16-byte loads in, 12 words = 3 x 16-byte stores
 out, and on the GPU a whole row of up to 8192 columns stays in registers (one pass).  Other inputs (fp32,
-odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  The quad
-kernel's COAL_ST tune key stores through a layout conversion so that consecutive lanes write consecutive
+odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  By default
+(``COAL_ST``) the quad kernel stores through a layout conversion so that consecutive lanes write consecutive
 16-byte pieces (whole 32-byte sectors per warp store).
 """
 
@@ -245,7 +245,8 @@ def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
 @triton.jit
 def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
                         FINITE: tl.constexpr, COAL_ST: tl.constexpr):
-    """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store each as three 16-byte vectors."""
+    """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store them: with ``COAL_ST`` lane-contiguous
+    16-byte pieces, else each quad as three 16-byte vectors from one thread."""
     u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
     u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
     u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
@@ -292,7 +293,7 @@ def _per_token_cast_to_e5m6_quad_kernel(
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
-    COAL_ST: tl.constexpr = False,
+    COAL_ST: tl.constexpr,
 ):
     """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
     columns: 4 x 16-byte loads in (one per group of 8), 12 words = 3 x 16-byte stores out, so every global

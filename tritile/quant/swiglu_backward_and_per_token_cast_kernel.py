@@ -205,11 +205,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     q_ptr, sfx_ptr, g_ptr, n_rows, tl.where(last, 0, c0 + CH), n_rows < num_rows, stride_qm,
                     stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
             else:
-                qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0)
-                qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0)
-                sfx = _load_sf(sfx_ptr, rows, gx, stride_sfm, stride_sfk, gm, SF_PACKED)
-                sfy = _load_sf(sfx_ptr, rows, gy, stride_sfm, stride_sfk, gm, SF_PACKED)
-                gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
+                qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
+                                                           stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
             xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
             yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
             g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
