@@ -88,6 +88,19 @@ def test_word_path_persistent(shape, device):
         tritile.config.set_num_sms(old)
 
 
+@pytest.mark.parametrize("dtype", ["fp8", "bf16"])
+def test_pdl_chain(dtype, device):
+    """Programmatic dependent launch (``PDL``: a no-op under the interpreter): each call waits for the previous
+    kernel's writes, so a chain that transposes the previous call's output gets the right bytes."""
+    x = _rand((3, 256, 384), DTYPES[dtype], device)
+    y = batched_transpose_with_config(x, {"PDL": True})
+    for _ in range(3):
+        z = batched_transpose_with_config(y, {"PDL": True})
+        y = batched_transpose_with_config(z, {"PDL": True})
+    assert_equal(z, x)
+    assert_equal(y, batched_transpose_ref(x))
+
+
 @pytest.mark.parametrize("shape", [(0, 64, 64), (2, 0, 64), (2, 64, 0)])
 def test_empty(shape, device):
     x = torch.empty(shape, dtype=torch.bfloat16, device=device)

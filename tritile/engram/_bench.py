@@ -171,6 +171,9 @@ _GWR_TUNE += [dict(EARLY=True), dict(EARLY=True, ROWS=256), dict(EARLY=True, ROW
 _GWR_TUNE += [dict(SWAP=True), dict(SWAP=True, EARLY=True), dict(TAIL=4), dict(TAIL=4, EARLY=True),
               dict(TAIL=4, SWAP=True), dict(TAIL=4, SWAP=True, EARLY=True), dict(TAIL=4, BLOCK_D=64, num_warps=8),
               dict(TAIL=4, SWAP=True, BLOCK_D=64, num_warps=8)]
+# session 5: the default's tile with other warp counts and narrower strips (more programs, fewer bytes each)
+_GWR_TUNE += [dict(TAIL=4, EARLY=True, num_warps=2), dict(TAIL=4, EARLY=True, num_warps=8),
+              dict(TAIL=4, EARLY=True, BLOCK_D=16, num_warps=2), dict(TAIL=4, EARLY=True, BLOCK_D=16, num_warps=4)]
 
 
 @register("engram", "engram_hash")

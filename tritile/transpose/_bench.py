@@ -17,9 +17,13 @@ def _tune(dt: str, batched: bool):
         cands += [dict(PERSIST=p, BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w)
                   for p, bm, bn, w in [(2, 64, 32, 4), (4, 64, 32, 4), (8, 64, 32, 4), (4, 32, 32, 4), (2, 64, 64, 8),
                                        (1, 64, 64, 8)]]
+        cands += [dict(PDL=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
+                  dict(PDL=True, BLOCK_M4=64, BLOCK_N4=64, num_warps=8)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
-    return [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),
+    # PDL: programmatic dependent launch (the next call's programs start during this one's tail)
+    pdl = [dict(PDL=True), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8)]
+    return pdl + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),
                                                                             (256, 64), (64, 128)]
             for w in (4, 8) for st in ((False, True) if batched else (False,))]
 

@@ -16,9 +16,10 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tlcuda
 
 from ..config import get_num_sms
-from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
+from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, is_interpreter, tuned
 from ..utils import ceil_div
 
 _MAX_GRID_Z = 65535
@@ -26,10 +27,21 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (a kernel launched with ``launch_pdl=True``): let the next kernel's
+    programs be scheduled once every program of this one has started, then wait for the previous kernel to
+    finish and its writes to be visible before touching memory.  A no-op without PDL."""
+    if PDL:
+        tlcuda.gdc_launch_dependents()
+        tlcuda.gdc_wait()
+
+
+@triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-                              STREAM: tl.constexpr = False):
+                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m."""
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -73,10 +85,12 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
 
 @triton.jit
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
-                                   BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
+                                   BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
+                                   PDL: tl.constexpr = False):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts."""
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -153,6 +167,8 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
+    pdl = bool(config.get("PDL", False)) and not is_interpreter() if config else False
+    pdl_kw = dict(launch_pdl=True) if pdl else {}
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
         bm4, bn4, warps = (16, 16, 4) if interpreter_configs() else (64, 32, 4)  # H200 sweep: 256x128-byte tiles
         if config:
@@ -173,7 +189,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             grid = (ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), xs.shape[0])
             _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
                                                  os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4,
-                                                 EVEN=even, num_warps=warps)
+                                                 EVEN=even, PDL=pdl, num_warps=warps, **pdl_kw)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
@@ -186,7 +202,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         grid = (ceil_div(n, bn), ceil_div(m, bm), xs.shape[0])
         _batched_transpose_kernel[grid](xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0),
                                         os_.stride(1), BLOCK_M=bm, BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0),
-                                        STREAM=stream, num_warps=warps)
+                                        STREAM=stream, PDL=pdl, num_warps=warps, **pdl_kw)
 
 
 def _check(x, ndim: int) -> None:
