@@ -72,6 +72,9 @@ def test_word_path_matches_generic(device):
     b = batched_transpose_with_config(x, {"word_path": False})
     assert_equal(a, b)
     assert_equal(a, batched_transpose_ref(x))
+    # STREAM (evict-first loads, streaming stores) takes effect on whole tiles only
+    x = _rand((2, 256, 256), torch.float8_e4m3fn, device)
+    assert_equal(batched_transpose_with_config(x, {"STREAM": True}), batched_transpose_ref(x))
 
 
 @pytest.mark.parametrize("shape", [(3, 96, 160), (2, 100, 36)])

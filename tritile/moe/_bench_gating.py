@@ -127,10 +127,11 @@ def _normalize_cases(device, quick):
                tune=("normalize_weight", _NORMALIZE_TUNE) if device.type == "cuda" else None)
 
 
-# Default: [128, 8] tiles, 4 warps (a row spans 2 lanes: the select-sums need shuffles); all tile candidates
-# 2.52-2.81 us graph (2026-11-30).  RCP: one div_rn(1, d) per row, three multiply-adds per element (block-uniform
-# div_rn fallback outside the range).
+# Default (session 5): RCP on [32, 8] tiles x 1 warp (2.02 us CUPTI against 2.32 for the session-4 default, [128, 8]
+# x 4 warps with div_rn, the first candidate).  RCP: one div_rn(1, d) per row, three multiply-adds per element
+# (block-uniform div_rn fallback outside the range).
 _NORMALIZE_TUNE = [
+    dict(RCP=False, BLOCK_T=128, num_warps=4),
     dict(PER_COL=True, BLOCK_T=64, num_warps=2),
     dict(BLOCK_T=32, num_warps=1), dict(BLOCK_T=64, num_warps=1), dict(BLOCK_T=128, num_warps=4),
     dict(BLOCK_T=128, num_warps=2), dict(BLOCK_T=256, num_warps=8), dict(BLOCK_T=256, num_warps=4),

@@ -101,12 +101,13 @@ def _config(num_topk: int, interpret: bool) -> dict:
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
     corrections; not with ``PER_COL``), ``num_warps``.  A row-per-thread variant (two 16-byte halves, no
     shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (session 4) and was removed."""
-    # H200 (2026-11-30): the per-column variant (64 rows, 2 warps) ran 4.2 us against 2.3 us for the tile
-    # variant below (1024 / next_pow2(K) rows, 4 warps), which stays the default until a sweep says otherwise
-    bt = max(16, 1024 // next_power_of_two(num_topk))
+    # H200 (2026-11-30, T=21876, K=8, CUPTI with L2 flushed): RCP on [32, 8] tiles x 1 warp 2.02 us, RCP on
+    # [128, 8] x 4 warps 2.10, the plain division on [128, 8] x 4 warps (the previous default) 2.32, the
+    # per-column variant (64 rows, 2 warps) 4.2 (graph).  The interpreter keeps the plain division (its
+    # emulated FMAs round in float64).
     if interpret:
-        return dict(BLOCK_T=bt, PER_COL=False, RCP=False, num_warps=1)
-    return dict(BLOCK_T=bt, PER_COL=False, RCP=False, num_warps=4)
+        return dict(BLOCK_T=max(16, 1024 // next_power_of_two(num_topk)), PER_COL=False, RCP=False, num_warps=1)
+    return dict(BLOCK_T=max(4, 256 // next_power_of_two(num_topk)), PER_COL=False, RCP=True, num_warps=1)
 
 
 def normalize_weight(topk_weights: torch.Tensor):

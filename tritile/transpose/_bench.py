@@ -19,10 +19,17 @@ def _tune(dt: str, batched: bool):
                                        (1, 64, 64, 8)]]
         cands += [dict(PDL=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(PDL=True, BLOCK_M4=64, BLOCK_N4=64, num_warps=8)]
+        # STREAM on the word path: evict-first loads, streaming (.cs) stores
+        cands += [dict(STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
+                  dict(PDL=True, STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
+                  dict(PDL=True, STREAM=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
+                  dict(PDL=True, BLOCK_M4=16, BLOCK_N4=32, num_warps=4), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=16, num_warps=2)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
     # PDL: programmatic dependent launch (the next call's programs start during this one's tail)
-    pdl = [dict(PDL=True), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8)]
+    pdl = [dict(PDL=True), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
+           dict(PDL=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STREAM=True), dict(PDL=True, BLOCK_M=128, BLOCK_N=256,
+                                                                                    num_warps=8)]
     return pdl + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),
                                                                             (256, 64), (64, 128)]
             for w in (4, 8) for st in ((False, True) if batched else (False,))]

@@ -61,7 +61,8 @@ def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride
 
 
 @triton.jit
-def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN: tl.constexpr):
+def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN: tl.constexpr,
+                     STREAM: tl.constexpr = False):
     """Store the transpose of a [BLOCK_M4, 4, BLOCK_N4] tile of input words (rows 4r + i, words w): byte j of
     each word, from row i, lands in byte i of output word (n = 4w + j, r)."""
     shifts = (8 * tl.arange(0, 4))[None, :, None]
@@ -70,7 +71,12 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
     o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
     o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
     o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
-    if EVEN:
+    if EVEN and STREAM:  # streaming stores (.cs): every byte is written once
+        tl.store(o_ptrs, o0, cache_modifier=".cs")
+        tl.store(o_ptrs + stride_on, o1, cache_modifier=".cs")
+        tl.store(o_ptrs + 2 * stride_on, o2, cache_modifier=".cs")
+        tl.store(o_ptrs + 3 * stride_on, o3, cache_modifier=".cs")
+    elif EVEN:
         tl.store(o_ptrs, o0)
         tl.store(o_ptrs + stride_on, o1)
         tl.store(o_ptrs + 2 * stride_on, o2)
@@ -86,7 +92,7 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
 @triton.jit
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                    BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
-                                   PDL: tl.constexpr = False):
+                                   PDL: tl.constexpr = False, STREAM: tl.constexpr = False):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts."""
@@ -100,11 +106,13 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     # input rows m = 4r + i : [BLOCK_M4, 4, BLOCK_N4] words
     rows = 4 * r[:, None, None] + i[None, :, None]
     x_ptrs = x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :]
-    if EVEN:
+    if EVEN and STREAM:
+        words = tl.load(x_ptrs, eviction_policy="evict_first")
+    elif EVEN:
         words = tl.load(x_ptrs)
     else:
         words = tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
-    _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
+    _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN, STREAM)
 
 
 @triton.jit
@@ -169,6 +177,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     b, m, n = x.shape
     pdl = bool(config.get("PDL", False)) and not is_interpreter() if config else False
     pdl_kw = dict(launch_pdl=True) if pdl else {}
+    stream = bool(config.get("STREAM", False)) if config else False
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
         bm4, bn4, warps = (16, 16, 4) if interpreter_configs() else (64, 32, 4)  # H200 sweep: 256x128-byte tiles
         if config:
@@ -189,12 +198,11 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             grid = (ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), xs.shape[0])
             _batched_transpose_u8x4_kernel[grid](xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0),
                                                  os_.stride(1), BLOCK_M4=bm4, BLOCK_N4=bn4,
-                                                 EVEN=even, PDL=pdl, num_warps=warps, **pdl_kw)
+                                                 EVEN=even, PDL=pdl, STREAM=stream, num_warps=warps, **pdl_kw)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
         bm, bn, warps = config.get("BLOCK_M", bm), config.get("BLOCK_N", bn), config.get("num_warps", warps)
-    stream = bool(config.get("STREAM", False)) if config else False
     iv = _INT_VIEW[x.element_size()]
     xi, oi = x.view(iv), out.view(iv)
     for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
