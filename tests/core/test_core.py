@@ -131,3 +131,16 @@ def test_tuned_override_config():
             assert tuned("tritile_test_op", base) == dict(BLOCK=128, num_warps=8)
         assert tuned("tritile_test_op", base) == dict(BLOCK=64, num_warps=8)
     assert tuned("tritile_test_op", base) == base
+
+
+def test_pdl_gating(monkeypatch):
+    """Programmatic dependent launch only on CUDA sm_90+ outside the interpreter, and never with TRITILE_PDL=0."""
+    from tritile.language.pdl import pdl_args, use_pdl
+    assert use_pdl("cpu") is False and pdl_args("cpu") == {"PDL": False}
+    if torch.cuda.is_available():
+        assert pdl_args("cuda", enabled=False) == {"PDL": False}
+        monkeypatch.setenv("TRITILE_PDL", "0")
+        assert use_pdl("cuda") is False
+        monkeypatch.delenv("TRITILE_PDL")
+        sm90 = torch.cuda.get_device_capability()[0] >= 9
+        assert use_pdl("cuda") is (sm90 and torch.version.hip is None)

@@ -131,7 +131,7 @@ def _normalize_cases(device, quick):
 # x 4 warps with div_rn, the first candidate).  RCP: one div_rn(1, d) per row, three multiply-adds per element
 # (block-uniform div_rn fallback outside the range).
 _NORMALIZE_TUNE = [
-    dict(RCP=False, BLOCK_T=128, num_warps=4),
+    dict(RCP=False, BLOCK_T=128, num_warps=4), dict(PDL=False),
     dict(PER_COL=True, BLOCK_T=64, num_warps=2),
     dict(BLOCK_T=32, num_warps=1), dict(BLOCK_T=64, num_warps=1), dict(BLOCK_T=128, num_warps=4),
     dict(BLOCK_T=128, num_warps=2), dict(BLOCK_T=256, num_warps=8), dict(BLOCK_T=256, num_warps=4),

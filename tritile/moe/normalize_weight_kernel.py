@@ -8,6 +8,7 @@ import triton.language as tl
 
 from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, is_interpreter,
                              tuned)
+from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
@@ -52,7 +53,7 @@ def _recip_ok(w, d_ok):
 @triton.jit
 def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
                              NUM_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PER_COL: tl.constexpr, RCP: tl.constexpr, EMU: tl.constexpr):
+                             PER_COL: tl.constexpr, RCP: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr):
     """``PER_COL``: each column loaded as its own ``[BLOCK_T]`` vector (a row stays in one thread: the
     sequential sum needs no shuffles).  Otherwise one ``[BLOCK_T, BLOCK_K]`` tile, columns extracted by
     select-sums (a row may span lanes).
@@ -60,6 +61,7 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
     instead of a full division per element (MUFU.RCP, Newton step, FCHK check and slow-path branch each), same
     bits; the block falls back to ``div_rn`` when any of its elements is outside ``_recip_ok``'s range (one
     block-wide max, uniform branch).  ``EMU``: emulated fused multiply-adds (interpreter only)."""
+    pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < num_tokens
     if PER_COL:
@@ -99,7 +101,8 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
 def _config(num_topk: int, interpret: bool) -> dict:
     """Default launch config: ``[BLOCK_T, next_pow2(K)]`` tiles.  Launch configs go through
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
-    corrections; not with ``PER_COL``), ``num_warps``.  A row-per-thread variant (two 16-byte halves, no
+    corrections; not with ``PER_COL``), ``num_warps``, ``PDL`` (programmatic dependent launch where supported;
+    default on).  A row-per-thread variant (two 16-byte halves, no
     shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (session 4) and was removed."""
     # H200 (2026-11-30, T=21876, K=8, CUPTI with L2 flushed): RCP on [32, 8] tiles x 1 warp 2.02 us, RCP on
     # [128, 8] x 4 warps 2.10, the plain division on [128, 8] x 4 warps (the previous default) 2.32, the
@@ -138,5 +141,5 @@ def normalize_weight(topk_weights: torch.Tensor):
         topk_weights, denom, out, num_tokens,
         NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_K=next_power_of_two(num_topk), PER_COL=bool(cfg["PER_COL"]),
         RCP=bool(cfg["RCP"]) and not cfg["PER_COL"], EMU=is_interpreter(),
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **pdl_args(dev, cfg.get("PDL", True)))
     return denom, out

@@ -16,10 +16,10 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tlcuda
 
 from ..config import get_num_sms
-from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, is_interpreter, tuned
+from ..language.pdl import pdl_enter, use_pdl
+from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
 
 _MAX_GRID_Z = 65535
@@ -27,21 +27,11 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
-def _pdl_enter(PDL: tl.constexpr):
-    """Programmatic dependent launch (a kernel launched with ``launch_pdl=True``): let the next kernel's
-    programs be scheduled once every program of this one has started, then wait for the previous kernel to
-    finish and its writes to be visible before touching memory.  A no-op without PDL."""
-    if PDL:
-        tlcuda.gdc_launch_dependents()
-        tlcuda.gdc_wait()
-
-
-@triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
                               STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m."""
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -96,7 +86,7 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts."""
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -175,7 +165,7 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
-    pdl = bool(config.get("PDL", False)) and not is_interpreter() if config else False
+    pdl = use_pdl(x.device) and bool((config or {}).get("PDL", True))  # PDL: on where supported (sm_90+)
     pdl_kw = dict(launch_pdl=True) if pdl else {}
     stream = bool(config.get("STREAM", False)) if config else False
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
