@@ -38,6 +38,7 @@ import triton.language as tl
 
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_float, check_rows, empty_like, interp
@@ -74,8 +75,9 @@ def _engram_gate_fwd_kernel(
     x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
     num_rows, hc, H, hidden_f, eps, clamp_value, scale,
     s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
-    SAVE: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    SAVE: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # ROWS (token, head) rows per program, each held whole in registers: x, k, w and v are read once per row.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rmask = rows < num_rows
@@ -102,8 +104,9 @@ def _engram_gate_fwd_persist_kernel(
     x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
     T, hc, H, chunk, hidden_f, eps, clamp_value, scale,
     s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_o0, s_o1,
-    SAVE: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr,
+    SAVE: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # Program (c, h): head h of the tokens [c * chunk, (c + 1) * chunk), one token at a time.  w[h] is loaded
     # once and stays in registers (the row kernel re-reads it from L2 for every row); the hc programs of a
     # chunk are neighbours in the grid, so v[t] comes from DRAM once and from L2 for the other heads.
@@ -223,12 +226,14 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
         _engram_gate_fwd_persist_kernel[(n_chunks * hc,)](
             *ptrs, T, hc, H, chunk, float(H), eps, clamp_value, _scale(H), *strides,
             SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps,
+            **pdl_args(hidden_states.device),
         )
     else:
         rows = cfg["ROWS"]
         _engram_gate_fwd_kernel[(ceil_div(num_rows, rows),)](
             *ptrs, num_rows, hc, H, float(H), eps, clamp_value, _scale(H), *strides,
             SAVE=bool(save_for_backward), ROWS=rows, BLOCK_H=block_h, num_warps=num_warps,
+            **pdl_args(hidden_states.device),
         )
     return (out, *saved)
 
@@ -345,8 +350,9 @@ def _engram_gate_bwd_gamma_kernel(
     go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
     T, hc, H,
     s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
+    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
     t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
     gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
@@ -360,8 +366,9 @@ def _engram_gate_bwd_kernel(
     gx_ptr, gk_ptr, gw_ptr,
     T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     p = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, HC_P2)
     hmask = hh < hc
@@ -406,8 +413,9 @@ def _engram_gate_bwd_coef_kernel(
     go_ptr, v_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
     T, hc, H, hidden_f, clamp_value, scale,
     s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr,
+    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
     # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
     t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
@@ -442,8 +450,9 @@ def _engram_gate_bwd_split_kernel(
     gx_ptr, gk_ptr, gw_ptr,
     T, hc, H, tokens_per_chunk,
     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # Program (p, r): token chunk p (its grad_w_partial row), H tiles r, r + SPLIT, ...; tokens inner, so the
     # [HC, BLOCK_D] grad_w accumulator of a tile stays in registers.  SPLIT = number of H tiles gives one tile
     # per program; a smaller SPLIT gives fewer, longer programs (one wave, no tail).
@@ -619,7 +628,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         _engram_gate_bwd_gamma_kernel[(ceil_div(T, cfg["TOK"]),)](
             bits16(grad_out), bits16(v), gate_score, gamma, bits16(grad_v),
             T, hc, H, grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
-            HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
+            HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"], **pdl_args(grad_out.device),
         )
         _engram_gate_bwd_kernel[(num_parts, ceil_div(H, cfg["BLOCK_D2"]))](
             bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, dot, gate_score, rstd_x, rstd_k,
@@ -628,7 +637,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
             k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
             grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
-            HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"],
+            HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
         )
         return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
@@ -636,7 +645,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         bits16(grad_out), bits16(v), dot, gate_score, rstd_x, rstd_k, coef[0], coef[1], coef[2], bits16(grad_v),
         T, hc, H, float(H), clamp_value, _scale(H),
         grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
-        HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
+        HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"], **pdl_args(grad_out.device),
     )
     split = max(1, min(int(cfg["SPLIT"]), ceil_div(H, cfg["BLOCK_D2"])))
     _engram_gate_bwd_split_kernel[(num_parts, split)](
@@ -647,7 +656,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
         grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
         HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=split, PREFETCH=bool(cfg["PREFETCH"]),
-        num_warps=cfg["WARPS2"],
+        num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
     )
     return grad_x, grad_k, grad_v, grad_w_partial
 

@@ -47,10 +47,13 @@ def use_pdl(device) -> bool:
     return _device_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_args(device, enabled: bool = True) -> dict:
+def pdl_args(device, enabled: bool = True, launch: bool = True) -> dict:
     """Launch keywords for a kernel with a ``PDL: tl.constexpr`` parameter (whose first statement is
-    ``pdl_enter(PDL)``): ``PDL=True`` and ``launch_pdl=True`` where :func:`use_pdl` allows it and ``enabled``,
-    else ``PDL=False``."""
+    ``pdl_enter(PDL)``) where :func:`use_pdl` allows it and ``enabled``: ``PDL=True`` (signal, then wait) and
+    ``launch_pdl=launch``.  An op's later kernels pass ``launch=False``: they start after the op's previous kernel
+    as usual (their wait is then a no-op, and a kernel's CUPTI time never includes a wait for its own op's
+    previous kernel), but still signal, so that the next op's first kernel overlaps their tail.  Else
+    ``PDL=False``."""
     if enabled and use_pdl(device):
-        return {"PDL": True, "launch_pdl": True}
+        return {"PDL": True, "launch_pdl": True} if launch else {"PDL": True}
     return {"PDL": False}

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16, ue8m0_to_f32
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_choice, check_same_device, check_tensor, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .common import sf_info
@@ -41,9 +42,10 @@ def _cast_back_e5m6_kernel(
     M, K, BM, BK,
     stride_dm, stride_sfm, stride_sfk, stride_om,
     SF_PACKED: tl.constexpr, SF_PER_ROW: tl.constexpr, OUT_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False
 ):
     """Tile of BLOCK_M rows x BLOCK_G groups of 8 columns; data read as int32 words (3 per group)."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_g = tl.program_id(1).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -126,7 +128,7 @@ def _cast_back_e5m6_launch(data, sfi, bm, bk, out_dtype):
         num_tokens, hidden, bm, bk,
         words.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0),
         SF_PACKED=sfi.packed, SF_PER_ROW=bk >= hidden, OUT_BF16=out_dtype == torch.bfloat16,
-        BLOCK_M=block_m, BLOCK_G=block_g, num_warps=num_warps,
+        BLOCK_M=block_m, BLOCK_G=block_g, num_warps=num_warps, **pdl_args(out.device),
     )
     return out
 

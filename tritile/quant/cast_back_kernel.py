@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..language import f32_to_bf16_bits
 from ..language.cast import e4m3_bits_to_f32_fast
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .per_token_cast_kernel import _IN_KIND, _apply_block_sf, _data_view, _load_block_sf, _load_tile, _parse_input
@@ -31,7 +32,7 @@ def _cast_back_kernel(
     IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     HW_DECODE: tl.constexpr = False, UNROLL: tl.constexpr = False, VEC: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Program ``(pm, pk)``: rows ``pm*BLOCK_M ..``, chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K columns.
 
@@ -43,6 +44,7 @@ def _cast_back_kernel(
     PREFETCH (e4m3 data with HW_DECODE, whole sf blocks per chunk) makes the loop static and issues the byte
     and scale loads of chunk ``i + 1`` before chunk ``i`` is decoded and stored (the compiler cannot move
     loads above the stores: out may alias x)."""
+    pdl_enter(PDL)
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -190,7 +192,7 @@ def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xb
         IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
         BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, HW_DECODE=bool(cfg["HW_DECODE"]),
         UNROLL=bool(cfg["UNROLL"]), VEC=int(cfg["VEC"]), PREFETCH=bool(cfg["PREFETCH"]),
-        num_warps=int(cfg["num_warps"]),
+        num_warps=int(cfg["num_warps"]), **pdl_args(outv.device),
     )
     return out
 

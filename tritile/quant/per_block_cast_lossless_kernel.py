@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, empty, interpreter_configs, tuned)
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
@@ -82,9 +83,10 @@ def _per_block_cast_lossless_kernel(
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TK: tl.constexpr,
+    TM: tl.constexpr, TK: tl.constexpr, PDL: tl.constexpr = False
 ):
     """One program: a ``TM x TK`` tile of whole output blocks (TM % BMO == 0, TK % BKO == 0)."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     NIM: tl.constexpr = TM // BMI  # input blocks per tile, rows
@@ -144,7 +146,7 @@ def _per_block_cast_lossless_words_kernel(
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr,
+    TM: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr = False
 ):
     """One program: ``TM`` rows x ``TW`` 32-bit words of FP4 data (``TK = 8 * TW`` values), whole output
     blocks.  ``x_ptr`` is the int8 data (read as int32 words: 4-byte aligned rows), ``out_ptr`` an int32 view
@@ -161,6 +163,7 @@ def _per_block_cast_lossless_words_kernel(
     instructions per value on the fast path (the value-by-value kernel: 30-64 and byte accesses).
     Bounds are written ``(K // 32) * 4`` / ``(K // 32) * 8`` (K % 32 == 0) so that the compiler sees
     masks uniform over 4/8 words and vectorizes."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     TK: tl.constexpr = TW * 8
@@ -372,11 +375,11 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], num_warps=c["num_warps"])
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], num_warps=c["num_warps"], **pdl_args(data.device))
     else:
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, c["TK"]))
         _per_block_cast_lossless_kernel[grid](
             data, sfi.tensor, out.view(torch.uint8), out_sf, *common,
             data.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=c["TK"], num_warps=c["num_warps"])
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=c["TK"], num_warps=c["num_warps"], **pdl_args(data.device))

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
                        interpreter_configs, tuned)
 from ..utils import ceil_div
@@ -23,7 +24,7 @@ def _per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
         NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr,
         FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, PERM_ROWS: tl.constexpr = 0,
-        SIGNED_ENC: tl.constexpr = 0, INT_POW2: tl.constexpr = False):
+        SIGNED_ENC: tl.constexpr = 0, INT_POW2: tl.constexpr = False, PDL: tl.constexpr = False):
     """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
     output (``stride_om`` in words) and four codes of consecutive rows are packed into one
     little-endian word before the transpose, so the tile is transposed as 32-bit elements.
@@ -40,6 +41,7 @@ def _per_channel_cast_and_transpose_kernel(
     a compare-and-select per element; 2 also unpacks and multiplies inside the same per-four assembly
     (``_per_channel_common.per_channel_encode_signed`` / ``per_channel_encode_bf16``; same bits).
     ``INT_POW2`` (round_sf): power-of-two scales from amax's bits (``per_channel_scale``; same bits)."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     if PERM_ROWS > 0:
@@ -146,7 +148,7 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=c["VEC"], PERM_ROWS=perm,
         SIGNED_ENC=int(c["SIGNED_ENC"]) if bm == num_per_tokens else min(int(c["SIGNED_ENC"]), 1),
         INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
-        num_stages=c["num_stages"], **extra)
+        num_stages=c["num_stages"], **extra, **pdl_args(x.device))
     return out, sf
 
 

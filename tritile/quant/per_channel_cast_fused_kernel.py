@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
                        custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div
@@ -107,7 +108,7 @@ def _per_channel_cast_fused_kernel(
         IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
         FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, SIGNED_ENC: tl.constexpr = 0,
-        INT_POW2: tl.constexpr = False):
+        INT_POW2: tl.constexpr = False, PDL: tl.constexpr = False):
     """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
     (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
     read mostly hits L2), which needs far fewer registers per thread.  ``FINITE_BRANCH`` (GPU): a
@@ -123,6 +124,7 @@ def _per_channel_cast_fused_kernel(
     ``INT_POW2`` (round_sf): the power-of-two scales from amax's bits, no division (same bits;
     ``_per_channel_common.per_channel_scale``).
     bf16 input without an input sf: the column max is taken on the bf16 patterns (``BITS_AMAX``)."""
+    pdl_enter(PDL)
     BITS_AMAX: tl.constexpr = IN_KIND == 1 and not HAS_SF
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
@@ -228,7 +230,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb,
         FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), SIGNED_ENC=int(c["SIGNED_ENC"]),
         INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
-        num_stages=stages)
+        num_stages=stages, **pdl_args(out.device))
     return out, sf
 
 

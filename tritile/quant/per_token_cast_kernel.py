@@ -40,6 +40,7 @@ from ..language.cast import (
     f32_to_e2m1_code_finite,
     f32_to_e4m3_bits_satfinite,
 )
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (
     check_choice,
     check_inner_contiguous,
@@ -350,7 +351,7 @@ def _block_cast_kernel(
     OUT_E2M1: tl.constexpr, SF_MODE: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
-    FINITE: tl.constexpr = False,
+    FINITE: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -367,6 +368,7 @@ def _block_cast_kernel(
     FP4 packing needs no reshape/split and no shared-memory relayout; FINITE (with FAST, computed sf, not
     ROW_GROUP) branches once per chunk on "every block amax is finite" and then encodes without the NaN/sign
     patches (``_store_codes_finite``), the general encode otherwise."""
+    pdl_enter(PDL)
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
     FASTQ: tl.constexpr = FAST and SF_MODE == 0
@@ -698,7 +700,7 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         BM=bm, BK=BK, ROW_GROUP=row_group, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
-        PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, num_warps=warps,
+        PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, num_warps=warps, **pdl_args(xv.device),
     )
     return out, sf
 

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
 from ..language.cast import EMULATE
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
@@ -121,12 +122,14 @@ def _per_token_cast_to_e5m6_kernel(
     IS_BF16: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Rows ``[pid*BLOCK_M, +BLOCK_M)``; the row is covered by NUM_K_CHUNKS chunks of BLOCK_K columns.
 
     NUM_K_CHUNKS == 1: one pass (the whole row stays in registers).  Otherwise two passes: amax over
     the chunks, then quantize, re-reading x (from L2).  out is addressed as int32 words (3 per 8 columns).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     row_ok = rows < M
@@ -293,12 +296,13 @@ def _per_token_cast_to_e5m6_quad_kernel(
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
-    COAL_ST: tl.constexpr,
+    COAL_ST: tl.constexpr, PDL: tl.constexpr = False
 ):
     """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
     columns: 4 x 16-byte loads in (one per group of 8), 12 words = 3 x 16-byte stores out, so every global
     access is a full 16-byte vector.  Tile ``[BLOCK_M rows, BLOCK_Q quads]``; NUM_K_CHUNKS == 1: one pass
     (the row stays in registers), else two passes (amax, then encode re-reading x from L2)."""
+    pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     row_ok = rows < M
@@ -399,7 +403,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             xw.stride(0), out.stride(0) // 12, sf.stride(0),
             ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
             BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq), HW_RTZ=bool(c["HW_RTZ"]),
-            COAL_ST=bool(c["COAL_ST"]), num_warps=num_warps,
+            COAL_ST=bool(c["COAL_ST"]), num_warps=num_warps, **pdl_args(out.device),
         )
         return out.view(torch.uint8), sf
     block_m, block_k, _, num_warps = _launch_config(num_tokens, hidden, block_k)
@@ -417,7 +421,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
         CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
         BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks, HW_RTZ=bool(c["HW_RTZ"]),
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl_args(out.device),
     )
     return out.view(torch.uint8), sf
 

@@ -19,6 +19,7 @@ import triton.language as tl
 from .. import config
 from ..language import EMULATE, e4m3_bits_to_f32, exp_f32, f32_to_bf16_bits, quant_scale, ue8m0_to_f32
 from ..language.cast import _libdevice, f32_to_e4m3_bits_satfinite
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
                        empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
@@ -138,7 +139,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
         RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr,
-        ROWSUM_PAIRS: tl.constexpr):
+        ROWSUM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -152,6 +153,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
     1 warp gives the default's (CH=1024, 2 warps) weight_grad bits: both reduce each 128-group in the
     layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp partials meet in one
     (commutative) add."""
+    pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
     rb = tl.program_id(0)
@@ -283,7 +285,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
 
 
 @triton.jit
-def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, BLOCK: tl.constexpr):
+def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     p = tl.load(ttp_ptr + offs, mask=ok, other=-1).to(tl.int64)
@@ -367,11 +371,13 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), PREFETCH=bool(cfg["PREFETCH"]),
             ROWSUM_PAIRS=bool(cfg["ROWSUM_PAIRS"]),
             num_warps=cfg["num_warps"],
-            enable_fp_fusion=False, **extra)  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
+            enable_fp_fusion=False,  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
+            **extra, **pdl_args(out.device))
     n = ttp.numel()
     if n > 0:
         block = 16384 if interpreter_configs() else 1024
-        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, num_warps=4)
+        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, num_warps=4,
+                                                          **pdl_args(wg.device, launch=False))
     return out, (dq, dsf), xg, wg
 
 

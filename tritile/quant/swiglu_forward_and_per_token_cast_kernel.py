@@ -28,6 +28,7 @@ import triton.language as tl
 from .. import config
 from ..language import EMULATE, bf16_bits_to_f32, exp_f32, f32_to_e4m3_bits, quant_scale, sf_to_ue8m0
 from ..language.cast import f32_to_e4m3_bits_satfinite
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, check_same_device, check_shape,
                        check_tensor, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
@@ -329,7 +330,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
         MINMAX_CLAMP: tl.constexpr, X_WORDS: tl.constexpr, BF16X2_COUNT: tl.constexpr,
         BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH_RB: tl.constexpr,
-        PREFETCH2: tl.constexpr):
+        PREFETCH2: tl.constexpr, PDL: tl.constexpr = False):
     """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
     e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
     codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
@@ -347,6 +348,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
     no row block starts with an exposed load round trip.  PREFETCH2 (with PREFETCH and PREFETCH_RB; the host
     sets it only for >= 2 chunks per row): the loads run two chunks ahead (two chunks in flight per program
     while one is computed; 16 more registers at [1, 512] x 1 warp)."""
+    pdl_enter(PDL)
     G: tl.constexpr = CH // GB  # groups per chunk
     NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
     pid = tl.program_id(0)
@@ -727,7 +729,7 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
         FAST_DIV=bool(cfg["FAST_DIV"]),
         PREFETCH2=bool(cfg["PREFETCH2"]) and bool(cfg["PREFETCH"]) and bool(cfg["PREFETCH_RB"]) and ceil_div(H, ch) >= 2,
         num_warps=cfg["num_warps"],
-        enable_fp_fusion=False, **extra)  # see the module docstring
+        enable_fp_fusion=False, **extra, **pdl_args(out.device))  # see the module docstring
     return out, sf
 
 
