@@ -201,6 +201,23 @@ _CHANNEL_TUNE = [  # default (npt 32) [32, 64] x 2 warps, VEC=8, SIGNED_ENC=2, F
     dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True), dict(SIGNED_ENC=2, INT_POW2=True), dict(SIGNED_ENC=2),
     dict(SIGNED_ENC=2, FAST_DIV=True), dict(FAST_DIV=True), dict(INT_POW2=True),
     dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True, BLOCK_K=64, num_warps=2)]
+# WORDS (2026-11-30, same bits): _swiglu_channel_words_kernel, the tile as int32 words of two bf16, one row group
+# per program; FUSED_SILU = one PTX block per 2 / 4 words from the loaded words to packed bf16 act (expf with
+# the sign flip folded into its constants, its cvt.sat into the fma and its last mul into 1 + e as one fma;
+# the fast division's guard on max |l|), PACKED_MAX = the column max with max.u16x2 on the words,
+# SCALE_BITS = round_sf scales from the max bf16 pattern in ~8 integer ops, HMUL_ENC = the power-of-two
+# multiply of the encode on bf16 pairs, NO_MASK = no masks on even tiles (all on by default except HMUL_ENC).
+# sm_90a static hot-path instructions per element (straight line, fast branches taken; the default above: 41.0):
+_CHANNEL_TUNE += [
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 26.3, 96 registers
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4),                 # 26.8
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1),                               # 27.5 (guard per 4)
+    dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=True),  # 26.7, 96 registers
+    dict(WORDS=True, BLOCK_K=64, VEC=4, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 27.2 (8-byte loads)
+    dict(WORDS=True, BLOCK_K=32, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 29.1, 62 registers
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=True),  # 29.8, 64 registers
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=0),                 # 32.0 (no PTX silu)
+]
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")

@@ -17,10 +17,12 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
+from ..language.cast import EMULATE, f32_to_bf16_bits_sw, f32_to_e4m3_bits_sw
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs,
                        tuned)
 from ..utils import ceil_div, next_power_of_two
-from ._per_channel_common import per_channel_quant_tile_bf16
+from ._per_channel_common import per_channel_quant_tile_bf16, per_channel_scale
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _div_neg_fast, _swiglu_act,
                                                         _swiglu_clamp)
 from .types import QuantTensor
@@ -34,7 +36,7 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
         H: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
         TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, FINITE_BRANCH: tl.constexpr,
         VEC: tl.constexpr = 0, FAST_DIV: tl.constexpr = False, SIGNED_ENC: tl.constexpr = 0,
-        INT_POW2: tl.constexpr = False):
+        INT_POW2: tl.constexpr = False, PDL: tl.constexpr = False):
     """``VEC`` (> 0): the column offsets are declared contiguous in runs of ``VEC`` only, so Triton's
     coalescing gives each thread ``VEC`` columns (8: 16-byte bf16 loads, 8-byte code stores) and more
     rows: fewer shuffles in the column max.  The column max is taken on the activation's bf16 patterns.
@@ -45,6 +47,7 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
     ``BM == NPT``): the e4m3 encode's NaN patch as a sign merge from the activation's bf16 patterns; 2 also
     unpacks and multiplies inside the per-four assembly (``_per_channel_common``; same bits).  ``INT_POW2``
     (round_sf): the power-of-two scales from amax's bits, no division (``per_channel_scale``; same bits)."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -75,6 +78,267 @@ def _swiglu_forward_and_per_channel_cast_and_transpose_kernel(
     groups = pid_m * (BM // NPT) + tl.arange(0, BM // NPT)
     tl.store(sf_ptr + groups[:, None] * stride_sm + cols[None, :], sf,
              mask=(groups < num_rows // NPT)[:, None] & col_ok[None, :])
+
+
+# ------------------------------------------------------------------------------------------------
+# WORDS path (config key WORDS): the tile is held as int32 words of two bf16 (adjacent columns), one row
+# group (NPT rows) per program.  Same bits as the kernel above; see _swiglu_channel_words_kernel.
+# ------------------------------------------------------------------------------------------------
+def _silu_words_ptx(nw: int) -> str:
+    """PTX of the fused SwiGLU of ``2 * nw`` elements: ``nw`` words of l (``$nw+..``), ``nw`` words of r, to
+    ``nw`` words of bf16 act (``$0..``; element 2i in the low half).  Per element, the same operations as
+    the default kernel's ``l * -1`` -> libdevice ``expf`` -> ``1 + e`` -> ``_div_neg_fast`` -> ``* r`` -> bf16,
+    with three exact rewrites (see ``_swiglu_channel_words_kernel``); one range guard per ``2 * nw``."""
+    n = 2 * nw
+    lw = [f"${nw + i}" for i in range(nw)]
+    rw = [f"${2 * nw + i}" for i in range(nw)]
+    unpack = "".join(f"shl.b32 l{2 * i}, {w}, 16; and.b32 l{2 * i + 1}, {w}, 0xFFFF0000; " for i, w in enumerate(lw))
+    exp = "".join(
+        f"fma.rn.ftz.sat.f32 s, l{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-l) * c1)
+        f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
+        f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
+        f"fma.rn.ftz.f32 f, l{i}, 0fBFB8AA3B, k; "              # (-l) * log2e - k
+        f"fma.rn.ftz.f32 f, l{i}, 0fB2A57060, f; "              # + (-l) * log2e_lo
+        f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
+        f"fma.rn.f32 t{i}, e, j, 0f3F800000; "                   # 1 + e * 2^n (exact product)
+        for i in range(n))
+    guard = "abs.f32 m, l0; " + "".join(f"abs.f32 a, l{i}; max.f32 m, m, a; " for i in range(1, n))
+    fast = "".join(
+        f"rcp.approx.ftz.f32 y, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, y, 0f3F800000; fma.rn.f32 y, y, e, y; "
+        f"mul.rn.f32 q{i}, l{i}, y; neg.f32 z, l{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 y, y; "
+        f"fma.rn.f32 q{i}, y, e, q{i}; " for i in range(n))
+    slow = "".join(f"div.rn.f32 q{i}, l{i}, t{i}; " for i in range(n))
+    mul = "".join(f"shl.b32 r, {w}, 16; mul.rn.f32 q{2 * i}, q{2 * i}, r; and.b32 r, {w}, 0xFFFF0000; "
+                  f"mul.rn.f32 q{2 * i + 1}, q{2 * i + 1}, r; " for i, w in enumerate(rw))
+    pack = "".join(f"cvt.rn.bf16x2.f32 ${i}, q{2 * i + 1}, q{2 * i}; " for i in range(nw))
+    return (f"{{ .reg .pred p; .reg .b32 l<{n}>, t<{n}>, q<{n}>, r, s, j, k, f, e, y, z, m, a; "
+            + unpack + exp + guard + "setp.le.f32 p, m, 0f42240000; @!p bra SLOW; "
+            + fast + "bra.uni DONE; SLOW: " + slow + "DONE: " + mul + pack + "}")
+
+
+_SILU4_WORDS = tl.constexpr(_silu_words_ptx(2))
+_SILU8_WORDS = tl.constexpr(_silu_words_ptx(4))
+# Four e4m3 codes from two act words ($5, $6) and the four columns' float32 sf_inv ($1/$3: word 0's low
+# and high column, $2/$4: word 1's): _per_channel_common's _ENC4_BF16 with a multiplier per column.
+_ENC4_WORDS = tl.constexpr(
+    "{ .reg .b16 lo, hi; .reg .b32 x0, x1, x2, x3, c, s0; "
+    "shl.b32 x0, $5, 16; and.b32 x1, $5, 0xFFFF0000; shl.b32 x2, $6, 16; and.b32 x3, $6, 0xFFFF0000; "
+    "mul.rn.f32 x0, x0, $1; mul.rn.f32 x1, x1, $3; mul.rn.f32 x2, x2, $2; mul.rn.f32 x3, x3, $4; "
+    "cvt.rn.satfinite.e4m3x2.f32 lo, x1, x0; cvt.rn.satfinite.e4m3x2.f32 hi, x3, x2; mov.b32 c, {lo, hi}; "
+    "prmt.b32 s0, $5, $6, 0x7531; lop3.b32 $0, c, s0, 0x7F7F7F7F, 0xE4; }")
+# The same with power-of-two multipliers applied on the bf16 pairs: $1/$2 the bf16x2 sf_inv of word 0/1
+# (low column in the low half), $3/$4 the act words.  One mul.rn.bf16x2 per two elements instead of two
+# float32 multiplies (exact: see _swiglu_channel_words_kernel).
+_ENC4_WORDS_HMUL = tl.constexpr(
+    "{ .reg .b16 lo, hi; .reg .b32 v0, v1, x0, x1, x2, x3, c, s0; "
+    "mul.rn.bf16x2 v0, $3, $1; mul.rn.bf16x2 v1, $4, $2; "
+    "shl.b32 x0, v0, 16; and.b32 x1, v0, 0xFFFF0000; shl.b32 x2, v1, 16; and.b32 x3, v1, 0xFFFF0000; "
+    "cvt.rn.satfinite.e4m3x2.f32 lo, x1, x0; cvt.rn.satfinite.e4m3x2.f32 hi, x3, x2; mov.b32 c, {lo, hi}; "
+    "prmt.b32 s0, $3, $4, 0x7531; lop3.b32 $0, c, s0, 0x7F7F7F7F, 0xE4; }")
+
+
+@triton.jit
+def _max_u16x2(a, b):
+    """Per 16-bit half: unsigned max (one ``VIMNMX.U16x2``)."""
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _words_lo_f32(w):
+    return (w << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _words_hi_f32(w):
+    return (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pack_bf16_words(lo, hi):
+    """Two float32 tensors -> int32 words of their bf16 (RNE) patterns, ``lo`` in the low half."""
+    if EMULATE:
+        blo = f32_to_bf16_bits_sw(lo).to(tl.int32) & 0xFFFF
+        bhi = f32_to_bf16_bits_sw(hi).to(tl.int32)
+    else:
+        blo = f32_to_bf16_bits(lo).to(tl.int32) & 0xFFFF
+        bhi = f32_to_bf16_bits(hi).to(tl.int32)
+    return blo | (bhi << 16)
+
+
+@triton.jit
+def _act_f32(l, r, clamp_value, HAS_CLAMP: tl.constexpr):
+    """The default kernel's element path (FAST_DIV) on float32 halves."""
+    if HAS_CLAMP:
+        l, r = _swiglu_clamp(l, r, clamp_value)
+    nl = l * -1.0
+    return _div_neg_fast(nl, 1.0 + exp_f32(nl), HAS_CLAMP) * r
+
+
+@triton.jit
+def _silu_words(lw, rw, clamp_value, HAS_CLAMP: tl.constexpr, FUSED: tl.constexpr):
+    """int32 words of bf16 act (``bf16(silu(l) * r)``) from the words of l and r.  ``FUSED``: 0 = element
+    ops, 2 / 4 = the fused PTX per 2 / 4 words (GPU, no clamp; needs that many contiguous words per thread)."""
+    if FUSED == 2 and not HAS_CLAMP and not EMULATE:
+        return tl.inline_asm_elementwise(_SILU4_WORDS, "=r,=r,r,r,r,r", [lw, rw], dtype=tl.int32, is_pure=True,
+                                         pack=2)
+    elif FUSED == 4 and not HAS_CLAMP and not EMULATE:
+        return tl.inline_asm_elementwise(_SILU8_WORDS, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [lw, rw], dtype=tl.int32,
+                                         is_pure=True, pack=4)
+    else:
+        a_lo = _act_f32(_words_lo_f32(lw), _words_lo_f32(rw), clamp_value, HAS_CLAMP)
+        a_hi = _act_f32(_words_hi_f32(lw), _words_hi_f32(rw), clamp_value, HAS_CLAMP)
+        return _pack_bf16_words(a_lo, a_hi)
+
+
+@triton.jit
+def _column_max_words(a, PACKED_MAX: tl.constexpr):
+    """Column max of the non-negative 16-bit halves of the words ``a [BM, BKW]`` -> ``[1, BKW]`` words."""
+    if PACKED_MAX and not EMULATE:
+        return tl.reduce(a, 0, _max_u16x2, keep_dims=True)
+    else:
+        lo = tl.max(a & 0xFFFF, axis=0, keep_dims=True)
+        hi = tl.max(a >> 16, axis=0, keep_dims=True)
+        return lo | (hi << 16)
+
+
+@triton.jit
+def _pow2_scale_bits(m):
+    """``(sf, sf_inv)`` of ``round_sf`` e4m3 scales from a column's max bf16 magnitude pattern ``m``
+    (int32 0..0x7FFF; NaN patterns above 0x7F80 count as inf), in integer ops only.
+
+    With ``t = max((m - 993) >> 7, 105)`` (``t = 255`` for inf/NaN): ``sf = 2^(t - 127)``, ``sf_inv =
+    2^(127 - t)`` (0 for t = 255).  Same bits as ``quant_scale(max(amax, 1e-4), ROUND_SF=True)``: for
+    ``amax = 2^E (1 + m7/128)``, ``ceil(log2(amax / 448)) = E - 8 + (m7 > 96)``, i.e. ``((m + 31) >> 7) - 135``
+    (the division's rounding cannot reach a power of two: 1.75 + 2^-7 is far above 1.75), and 1e-4 gives
+    ``2^-22`` (t = 105).  Checked on all 32768 patterns (tests/quant/test_swiglu_forward_and_per_channel_...)."""
+    t = tl.maximum((m - 993) >> 7, 105)
+    t = tl.where(m >= 0x7F80, 255, t)
+    sf = (t << 23).to(tl.float32, bitcast=True)
+    sf_inv = tl.maximum((254 - t) << 23, 0).to(tl.float32, bitcast=True)
+    return sf, sf_inv
+
+
+@triton.jit
+def _column_scale(m, ROUND_SF: tl.constexpr, SCALE_BITS: tl.constexpr):
+    if ROUND_SF and SCALE_BITS:
+        return _pow2_scale_bits(m)
+    else:
+        return per_channel_scale((tl.minimum(m, 0x7F80) << 16).to(tl.float32, bitcast=True), ROUND_SF, True)
+
+
+@triton.jit
+def _encode_half_sw(x, s, sign, HMUL: tl.constexpr):
+    v = x * s
+    if HMUL:  # the bf16 product of the GPU path (x * s is exact in float32 for these s)
+        v = bf16_bits_to_f32(f32_to_bf16_bits_sw(v))
+    return (f32_to_e4m3_bits_sw(v).to(tl.int32) & 0x7F) | sign
+
+
+@triton.jit
+def _encode_words(a, si_lo, si_hi, HMUL: tl.constexpr):
+    """int16 words of two e4m3 codes (low column in the low byte) of the act words ``a [BM, BKW]`` with
+    the columns' multipliers ``si_lo``/``si_hi [1, BKW]``; a NaN product takes the act's sign."""
+    BM: tl.constexpr = a.shape[0]
+    BKW: tl.constexpr = a.shape[1]
+    if EMULATE:
+        c_lo = _encode_half_sw(_words_lo_f32(a), si_lo, (a >> 8) & 0x80, HMUL)
+        c_hi = _encode_half_sw(_words_hi_f32(a), si_hi, (a >> 24) & 0x80, HMUL)
+        return (c_lo | (c_hi << 8)).to(tl.int16)
+    else:
+        if HMUL:
+            s2 = ((si_hi.to(tl.int32, bitcast=True) & -65536)
+                  | ((si_lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF))
+            return tl.inline_asm_elementwise(_ENC4_WORDS_HMUL, "=r,r,r,r,r", [tl.broadcast_to(s2, (BM, BKW)), a],
+                                             dtype=tl.int16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise(_ENC4_WORDS, "=r,f,f,f,f,r,r",
+                                             [tl.broadcast_to(si_lo, (BM, BKW)), tl.broadcast_to(si_hi, (BM, BKW)),
+                                              a], dtype=tl.int16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _swiglu_channel_words_kernel(
+        x_ptr, out_ptr, sf_ptr, num_rows, stride_xm, stride_om, stride_sm, clamp_value,
+        HW: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
+        TRANSPOSE: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr, EVEN: tl.constexpr,
+        FUSED: tl.constexpr, SCALE_BITS: tl.constexpr, HMUL_ENC: tl.constexpr, PACKED_MAX: tl.constexpr, PDL: tl.constexpr = False):
+    """WORDS path: ``x_ptr`` int32 words (two bf16 each, ``stride_xm`` in words, H = 2 * HW columns per
+    half), one row group of ``NPT`` rows x ``BKW`` words per program.  Codes are stored as int16 words
+    (two codes; ``stride_om`` in int16) or, with TRANSPOSE, as bytes of the ``(H, M)`` output.  Same bits
+    as the element kernel; the flags are instruction-count candidates:
+
+    ``FUSED`` (2 or 4; no clamp, GPU): one PTX block per 2 or 4 words (``_silu_words_ptx``) from the loaded
+    words to the packed bf16 act words (4: one range guard and branch per eight elements).  Per element it runs the default kernel's operations (libdevice ``expf`` of
+    ``-l``, ``1 + e``, ``_div_neg_fast``, ``* r``, bf16 RNE) with three exact rewrites:
+    (1) ``-l`` folded into the constants: ``fma(-l, c, d) == fma(l, -c, d)`` (the product is negated
+        exactly), so no sign flip per element;
+    (2) ``expf``'s ``cvt.sat`` folded into its first ``fma`` (``fma.sat`` rounds, then clamps to [0, 1]
+        with NaN -> 0, the same as the separate ``cvt.ftz.sat``), and ``1 + e * 2^n`` (expf's last
+        ``mul.rn``, then the add) as one ``fma(e, 2^n, 1)``: ``2^n`` is a normal power of two
+        (n in [-126, 126]), so ``e * 2^n`` is exact whenever it is normal, and else it is below 2^-126
+        (both give 1 + tiny -> 1), at least 2^128 (both give +inf) or NaN (both NaN);
+    (3) the fast division's range guard on ``max |l| <= 41`` over the four (three ``FMNMX`` with ``|.|``)
+        instead of ``-41 <= l < +inf`` from a max and a min: a narrower guard (the fast path is exact
+        for each element with -41 <= l < +inf or NaN, ``_div_neg_fast``), with ``div.rn`` otherwise, which
+        the fast path equals wherever it is taken; ``q = l * y``, ``e = fma(t, q, -l)``, ``q - y * e`` is
+        ``_div_neg_fast``'s sequence with ``na = -l`` (signed zeros kept).
+    The act pairs come out already packed as the encode wants them (no byte permutes between the
+    column max, which Triton pairs by rows, and the encode, which pairs by columns).
+
+    ``PACKED_MAX`` (GPU): the column max on the words with ``max.u16x2`` (two columns per op, shuffles
+    included).  ``SCALE_BITS`` (round_sf): ``_pow2_scale_bits``, ~8 integer ops per column.
+    ``HMUL_ENC`` (round_sf): the power-of-two multiply on the bf16 pairs (``mul.rn.bf16x2``): for bf16
+    x and s = 2^-k (k in [-22, 120]) or 0, ``x * s`` is exact in bf16 unless below 2^-126, where both
+    float32 and bf16 products encode to a zero code with x's sign (the sign is merged from x either way;
+    |x * s| <= 448, so no overflow); inf/NaN x meet s = 0 and give NaN, patched to ``0x7F | sign`` in
+    both.  ``EVEN``: no masks (M % NPT == 0 and HW % BKW == 0).  ``VECW``: words per thread run."""
+    pdl_enter(PDL)
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = tl.arange(0, NPT)
+    c = tl.arange(0, BKW)
+    if VECW > 1:
+        c = tl.max_contiguous(tl.multiple_of(c, VECW), VECW)
+    rows = pid_m * NPT + r
+    cw = pid_k * BKW + c
+    # a 64-bit base per program, int32 offsets inside the tile (the launcher checks NPT * stride < 2^31)
+    x_tile = x_ptr + pid_m.to(tl.int64) * NPT * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
+    if EVEN:
+        lw = tl.load(x_tile)
+        rw = tl.load(x_tile + HW)
+    else:
+        m = (rows < num_rows)[:, None] & (cw < HW)[None, :]
+        lw = tl.load(x_tile, mask=m, other=0)
+        rw = tl.load(x_tile + HW, mask=m, other=0)
+    act = _silu_words(lw, rw, clamp_value, HAS_CLAMP, FUSED)  # masked elements: +0
+    mw = _column_max_words(act & 0x7FFF7FFF, PACKED_MAX)
+    sf_lo, si_lo = _column_scale(mw & 0xFFFF, ROUND_SF, SCALE_BITS)
+    sf_hi, si_hi = _column_scale(mw >> 16, ROUND_SF, SCALE_BITS)
+    codes = _encode_words(act, si_lo, si_hi, HMUL_ENC and ROUND_SF)
+    if TRANSPOSE:
+        c32 = codes.to(tl.int32)
+        c8 = tl.reshape(tl.join(c32 & 0xFF, (c32 >> 8) & 0xFF), (NPT, 2 * BKW)).to(tl.uint8)
+        cols = pid_k * (2 * BKW) + tl.arange(0, 2 * BKW)
+        dst = out_ptr + cols[:, None].to(tl.int64) * stride_om + rows[None, :]
+        if EVEN:
+            tl.store(dst, tl.trans(c8))
+        else:
+            tl.store(dst, tl.trans(c8), mask=(cols < 2 * HW)[:, None] & (rows < num_rows)[None, :])
+    else:
+        dst = out_ptr + pid_m.to(tl.int64) * NPT * stride_om + pid_k * BKW + r[:, None] * stride_om + c[None, :]
+        if EVEN:
+            tl.store(dst, codes)
+        else:
+            tl.store(dst, codes, mask=m)
+    sf_row = sf_ptr + pid_m.to(tl.int64) * stride_sm + 2 * cw[None, :]
+    if EVEN:
+        tl.store(sf_row, sf_lo)
+        tl.store(sf_row + 1, sf_hi)
+    else:
+        sm = (cw < HW)[None, :] & (pid_m * NPT < num_rows)
+        tl.store(sf_row, sf_lo, mask=sm)
+        tl.store(sf_row + 1, sf_hi, mask=sm)
 
 
 def _config(H: int, npt: int):
@@ -108,10 +372,17 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     # npt), BLOCK_K (a power of two), num_warps, FINITE_BRANCH (GPU: a uniform branch drops the NaN patch of
     # the e4m3 encode when the tile is finite; fewer instructions, more registers), FAST_DIV, SIGNED_ENC, INT_POW2
     # (same bits, fewer instructions: see the kernel)
+    # WORDS (default off) selects _swiglu_channel_words_kernel (one row group per program, BLOCK_M ignored;
+    # BLOCK_K and VEC count columns, both even): FUSED_SILU, PACKED_MAX, SCALE_BITS, HMUL_ENC, NO_MASK are
+    # its same-bits instruction-count flags (see that kernel).  It needs 4-byte aligned rows of x, else
+    # the element kernel runs.
     c = tuned("swiglu_forward_and_per_channel_cast_and_transpose",
               {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False,
                "VEC": 0 if interpreter_configs() else 8, "FAST_DIV": True, "SIGNED_ENC": 2,
-               "INT_POW2": True})
+               "INT_POW2": True, "WORDS": False, "FUSED_SILU": 2, "PACKED_MAX": True, "SCALE_BITS": True,
+               "HMUL_ENC": False, "NO_MASK": True})
+    if c["WORDS"] and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0:
+        return _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c)
     bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
     if bm % npt or bm & (bm - 1) or bk < 1 or bk & (bk - 1):
         raise ValueError(f"bad swiglu_forward_and_per_channel_cast_and_transpose launch config {c}: BLOCK_M a "
@@ -124,7 +395,34 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
         BM=bm, BK=bk, FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), FAST_DIV=bool(c["FAST_DIV"]),
         SIGNED_ENC=int(c["SIGNED_ENC"]) if bm == npt else min(int(c["SIGNED_ENC"]), 1),
         INT_POW2=bool(c["INT_POW2"]), num_warps=num_warps,
-        enable_fp_fusion=False)  # no FMA contraction of 1 + exp(-l) (see swiglu_forward_and_per_token_cast_kernel)
+        enable_fp_fusion=False,  # no FMA contraction of 1 + exp(-l) (see swiglu_forward_and_per_token_cast_kernel)
+        **pdl_args(out.device))
+    return out, sf
+
+
+def _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c):
+    m, two_h = x.shape
+    hw = two_h // 4
+    bk, vec = int(c["BLOCK_K"]), int(c["VEC"])
+    if bk < 2 or bk & (bk - 1) or vec < 0 or vec % 2 or (vec and bk % vec):
+        raise ValueError(f"bad swiglu_forward_and_per_channel_cast_and_transpose WORDS config {c}: BLOCK_K a power "
+                         f"of two >= 2, VEC 0 or an even divisor of BLOCK_K")
+    bkw = bk // 2
+    fused = 0 if interpreter_configs() else int(c["FUSED_SILU"])
+    if fused not in (0, 2, 4) or (fused and npt * bkw // (32 * c["num_warps"]) % fused):
+        fused = 0  # the fused PTX takes 2 or 4 words of one thread at a time
+    if npt * max(x.stride(0), out.stride(0)) >= 2 ** 31:
+        raise ValueError("swiglu_forward_and_per_channel_cast_and_transpose WORDS: row stride too large")
+    even = bool(c["NO_MASK"]) and m % npt == 0 and hw % bkw == 0
+    grid = (ceil_div(m, npt), ceil_div(hw, bkw))
+    _swiglu_channel_words_kernel[grid](
+        x.view(torch.int32), out.view(torch.uint8) if not without_transpose else out.view(torch.int16), sf, m,
+        x.stride(0) // 2, out.stride(0) if not without_transpose else out.stride(0) // 2, sf.stride(0),
+        clamp if clamp is not None else 0.0,
+        HW=hw, NPT=npt, ROUND_SF=round_sf, HAS_CLAMP=clamp is not None, TRANSPOSE=not without_transpose,
+        BKW=bkw, VECW=vec // 2, EVEN=even, FUSED=fused, SCALE_BITS=bool(c["SCALE_BITS"]),
+        HMUL_ENC=bool(c["HMUL_ENC"]), PACKED_MAX=bool(c["PACKED_MAX"]), num_warps=c["num_warps"],
+        enable_fp_fusion=False, **pdl_args(out.device))
     return out, sf
 
 
