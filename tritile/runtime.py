@@ -67,6 +67,14 @@ def checks_enabled() -> bool:
     return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE
 
 
+def override_key(name: str):
+    """The active :func:`override_config` of ``name`` as a hashable, order-independent tuple (``None`` outside a
+    tuning sweep): one dict lookup, so that a wrapper can cache its whole launch plan by
+    ``(shape..., override_key(name))`` and still see a sweep's candidates."""
+    o = _OVERRIDES.get(name)
+    return None if o is None else tuple(sorted(o.items()))
+
+
 def kernel_device_ok(device: torch.device) -> bool:
     """Triton kernels can run on tensors of ``device``: CUDA/ROCm tensors, or CPU tensors under the interpreter."""
     if device.type == "cuda":

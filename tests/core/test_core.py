@@ -133,14 +133,19 @@ def test_tuned_override_config():
     assert tuned("tritile_test_op", base) == base
 
 
-def test_pdl_gating(monkeypatch):
-    """Programmatic dependent launch only on CUDA sm_90+ outside the interpreter, and never with TRITILE_PDL=0."""
-    from tritile.language.pdl import pdl_args, use_pdl
+def test_pdl_gating():
+    """Programmatic dependent launch only on CUDA sm_90+ outside the interpreter, and never after set_pdl(False)."""
+    from tritile.language.pdl import pdl_args, set_pdl, use_pdl
     assert use_pdl("cpu") is False and pdl_args("cpu") == {"PDL": False}
     if torch.cuda.is_available():
         assert pdl_args("cuda", enabled=False) == {"PDL": False}
-        monkeypatch.setenv("TRITILE_PDL", "0")
-        assert use_pdl("cuda") is False
-        monkeypatch.delenv("TRITILE_PDL")
+        old = set_pdl(False)
+        try:
+            assert use_pdl("cuda") is False and pdl_args("cuda") == {"PDL": False}
+        finally:
+            set_pdl(old)
         sm90 = torch.cuda.get_device_capability()[0] >= 9
-        assert use_pdl("cuda") is (sm90 and torch.version.hip is None)
+        assert use_pdl("cuda") is (old and sm90 and torch.version.hip is None)
+        if use_pdl("cuda"):
+            assert pdl_args("cuda") == {"PDL": True, "launch_pdl": True}
+            assert pdl_args("cuda", launch=False) == {"PDL": True}

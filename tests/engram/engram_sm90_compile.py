@@ -50,7 +50,10 @@ HASH = _types({"ids_ptr off_ptr out_ptr vocab_ptr": "*i32", "mult_ptr": "*i64", 
 
 
 def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW")):
-    """Compile ``fn`` as Triton would for 16-byte aligned pointers and strides divisible by 16."""
+    """Compile ``fn`` as Triton would for 16-byte aligned pointers and strides divisible by 16 (with programmatic
+    dependent launch, as on an H200, where the kernel has the ``PDL`` switch)."""
+    if "PDL" in fn.arg_names:
+        consts = dict(consts, PDL=True)
     sig = {n: ("constexpr" if n in consts else types[n]) for n in fn.arg_names}
     attrs = {}
     for i, n in enumerate(fn.arg_names):

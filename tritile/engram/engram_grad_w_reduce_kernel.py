@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32
-from ..runtime import check_same_device, check_tensor, custom_op, tuned
+from .. import runtime as _rt
+from ..language.pdl import pdl_args, pdl_enter
+from ..runtime import check_same_device, check_tensor, custom_op, override_key, tuned
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
 
@@ -26,13 +30,14 @@ def _grad_w_reduce_kernel(
     part_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr,
     P, H,
     s_p0, s_p1, s_wh0, s_we0, s_gwh0, s_gwe0,
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr = False
 ):
     """``SWAP``: grid (column strips, hc) instead of (hc, column strips), so programs launched one after another
     read neighbouring strips of the same partial rows (DRAM page locality) rather than rows H floats apart.
     ``TAIL`` (> 0, the wrapper sets it only when ``ROWS < P <= ROWS + TAIL``): all P rows as one [ROWS, BLOCK_D]
     and one [TAIL, BLOCK_D] tile, both loads issued before any add: one DRAM round trip without padding the
     tile to the next power of two (P = 132: 128 + 4 rows, not 256)."""
+    pdl_enter(PDL)
     if SWAP:
         h = tl.program_id(1).to(tl.int64)
         d = tl.program_id(0).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -116,39 +121,67 @@ def grad_w_reduce(
 
     All take any row strides with a unit stride along hidden_size.  Returns None.  Deterministic.
     """
-    check_tensor("grad_w_partial", grad_w_partial, dtypes=(torch.float32,), ndim=3)
-    P, hc, H = grad_w_partial.shape
-    check_rows("grad_w_partial", grad_w_partial, torch.float32, (P, hc, H))
-    check_rows("weight_hidden", weight_hidden, torch.bfloat16, (hc, H))
-    check_rows("weight_embed", weight_embed, torch.bfloat16, (hc, H))
-    check_rows("grad_weight_hidden", grad_weight_hidden, torch.float32, (hc, H))
-    check_rows("grad_weight_embed", grad_weight_embed, torch.float32, (hc, H))
-    check_same_device(grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
-                      grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
-    if (not torch.compiler.is_compiling() and grad_weight_hidden.numel()
-            and grad_weight_hidden.data_ptr() == grad_weight_embed.data_ptr()):
-        raise ValueError("grad_weight_hidden and grad_weight_embed must be different tensors, got the same memory")
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not _fast_ok(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
+        check_tensor("grad_w_partial", grad_w_partial, dtypes=(torch.float32,), ndim=3)
+        P, hc, H = grad_w_partial.shape
+        check_rows("grad_w_partial", grad_w_partial, torch.float32, (P, hc, H))
+        check_rows("weight_hidden", weight_hidden, torch.bfloat16, (hc, H))
+        check_rows("weight_embed", weight_embed, torch.bfloat16, (hc, H))
+        check_rows("grad_weight_hidden", grad_weight_hidden, torch.float32, (hc, H))
+        check_rows("grad_weight_embed", grad_weight_embed, torch.float32, (hc, H))
+        check_same_device(grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
+                          grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
     if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_grad_w_reduce``
         _grad_w_reduce_op(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
-    else:
-        _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+        return None
+    if grad_weight_hidden.numel() and grad_weight_hidden.data_ptr() == grad_weight_embed.data_ptr():
+        raise ValueError("grad_weight_hidden and grad_weight_embed must be different tensors, got the same memory")
+    _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     return None
+
+
+def _fast_ok(part, wh, we, gwh, gwe) -> bool:
+    """The checks of ``grad_w_reduce`` hold: types, dtypes, shapes, unit last strides, one kernel device."""
+    if not (isinstance(part, torch.Tensor) and part.dtype is torch.float32 and part.dim() == 3
+            and isinstance(wh, torch.Tensor) and wh.dtype is torch.bfloat16
+            and isinstance(we, torch.Tensor) and we.dtype is torch.bfloat16
+            and isinstance(gwh, torch.Tensor) and gwh.dtype is torch.float32
+            and isinstance(gwe, torch.Tensor) and gwe.dtype is torch.float32):
+        return False
+    shape = part.shape[1:]
+    if not (wh.shape == shape and we.shape == shape and gwh.shape == shape and gwe.shape == shape):
+        return False
+    if shape[1] > 1 and not (part.stride(2) == 1 and wh.stride(1) == 1 and we.stride(1) == 1 and gwh.stride(1) == 1
+                             and gwe.stride(1) == 1):
+        return False
+    dev = part.device
+    return (wh.device == dev and we.device == dev and gwh.device == dev and gwe.device == dev
+            and (dev.type == "cuda" or _rt.kernel_device_ok(dev)))
 
 
 def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
     P, hc, H = grad_w_partial.shape
     if hc == 0 or H == 0 or P == 0:  # nothing to add
         return
+    grid, consts, num_warps = _plan(P, hc, H, override_key("grad_w_reduce"))
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (no keyword dicts)
+    _grad_w_reduce_kernel.run(
+        grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
+        P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
+        grad_weight_hidden.stride(0), grad_weight_embed.stride(0), *consts, grid=grid, warmup=False,
+        num_warps=num_warps, **pdl_args(grad_weight_hidden.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(P: int, hc: int, H: int, override) -> tuple:
+    """(grid, (ROWS, BLOCK_D, EARLY, SWAP, TAIL), num_warps), cached (the host path is latency-bound);
+    ``override``: ``override_key("grad_w_reduce")``, so tuning sweeps see their candidates."""
     rows, block_d, num_warps, early, swap, tail = _config(P, H)
     if not rows < P <= rows + tail:  # the one-shot tiles hold exactly rows + tail >= P rows (tail a power of 2)
         tail = 0
     grid = (ceil_div(H, block_d), hc) if swap else (hc, ceil_div(H, block_d))
-    _grad_w_reduce_kernel[grid](
-        grad_w_partial, bits16(weight_hidden), bits16(weight_embed), grad_weight_hidden, grad_weight_embed,
-        P, H, grad_w_partial.stride(0), grad_w_partial.stride(1), weight_hidden.stride(0), weight_embed.stride(0),
-        grad_weight_hidden.stride(0), grad_weight_embed.stride(0),
-        ROWS=rows, BLOCK_D=block_d, EARLY=early, SWAP=swap, TAIL=tail, num_warps=num_warps,
-    )
+    return grid, (rows, block_d, early, swap, tail), num_warps
 
 
 @custom_op("engram_grad_w_reduce", mutates_args=("grad_weight_hidden", "grad_weight_embed"),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import runtime as _rt
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, custom_op, empty,
-                       tuned)
+                       override_key, tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._utils import interp
 
@@ -74,8 +78,9 @@ def _engram_hash_kernel(
     ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
     T,
     s_id0, s_out0,
-    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr,
+    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # the int64 ``%`` floor-mod (the first version)
     _engram_hash_body(ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr, T, s_id0, s_out0, N, E, E_P2, BLOCK_T, False)
 
@@ -85,8 +90,9 @@ def _engram_hash_fast_kernel(
     ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
     T,
     s_id0, s_out0,
-    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr,
+    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False
 ):
+    pdl_enter(PDL)
     # the fp64-reciprocal floor-mod (``_floor_mod_f64``)
     _engram_hash_body(ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr, T, s_id0, s_out0, N, E, E_P2, BLOCK_T, True)
 
@@ -131,6 +137,41 @@ def engram_hash(
     Returns:
         shape (num_layers, num_tokens, (max_ngram_size - 1) * num_heads), int32, contiguous.
     """
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not _fast_ok(ngram_token_ids, multipliers, vocab_sizes, offsets):
+        _check(ngram_token_ids, multipliers, vocab_sizes, offsets)
+    dev = ngram_token_ids.device
+    compiling = torch.compiler.is_compiling()
+    if vocab_sizes.numel() and not compiling and (dev.type == "cpu" or checks_enabled()):
+        bad = vocab_sizes <= 0
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"vocab_sizes must be > 0 everywhere, got {int(vocab_sizes[idx])} at {idx}")
+    if compiling:  # traced as the opaque custom op ``torch.ops.tritile.engram_hash``
+        return _engram_hash_op(ngram_token_ids, multipliers, vocab_sizes, offsets)
+    return _launch(ngram_token_ids, multipliers, vocab_sizes, offsets)
+
+
+def _fast_ok(ids, multipliers, vocab_sizes, offsets) -> bool:
+    """The checks of ``engram_hash`` hold: types, dtypes, shapes, strides, one kernel device."""
+    if not (isinstance(ids, torch.Tensor) and ids.dtype is torch.int32 and ids.dim() == 2
+            and isinstance(multipliers, torch.Tensor) and multipliers.dtype is torch.int64 and multipliers.dim() == 2
+            and isinstance(vocab_sizes, torch.Tensor) and vocab_sizes.dtype is torch.int32 and vocab_sizes.dim() == 3
+            and isinstance(offsets, torch.Tensor) and offsets.dtype is torch.int32 and offsets.dim() == 2):
+        return False
+    T, N = ids.shape
+    L, n_minus_1, E = vocab_sizes.shape
+    if not (N >= 1 and n_minus_1 == N - 1 and multipliers.shape[0] == L and multipliers.shape[1] == N
+            and offsets.shape[0] == L and offsets.shape[1] == n_minus_1 * E and (N == 1 or ids.stride(1) == 1)
+            and multipliers.is_contiguous() and vocab_sizes.is_contiguous() and offsets.is_contiguous()):
+        return False
+    dev = ids.device
+    return (multipliers.device == dev and vocab_sizes.device == dev and offsets.device == dev
+            and (dev.type == "cuda" or _rt.kernel_device_ok(dev)))
+
+
+def _check(ngram_token_ids, multipliers, vocab_sizes, offsets) -> None:
+    """The argument checks, in order, with their messages."""
     check_tensor("ngram_token_ids", ngram_token_ids, dtypes=(torch.int32,), ndim=2)
     check_tensor("multipliers", multipliers, dtypes=(torch.int64,), ndim=2)
     check_tensor("vocab_sizes", vocab_sizes, dtypes=(torch.int32,), ndim=3)
@@ -154,16 +195,8 @@ def engram_hash(
     check_contiguous("multipliers", multipliers)
     check_contiguous("vocab_sizes", vocab_sizes)
     check_contiguous("offsets", offsets)
-    dev = check_same_device(ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
-                            offsets=offsets)
-    if vocab_sizes.numel() and not torch.compiler.is_compiling() and (dev.type == "cpu" or checks_enabled()):
-        bad = vocab_sizes <= 0
-        if bool(bad.any()):
-            idx = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"vocab_sizes must be > 0 everywhere, got {int(vocab_sizes[idx])} at {idx}")
-    if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_hash``
-        return _engram_hash_op(ngram_token_ids, multipliers, vocab_sizes, offsets)
-    return _launch(ngram_token_ids, multipliers, vocab_sizes, offsets)
+    check_same_device(ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
+                      offsets=offsets)
 
 
 def _launch(ngram_token_ids, multipliers, vocab_sizes, offsets):
@@ -173,13 +206,21 @@ def _launch(ngram_token_ids, multipliers, vocab_sizes, offsets):
     out = empty((L, T, C), torch.int32, ngram_token_ids.device)
     if T == 0 or L == 0 or C == 0:
         return out
+    kernel, grid, consts, warps = _plan(T, N, L, E, override_key("engram_hash"))
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (no keyword dicts); out is contiguous:
+    # stride(0) = T * C
+    kernel.run(ngram_token_ids, multipliers, vocab_sizes, offsets, out, T, ngram_token_ids.stride(0), T * C, *consts,
+               grid=grid, warmup=False, num_warps=warps, **pdl_args(out.device))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(T: int, N: int, L: int, E: int, override) -> tuple:
+    """(kernel, grid, (N, E, E_P2, BLOCK_T), num_warps), cached (the host path is latency-bound); ``override``:
+    ``override_key("engram_hash")``, so tuning sweeps see their candidates."""
     cfg = _launch_config(T)
     kernel = _engram_hash_fast_kernel if cfg["FAST_MOD"] else _engram_hash_kernel
-    kernel[(ceil_div(T, cfg["BLOCK_T"]), L)](
-        ngram_token_ids, multipliers, vocab_sizes, offsets, out, T, ngram_token_ids.stride(0), out.stride(0),
-        N=N, E=E, E_P2=next_power_of_two(E), BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["WARPS"],
-    )
-    return out
+    return kernel, (ceil_div(T, cfg["BLOCK_T"]), L), (N, E, next_power_of_two(E), cfg["BLOCK_T"]), cfg["WARPS"]
 
 
 def _hash_fake(ids, multipliers, vocab_sizes, offsets):

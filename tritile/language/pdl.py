@@ -7,7 +7,7 @@ before the kernel touches any memory: results never depend on it, only the launc
 predecessor that does not signal (any non-PDL kernel), the wait returns when it has finished, as without PDL.
 
 ``use_pdl(device)`` is True on CUDA devices of compute capability 9.0 or newer, outside the interpreter, unless
-``TRITILE_PDL=0``.
+``TRITILE_PDL=0`` was set at import or ``set_pdl(False)`` was called.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from triton.language.extra import cuda as _tlcuda
 
 from ..runtime import is_interpreter
 
+_INTERPRET = is_interpreter()
+
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
@@ -32,17 +34,30 @@ def pdl_enter(PDL: tl.constexpr):
         _tlcuda.gdc_wait()
 
 
+# Read once (as TRITON_INTERPRET is); ``set_pdl`` changes it at run time.
+_ENABLED = os.environ.get("TRITILE_PDL", "1").lower() not in ("0", "false", "no", "off")
+
+
+def set_pdl(enabled: bool) -> bool:
+    """Turn programmatic dependent launch on or off for later launches (initially off when ``TRITILE_PDL=0``);
+    returns the previous setting.  Kernels already compiled both ways are reused."""
+    global _ENABLED
+    old, _ENABLED = _ENABLED, bool(enabled)
+    return old
+
+
 @functools.lru_cache(maxsize=None)
 def _device_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def use_pdl(device) -> bool:
     """Whether kernels on ``device`` launch with PDL (see the module docstring)."""
-    device = torch.device(device)
-    if device.type != "cuda" or is_interpreter() or torch.version.hip is not None:
+    if not _ENABLED or _INTERPRET:
         return False
-    if os.environ.get("TRITILE_PDL", "1").lower() in ("0", "false", "no", "off"):
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.type != "cuda":
         return False
     return _device_pdl(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from tritile.config import get_num_sms
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, override_key,
+                             tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
 from .group_count_kernel import check_index_range, count_chunks, grid_config
@@ -20,11 +25,12 @@ __all__ = ["aux_fi"]
 
 @triton.jit
 def _aux_fi_kernel(idx_ptr, ws_ptr, out_ptr, numel, num_experts, scale_num, denom, nprog,
-                   BLOCK: tl.constexpr, BINS: tl.constexpr):
+                   BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False):
     """``ws`` = int64 ``[num_experts]`` zeros; word e accumulates ``arrivals << 32 | count_e``.  Every program
     adds ``1 << 32 | its count`` to every expert's word in one relaxed atomic and gets the old word back; the
     program whose add completes the arrivals (``nprog``) holds the final count and writes
     f = float(count * E) / float(T * aux) (IEEE).  One atomic round trip, no ticket, no fence."""
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     hist = count_chunks(idx_ptr, numel, num_experts, pid, nprog, BLOCK, BINS)
     bins = tl.arange(0, BINS)
@@ -63,14 +69,11 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         per-block fractions with float atomics).  Exact while ``count * E`` and
         ``num_tokens * num_aux_topk`` stay below 2**24.
     """
-    check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
-    check_contiguous("topk_idx", topk_idx)
-    check_device("topk_idx", topk_idx)
-    for name, v in (("num_experts", num_experts), ("num_aux_topk", num_aux_topk)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be positive, got {v}")
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(topk_idx, torch.Tensor) and topk_idx.dtype is torch.int64 and topk_idx.dim() == 2
+            and topk_idx.is_contiguous() and (topk_idx.device.type == "cuda" or _rt.kernel_device_ok(topk_idx.device))
+            and type(num_experts) is int and type(num_aux_topk) is int and num_experts >= 1 and num_aux_topk >= 1):
+        _check(topk_idx, num_experts, num_aux_topk)
     dev = topk_idx.device
     num_tokens = topk_idx.size(0)
     numel = topk_idx.numel()
@@ -79,12 +82,30 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     check_index_range("topk_idx", topk_idx, num_experts, "num_experts")
     out = empty((num_experts,), torch.float32, dev)
     ws = torch.zeros(num_experts, dtype=torch.int64, device=dev)
-    num_sms = get_num_sms()
+    programs, block, bins, warps = _plan(numel, num_experts, get_num_sms(), override_key("aux_fi"))
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
+    _aux_fi_kernel.run(topk_idx, ws, out, numel, num_experts, num_experts, float(num_tokens * num_aux_topk), programs,
+                       block, bins, grid=(programs,), warmup=False, num_warps=warps, **pdl_args(out.device))
+    return out
+
+
+def _check(topk_idx, num_experts, num_aux_topk) -> None:
+    """The argument checks, in order, with their messages."""
+    check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
+    check_contiguous("topk_idx", topk_idx)
+    check_device("topk_idx", topk_idx)
+    for name, v in (("num_experts", num_experts), ("num_aux_topk", num_aux_topk)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 1:
+            raise ValueError(f"{name} must be positive, got {v}")
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(numel: int, num_experts: int, num_sms: int, override) -> tuple:
+    """(programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
+    ``override_key("aux_fi")``, so tuning sweeps see their candidates."""
     cfg = tuned("aux_fi", _config(numel, num_experts, num_sms, _INTERPRET))
     block = cfg["BLOCK"]
     programs = max(1, min(cfg["PROGRAMS_PER_SM"] * num_sms, ceil_div(max(numel, 1), block)))
-    bins = max(16, next_power_of_two(num_experts))
-    _aux_fi_kernel[(programs,)](topk_idx, ws, out, numel, num_experts, num_experts,
-                                float(num_tokens * num_aux_topk), programs, BLOCK=block, BINS=bins,
-                                num_warps=cfg["num_warps"])
-    return out
+    return programs, block, max(16, next_power_of_two(num_experts)), cfg["num_warps"]

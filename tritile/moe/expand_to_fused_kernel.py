@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..quant.types import QuantTensor
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
                        interpreter_configs, tuned)
 from ..utils import align, ceil_div, next_power_of_two
@@ -93,7 +94,8 @@ def _expand_to_fused_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, pos_ptr, pe_ptr,
                             stride_pt, stride_pk, stride_pe, num_token_progs, num_col_blocks,
                             K: tl.constexpr, WITH_SF: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                             BSF: tl.constexpr, PBT: tl.constexpr, PSUB: tl.constexpr, COL_ITERS: tl.constexpr,
-                            KP: tl.constexpr, COMPACT: tl.constexpr, PAD_FIRST: tl.constexpr):
+                            KP: tl.constexpr, COMPACT: tl.constexpr, PAD_FIRST: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     t_ar = tl.arange(0, BT)
     h_ar = tl.arange(0, BH)
@@ -240,7 +242,7 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         num_token_progs, num_col_blocks,
         K=num_topk, WITH_SF=with_sf, BT=bt, BH=bh, BSF=bsf, PBT=pbt, PSUB=psub, COL_ITERS=num_col_blocks,
         KP=max(2, next_power_of_two(num_topk)), COMPACT=bool(cfg["COMPACT"]), PAD_FIRST=bool(cfg["PAD_FIRST"]),
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **pdl_args(out.device))
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:

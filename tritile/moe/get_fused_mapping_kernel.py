@@ -43,8 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import runtime as _rt
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
-                       tuned)
+                       override_key, tuned)
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["get_fused_mapping"]
@@ -56,10 +58,11 @@ MAX_EXPERTS = 1024
 @triton.jit
 def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
                                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
-                                PACKED: tl.constexpr):
+                                PACKED: tl.constexpr, PDL: tl.constexpr = False):
     """counts[pid, e] = #slots of expert e in the flat range [pid*CHUNK, (pid+1)*CHUNK).  ``PACKED``
     (``BLOCK_E <= 4``, ``CHUNK < 2**16``): one int64 sum of ``1 << 16*e`` (four 16-bit counters) instead of a
     histogram (shared-memory atomics)."""
+    pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     e_ar = tl.arange(0, BLOCK_E)
     if PACKED:
@@ -82,9 +85,10 @@ def _fused_mapping_count_kernel(topk_ptr, counts_ptr, numel, num_experts,
 
 
 @triton.jit
-def _fused_mapping_scan_kernel(counts_ptr, num_chunks, TP: tl.constexpr, EB: tl.constexpr, BLOCK_E: tl.constexpr):
+def _fused_mapping_scan_kernel(counts_ptr, num_chunks, TP: tl.constexpr, EB: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False):
     """Columns ``pid*EB ..`` of ``counts[P, BLOCK_E]``: each entry becomes the sum over the earlier chunks;
     row ``P`` receives the totals."""
+    pdl_enter(PDL)
     cols = tl.program_id(0) * EB + tl.arange(0, EB)
     carry = tl.zeros([EB], dtype=tl.int32)
     r0 = 0
@@ -117,7 +121,8 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
                                   NUM_TOPK: tl.constexpr, SINGLE: tl.constexpr, TABLE_ROWS: tl.constexpr,
                                   PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
-                                  PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr):
+                                  PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     num_chunks = nprog
@@ -306,13 +311,57 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
 
 
 @functools.lru_cache(maxsize=256)
+def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int, num_expanded: int, sync_mode: bool,
+               override) -> tuple:
+    """Everything a call of this shape needs besides the data, cached (the host path is latency-bound):
+
+    ``(total, launches, t2p_off, pos_off, e_off, sync_start, fixed_views)``: the buffer's length in int32 words; the
+    kernel launches as ``(kernel, grid, scalars, constexprs, num_warps)`` (scalars and constexprs in signature order
+    after the tensors: launched positionally, no keyword dicts); the word offsets of token_topk_to_pos, of the three
+    position maps (``pos_off + i * na``) and of the three expert vectors (``e_off + i * ea``); the offset of
+    num_tokens_per_expert (what the synchronising mode reads back); and, when the views' length is known before the
+    launch, ``(num_view, na, ea)`` (else None).  ``override``: ``override_key("get_fused_mapping")``, so tuning
+    sweeps see their candidates."""
+    numel = num_tokens * num_topk
+    c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
+    cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
+                c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
+    num_chunks = cfg["num_chunks"]
+    table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
+    num_view = 0 if sync_mode else num_expanded  # the synchronising mode's length comes from the data
+    total = _pieces(num_expanded, num_expanded, num_experts, numel, table)[1]
+    na, ea = align(num_expanded, 32), align(num_experts, 32)
+    pos_off = align(table, 32)
+    e_off = pos_off + 3 * na
+    t2p_off = e_off + 3 * ea
+    launches = []
+    if numel > 0:
+        if not cfg["single"]:
+            # the count table is the buffer's first piece: the count and scan kernels take the buffer itself
+            k = cfg["count"]
+            launches.append((_fused_mapping_count_kernel, (num_chunks,), (numel, num_experts),
+                             (k["CHUNK"], k["BLOCK"], k["BLOCK_E"], k["PACKED"]), 4))
+            if not cfg["table_rows"]:
+                k = cfg["scan"]
+                launches.append((_fused_mapping_scan_kernel, (cfg["scan_grid"],), (num_chunks,),
+                                 (k["TP"], k["EB"], k["BLOCK_E"]), 4))
+        # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
+        k = dict(cfg["scatter"], FILL_TAIL=not sync_mode)
+        names = ("NUM_TOPK", "SINGLE", "TABLE_ROWS", "PACKED", "FILL_TAIL", "CHUNK", "SB", "HIST_BLOCK", "BLOCK_E",
+                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK")
+        launches.append((_fused_mapping_scatter_kernel, (num_chunks,), (numel, num_experts, num_expanded, alignment),
+                         tuple(k[n] for n in names), cfg["num_warps"]))
+    fixed_views = None if sync_mode and numel > 0 else (num_view, na, ea)
+    return total, tuple(launches), t2p_off, pos_off, e_off, e_off + 2 * ea, fixed_views
+
+
+@functools.lru_cache(maxsize=256)
 def _pieces(num_view: int, num_expanded: int, num_experts: int, numel: int, table: int):
-    """One int32 allocation, cut by one ``split_with_sizes`` whose odd pieces are the seven outputs: the scratch
-    count table (a row per chunk plus one for the totals; 0 words on the one-program path), then
-    pos_to_expert / pos_to_token / pos_to_token_topk (``num_view`` of ``num_expanded`` words each), expert_start /
-    expert_end / num_tokens_per_expert, token_topk_to_pos; every piece starts on a 128-byte boundary (the
-    scatter kernel computes the same offsets).  Returns (sizes, total words).  Cached: the host path is
-    latency-critical."""
+    """The buffer's layout: the scratch count table (a row per chunk plus one for the totals; 0 words on the
+    one-program path), then pos_to_expert / pos_to_token / pos_to_token_topk (``num_view`` of ``num_expanded`` words
+    each), expert_start / expert_end / num_tokens_per_expert, token_topk_to_pos; every piece starts on a 128-byte
+    boundary (the scatter kernel computes the same offsets).  Returns (sizes, total words): the odd pieces are the
+    outputs, the even ones padding."""
     pieces = [align(table, 32)]
     na, ea = align(num_expanded, 32), align(num_experts, 32)
     for n, a in ((num_view, na), (num_view, na), (num_view, na), (num_experts, ea), (num_experts, ea),
@@ -320,30 +369,6 @@ def _pieces(num_view: int, num_expanded: int, num_experts: int, numel: int, tabl
         pieces += [n, a - n]
     pieces.append(numel)
     return pieces, sum(pieces)
-
-
-def _launch(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int, sync_mode: bool):
-    """Allocate the one int32 buffer and launch the kernels on it (no views yet: the synchronising mode cuts the
-    buffer once, after the sync, to the final length).  Returns (buffer, table words)."""
-    numel = topk_idx.numel()
-    c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
-    cfg = _plan(numel, topk_idx.shape[1], num_experts, alignment, c["chunk"], c["sb"], c["single_max"],
-                c["num_warps"], c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
-    num_chunks = cfg["num_chunks"]
-    table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
-    total = _pieces(num_expanded, num_expanded, num_experts, numel, table)[1]
-    buf = empty((total,), torch.int32, topk_idx.device)
-    if numel == 0:
-        return buf, table
-    if not cfg["single"]:
-        # the count table is the buffer's first piece: the count and scan kernels take the buffer itself
-        _fused_mapping_count_kernel[(num_chunks,)](topk_idx, buf, numel, num_experts, **cfg["count"], num_warps=4)
-        if not cfg["table_rows"]:
-            _fused_mapping_scan_kernel[(cfg["scan_grid"],)](buf, num_chunks, **cfg["scan"], num_warps=4)
-    # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
-    _fused_mapping_scatter_kernel[(num_chunks,)](topk_idx, buf, numel, num_experts, num_expanded, alignment,
-                                                 FILL_TAIL=not sync_mode, **cfg["scatter"], num_warps=cfg["num_warps"])
-    return buf, table
 
 
 def get_fused_mapping(
@@ -385,14 +410,13 @@ def get_fused_mapping(
     independent of ``set_num_sms`` (TileKernels' order depends on the SM count).  All outputs are views of
     one int32 allocation.
     """
-    check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
-    check_contiguous("topk_idx", topk_idx)
-    check_device("topk_idx", topk_idx)
-    _check_int("num_experts", num_experts, 1, MAX_EXPERTS)
-    _check_int("num_expanded_tokens", num_expanded_tokens, 0)
-    _check_int("alignment", alignment, 1)
-    if not isinstance(force_no_sync, bool):
-        raise TypeError(f"force_no_sync must be a bool, got {type(force_no_sync).__name__}")
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(topk_idx, torch.Tensor) and topk_idx.dtype is torch.int64 and topk_idx.dim() == 2
+            and topk_idx.is_contiguous() and (topk_idx.device.type == "cuda" or _rt.kernel_device_ok(topk_idx.device))
+            and type(num_experts) is int and 1 <= num_experts <= MAX_EXPERTS and type(num_expanded_tokens) is int
+            and num_expanded_tokens >= 0 and type(alignment) is int and alignment >= 1
+            and type(force_no_sync) is bool):
+        _check_args(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
     num_tokens, num_topk = topk_idx.shape
     if num_tokens * num_topk + (alignment - 1) * num_experts >= 2**31 or num_expanded_tokens >= 2**31:
         raise ValueError("positions must fit in int32: T*K + (alignment-1)*num_experts and num_expanded_tokens "
@@ -410,19 +434,29 @@ def get_fused_mapping(
     else:
         num_expanded = num_expanded_tokens
     numel = num_tokens * num_topk
-    buf, table = _launch(topk_idx, num_experts, num_expanded, alignment, sync_mode=should_sync)
+    total, launches, t2p_off, pos_off, e_off, sync_start, fixed = _host_plan(
+        num_tokens, num_topk, num_experts, alignment, num_expanded, should_sync, override_key("get_fused_mapping"))
+    buf = empty((total,), torch.int32, topk_idx.device)
+    for i, (kernel, grid, scalars, consts, warps) in enumerate(launches):
+        # ``.run`` is what ``kernel[grid](...)`` calls; the scan kernel takes the buffer only.  PDL: only the first
+        # kernel may start before the previous op's kernel has finished (the later ones signal only)
+        pdl = pdl_args(buf.device, launch=i == 0)
+        if kernel is _fused_mapping_scan_kernel:
+            kernel.run(buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
+        else:
+            kernel.run(topk_idx, buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
     per_expert_list: List[int] = []
-    if should_sync and numel > 0:
-        # the one host sync: num_tokens_per_expert is the buffer's words [start, start + E)
-        start = align(table, 32) + 3 * align(num_expanded, 32) + 2 * align(num_experts, 32)
-        per_expert_list = buf[start:start + num_experts].tolist()
-        num_view = sum(per_expert_list)
+    if fixed is None:
+        # the one host sync: num_tokens_per_expert is the buffer's words [sync_start, sync_start + E)
+        per_expert_list = buf[sync_start:sync_start + num_experts].tolist()
+        num_view, na, ea = sum(per_expert_list), align(num_expanded, 32), align(num_experts, 32)
     else:
-        num_view = 0 if should_sync else num_expanded
-    pieces = _pieces(num_view, num_expanded, num_experts, numel, table)[0]
-    _, pos_to_expert, _, pos_to_token, _, pos_to_token_topk, _, expert_start, _, expert_end, _, per_expert, _, \
-        flat_pos = buf.split_with_sizes(pieces)
-    token_topk_to_pos = flat_pos.view(num_tokens, num_topk)
+        num_view, na, ea = fixed
+    # Seven views of the one buffer: the three position maps and the three expert vectors as the rows of two strided
+    # [3, n] views (an as_strided and an unbind each: cheaper than a 15-piece split).
+    pos_to_expert, pos_to_token, pos_to_token_topk = buf.as_strided((3, num_view), (na, 1), pos_off).unbind(0)
+    expert_start, expert_end, per_expert = buf.as_strided((3, num_experts), (ea, 1), e_off).unbind(0)
+    token_topk_to_pos = buf.as_strided((num_tokens, num_topk), (num_topk, 1), t2p_off)
     if numel == 0:  # nothing launched: every position is padding, every count zero
         for t in (pos_to_expert, pos_to_token, pos_to_token_topk):
             t.fill_(-1)
@@ -437,3 +471,15 @@ def get_fused_mapping(
                              f"got {num_expanded_tokens}")
     return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert,
             per_expert_list)
+
+
+def _check_args(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync) -> None:
+    """The argument checks, in order, with their messages."""
+    check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
+    check_contiguous("topk_idx", topk_idx)
+    check_device("topk_idx", topk_idx)
+    _check_int("num_experts", num_experts, 1, MAX_EXPERTS)
+    _check_int("num_expanded_tokens", num_expanded_tokens, 0)
+    _check_int("alignment", alignment, 1)
+    if not isinstance(force_no_sync, bool):
+        raise TypeError(f"force_no_sync must be a bool, got {type(force_no_sync).__name__}")

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import check_contiguous, check_device, check_tensor, interpreter_configs
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -20,7 +22,8 @@ __all__ = ["inplace_unique_group_indices"]
 
 @triton.jit
 def _inplace_unique_group_indices_kernel(g_ptr, num_tokens, NUM_TOPK: tl.constexpr,
-                                         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+                                         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_K)
     m = (rows < num_tokens)[:, None] & (cols[None, :] < NUM_TOPK)
@@ -52,6 +55,24 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     Returns:
         None.
     """
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(group_indices, torch.Tensor) and group_indices.dtype is torch.int64
+            and group_indices.dim() == 2 and group_indices.is_contiguous()
+            and (group_indices.device.type == "cuda" or _rt.kernel_device_ok(group_indices.device))
+            and type(num_groups) is int and 1 <= num_groups <= 128):
+        _check(group_indices, num_groups)
+    num_tokens, num_topk = group_indices.shape
+    if num_tokens == 0 or num_topk <= 1:
+        return None
+    grid, consts = _plan(num_tokens, num_topk)
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
+    _inplace_unique_group_indices_kernel.run(group_indices, num_tokens, *consts, grid=grid, warmup=False,
+                                             num_warps=4, **pdl_args(group_indices.device))
+    return None
+
+
+def _check(group_indices, num_groups) -> None:
+    """The argument checks, in order, with their messages."""
     check_tensor("group_indices", group_indices, dtypes=(torch.int64,), ndim=2)
     check_contiguous("group_indices", group_indices)
     check_device("group_indices", group_indices)
@@ -59,10 +80,10 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
         raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}")
     if not 1 <= num_groups <= 128:
         raise ValueError(f"num_groups must be in [1, 128], got {num_groups}")
-    num_tokens, num_topk = group_indices.shape
-    if num_tokens == 0 or num_topk <= 1:
-        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(num_tokens: int, num_topk: int) -> tuple:
+    """(grid, the kernel's constexprs in signature order); cached (the host path is latency-bound)."""
     block_t, block_k = _config(num_topk, _INTERPRET)
-    _inplace_unique_group_indices_kernel[(ceil_div(num_tokens, block_t),)](
-        group_indices, num_tokens, NUM_TOPK=num_topk, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=4)
-    return None
+    return (ceil_div(num_tokens, block_t),), (num_topk, block_t, block_k)

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
 from tritile.utils import ceil_div
 
@@ -16,7 +18,8 @@ __all__ = ["mask_indices_by_tp"]
 
 
 @triton.jit
-def _mask_indices_by_tp_kernel(idx_ptr, out_ptr, numel, per_rank, tp_rank, num_tp_ranks, BLOCK: tl.constexpr):
+def _mask_indices_by_tp_kernel(idx_ptr, out_ptr, numel, per_rank, tp_rank, num_tp_ranks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < numel
     g = tl.load(idx_ptr + offs, mask=m, other=-1)
@@ -52,6 +55,30 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     Returns:
         a new tensor like ``indices`` (same dtype and shape).
     """
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(indices, torch.Tensor) and (indices.dtype is torch.int64 or indices.dtype is torch.int32)
+            and indices.dim() == 2 and indices.is_contiguous()
+            and (indices.device.type == "cuda" or _rt.kernel_device_ok(indices.device))
+            and type(n) is int and type(num_ep_ranks) is int and type(tp_rank) is int and type(num_tp_ranks) is int
+            and 1 <= num_ep_ranks <= n < 2**31 and 0 <= tp_rank < num_tp_ranks):
+        _check(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
+    out = empty(indices.shape, indices.dtype, indices.device)
+    numel = indices.numel()
+    if numel == 0:
+        return out
+    if checks_enabled():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < -1 or hi >= n:
+            raise ValueError(f"indices must lie in [-1, n={n}), got values in [{lo}, {hi}]")
+    block = 1024  # also under the interpreter, so CPU tests run several programs
+    # ``.run`` is what ``kernel[grid](...)`` calls (one lambda and two keyword dicts fewer)
+    _mask_indices_by_tp_kernel.run(indices, out, numel, n // num_ep_ranks, tp_rank, num_tp_ranks, block,
+                                   grid=(ceil_div(numel, block),), warmup=False, num_warps=4, **pdl_args(out.device))
+    return out
+
+
+def _check(indices, n, num_ep_ranks, tp_rank, num_tp_ranks) -> None:
+    """The argument checks, in order, with their messages."""
     check_tensor("indices", indices, dtypes=(torch.int64, torch.int32), ndim=2)
     check_contiguous("indices", indices)
     check_device("indices", indices)
@@ -67,15 +94,4 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
         raise ValueError(f"num_tp_ranks must be positive, got {num_tp_ranks}")
     if not 0 <= tp_rank < num_tp_ranks:
         raise ValueError(f"tp_rank must be in [0, num_tp_ranks={num_tp_ranks}), got {tp_rank}")
-    out = empty(indices.shape, indices.dtype, indices.device)
-    numel = indices.numel()
-    if numel == 0:
-        return out
-    if checks_enabled():
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < -1 or hi >= n:
-            raise ValueError(f"indices must lie in [-1, n={n}), got values in [{lo}, {hi}]")
-    block = 1024  # also under the interpreter, so CPU tests run several programs
-    _mask_indices_by_tp_kernel[(ceil_div(numel, block),)](
-        indices, out, numel, n // num_ep_ranks, tp_rank, num_tp_ranks, BLOCK=block, num_warps=4)
-    return out
+

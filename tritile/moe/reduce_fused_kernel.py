@@ -29,6 +29,7 @@ try:  # no clamp before the GPU's satfinite conversion; same bits except the sig
     from ..language.cast import f32_to_e4m3_bits_satfinite as _f32_to_e4m3_bits_fast
 except ImportError:  # pragma: no cover - older tritile.language
     _f32_to_e4m3_bits_fast = f32_to_e4m3_bits
+from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_inner_contiguous, check_same_device, check_shape, check_tensor, checks_enabled, empty, \
     interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
@@ -48,7 +49,7 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
                          COL_ITERS: tl.constexpr, EVEN_H: tl.constexpr, KP: tl.constexpr, GATHER: tl.constexpr,
                          WORDS: tl.constexpr, PREFETCH: tl.constexpr,
                          SATFINITE: tl.constexpr, SKIP: tl.constexpr, NG: tl.constexpr,
-                         PREFETCH_DENSE: tl.constexpr):
+                         PREFETCH_DENSE: tl.constexpr, PDL: tl.constexpr = False):
     """One program per ``[BT tokens, COL_ITERS * BH columns]``.
 
     ``GATHER``: the ``K`` positions / scales are loaded once as ``[KP, BT]`` tiles and each ``BH``-wide
@@ -65,6 +66,7 @@ def _reduce_fused_kernel(x_ptr, xsf_ptr, w_ptr, pos_ptr, sf_ptr, out_ptr,
     each row, in order); the others gather all ``K`` (``PREFETCH_DENSE``).  ``SKIP``: a slot that no row of
     the tile holds is skipped by a uniform branch (its loads are masked off anyway).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     tb = pid // num_col_groups
     cg = pid % num_col_groups
@@ -413,5 +415,5 @@ def reduce_fused(
         EVEN_H=hidden % (bh * col_iters) == 0, KP=kp, GATHER=bool(cfg["GATHER"]),
         WORDS=words, PREFETCH=min(3, int(cfg.get("PREFETCH", 0))) if col_iters > 1 else 0, SATFINITE=bool(cfg.get("SATFINITE", False)),
         SKIP=bool(cfg.get("SKIP", False)), NG=ng, PREFETCH_DENSE=min(3, int(cfg.get("PREFETCH_DENSE", 0))) if col_iters > 1 else 0,
-        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3))
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3), **pdl_args(out.device))
     return out

@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 
 from tritile.language import exp_f32
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, empty,
                              interpreter_configs)
 from tritile.utils import ceil_div, next_power_of_two
@@ -34,7 +36,8 @@ def _top2_sum_gate_kernel(logits_ptr, bias_ptr, mask_ptr, fix_ptr, map_ptr, coun
                           GROUPED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FIX: tl.constexpr,
                           HAS_MAP: tl.constexpr, HAS_UNMAPPED: tl.constexpr,
                           BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr,
-                          BLOCK_P: tl.constexpr):
+                          BLOCK_P: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     PER_GROUP: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
     NUM_SLOTS: tl.constexpr = NUM_TOPK + NUM_SHARED
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -204,16 +207,111 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
         ``(topk_idx, topk_weights)``: int64 ``(T, P)`` and float32 ``(T, P)``, columns in selection order,
         then the shared slots.  No result depends on the launch configuration.
     """
-    check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2)
-    check_contiguous("logits", logits)
-    check_tensor("bias", bias, dtypes=(torch.float32,), ndim=1)
-    check_contiguous("bias", bias)
-    dev = check_same_device(logits=logits, bias=bias, mask=mask, fix_routing_mask=fix_routing_mask,
-                            to_physical_map=to_physical_map, logical_count=logical_count,
-                            unmapped_topk_idx=unmapped_topk_idx)
+    # Every check below runs in the original order with its message; the common, valid case takes the inline
+    # guards (a few attribute reads) and one cached call for the scalar arguments instead of the helpers.
+    if not (isinstance(logits, torch.Tensor) and logits.dtype is torch.float32 and logits.dim() == 2
+            and logits.is_contiguous() and isinstance(bias, torch.Tensor) and bias.dtype is torch.float32
+            and bias.dim() == 1 and bias.is_contiguous()):
+        check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2)
+        check_contiguous("logits", logits)
+        check_tensor("bias", bias, dtypes=(torch.float32,), ndim=1)
+        check_contiguous("bias", bias)
+    dev = logits.device
+    if (bias.device != dev or not (dev.type == "cuda" or _rt.kernel_device_ok(dev))
+            or (mask is not None and mask.device != dev)
+            or (fix_routing_mask is not None and fix_routing_mask.device != dev)
+            or (to_physical_map is not None and to_physical_map.device != dev)
+            or (logical_count is not None and logical_count.device != dev)
+            or (unmapped_topk_idx is not None and unmapped_topk_idx.device != dev)):
+        dev = check_same_device(logits=logits, bias=bias, mask=mask, fix_routing_mask=fix_routing_mask,
+                                to_physical_map=to_physical_map, logical_count=logical_count,
+                                unmapped_topk_idx=unmapped_topk_idx)
     num_tokens, num_experts = logits.shape
-    if bias.size(0) != num_experts:
+    if bias.shape[0] != num_experts:
         raise ValueError(f"bias must have shape ({num_experts},) to match logits, got {tuple(bias.shape)}")
+    key = (num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts, ep_rank, num_ep_ranks,
+           tp_rank, num_tp_ranks, type(routed_scaling_factor), scoring_func, num_experts)
+    try:
+        plan = _scalar_plan(*key)
+    except TypeError:  # an unhashable argument (or a TypeError of the checks, raised again here)
+        plan = _scalar_plan.__wrapped__(*key)
+    num_topk, num_shared_experts, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, head, tail = plan
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dtype is torch.bool
+                                 and mask.is_contiguous() and mask.numel() == num_tokens):
+        check_tensor("mask", mask, dtypes=(torch.bool,))
+        check_contiguous("mask", mask)
+        if mask.numel() != num_tokens:
+            raise ValueError(f"mask must have {num_tokens} elements (one per token), got shape {tuple(mask.shape)}")
+    if (to_physical_map is None) != (logical_count is None):
+        raise ValueError("to_physical_map and logical_count must be given together, got only "
+                         + ("to_physical_map" if logical_count is None else "logical_count"))
+    num_logical = num_experts + num_shared_experts
+    num_extra = 0
+    if to_physical_map is not None:
+        if not (isinstance(to_physical_map, torch.Tensor) and to_physical_map.dtype is torch.int32
+                and to_physical_map.dim() == 2 and to_physical_map.is_contiguous()
+                and to_physical_map.shape[0] == num_logical and to_physical_map.shape[1] >= 1
+                and isinstance(logical_count, torch.Tensor) and logical_count.dtype is torch.int32
+                and logical_count.dim() == 1 and logical_count.is_contiguous()
+                and logical_count.shape[0] == num_logical):
+            _check_map(to_physical_map, logical_count, num_logical)
+        num_extra = to_physical_map.shape[1] - 1
+    if num_shared_experts > num_extra:
+        raise ValueError(f"num_shared_experts={num_shared_experts} needs a to_physical_map with at least "
+                         f"{num_shared_experts} extra columns, got {num_extra}")
+    per_rank = (num_experts + num_extra) // num_ep_ranks
+    if per_rank < 1:
+        raise ValueError(f"num_ep_ranks must be <= the number of physical experts {num_experts + num_extra}, "
+                         f"got {num_ep_ranks}")
+    if unmapped_topk_idx is not None:
+        if not (isinstance(unmapped_topk_idx, torch.Tensor) and unmapped_topk_idx.dtype is torch.int64
+                and unmapped_topk_idx.dim() == 2 and unmapped_topk_idx.shape[0] == num_tokens
+                and unmapped_topk_idx.shape[1] == num_topk
+                and (num_topk <= 1 or unmapped_topk_idx.stride(1) == 1)
+                and (num_tokens <= 1 or unmapped_topk_idx.stride(0) >= num_topk)):
+            _check_unmapped(unmapped_topk_idx, num_tokens, num_topk)
+    if fix_routing_mask is not None:
+        if unmapped_topk_idx is None:
+            raise ValueError("fix_routing_mask needs unmapped_topk_idx (the fixed expert ids), got None")
+        check_tensor("fix_routing_mask", fix_routing_mask, dtypes=(torch.bool,), ndim=1)
+        check_contiguous("fix_routing_mask", fix_routing_mask)
+        if fix_routing_mask.size(0) != num_tokens:
+            raise ValueError(f"fix_routing_mask must have shape ({num_tokens},), got {tuple(fix_routing_mask.shape)}")
+
+    num_slots = num_topk + num_shared_experts
+    topk_idx = empty((num_tokens, num_slots), torch.int64, dev)
+    topk_weights = empty((num_tokens, num_slots), torch.float32, dev)
+    if num_tokens == 0:
+        return topk_idx, topk_weights
+    if checks_enabled():
+        _data_checks(logits, mask, fix_routing_mask, unmapped_topk_idx, logical_count, num_experts, num_extra)
+
+    dummy = logits
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally from the cached plan (head: SCORING ..
+    # GROUPED, tail: BLOCK_T .. BLOCK_P, the last one num_warps), so the launch builds no keyword dicts.
+    _top2_sum_gate_kernel.run(
+        logits, bias,
+        mask if mask is not None else dummy,
+        fix_routing_mask if fix_routing_mask is not None else dummy,
+        to_physical_map if to_physical_map is not None else dummy,
+        logical_count if logical_count is not None else dummy,
+        topk_idx, topk_weights, unmapped_topk_idx if unmapped_topk_idx is not None else topk_idx,
+        num_tokens, logits.stride(0), unmapped_topk_idx.stride(0) if unmapped_topk_idx is not None else 0,
+        num_extra + 1, float(routed_scaling_factor), ep_rank, per_rank, tp_rank, num_tp_ranks,
+        *head, mask is not None, fix_routing_mask is not None, to_physical_map is not None,
+        unmapped_topk_idx is not None, *tail[:4],
+        grid=(ceil_div(num_tokens, tail[0]),), warmup=False, num_warps=tail[4], **pdl_args(logits.device))
+    return topk_idx, topk_weights
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _scalar_plan(num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts, ep_rank,
+                 num_ep_ranks, tp_rank, num_tp_ranks, rsf_type, scoring_func, num_experts):
+    """The checks of the scalar arguments, in order (``rsf_type``: ``type(routed_scaling_factor)``), and the launch
+    constants they fix: ``(num_topk, num_shared_experts, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, head, tail)``
+    with head = (SCORING, NUM_EXPERTS, NUM_TOPK, NUM_SHARED, NUM_GROUPS, NUM_TOPK_GROUPS, GROUPED) and tail =
+    (BLOCK_T, BLOCK_G, BLOCK_EG, BLOCK_P, num_warps).  Cached with ``typed=True`` (``True`` is not ``1`` here);
+    an invalid call raises and caches nothing."""
     num_topk = _int("num_topk", num_topk, 1)
     num_topk_groups = _int("num_topk_groups", num_topk_groups, 0)
     num_groups = _int("num_groups", num_groups, 0)
@@ -222,8 +320,8 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
     num_ep_ranks = _int("num_ep_ranks", num_ep_ranks, 1)
     tp_rank = _int("tp_rank", tp_rank, 0)
     num_tp_ranks = _int("num_tp_ranks", num_tp_ranks, 1)
-    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
-        raise TypeError(f"routed_scaling_factor must be a float, got {type(routed_scaling_factor).__name__}")
+    if not issubclass(rsf_type, (int, float)) or issubclass(rsf_type, bool):
+        raise TypeError(f"routed_scaling_factor must be a float, got {rsf_type.__name__}")
     func = _scoring(scoring_func)
     if (num_groups == 0) != (num_topk_groups == 0):
         raise ValueError(f"num_groups and num_topk_groups must be both zero or both non-zero, "
@@ -247,77 +345,34 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
                              f"num_topk // num_shared_experts must divide the number of experts {num_experts}")
     else:
         num_shared_experts = 0
-    if mask is not None:
-        check_tensor("mask", mask, dtypes=(torch.bool,))
-        check_contiguous("mask", mask)
-        if mask.numel() != num_tokens:
-            raise ValueError(f"mask must have {num_tokens} elements (one per token), got shape {tuple(mask.shape)}")
-    if (to_physical_map is None) != (logical_count is None):
-        raise ValueError("to_physical_map and logical_count must be given together, got only "
-                         + ("to_physical_map" if logical_count is None else "logical_count"))
-    num_logical = num_experts + num_shared_experts
-    num_extra = 0
-    if to_physical_map is not None:
-        check_tensor("to_physical_map", to_physical_map, dtypes=(torch.int32,), ndim=2)
-        check_contiguous("to_physical_map", to_physical_map)
-        if to_physical_map.size(0) != num_logical or to_physical_map.size(1) < 1:
-            raise ValueError(f"to_physical_map must have shape ({num_logical}, X + 1), "
-                             f"got {tuple(to_physical_map.shape)}")
-        check_tensor("logical_count", logical_count, dtypes=(torch.int32,), ndim=1)
-        check_contiguous("logical_count", logical_count)
-        if logical_count.size(0) != num_logical:
-            raise ValueError(f"logical_count must have shape ({num_logical},), got {tuple(logical_count.shape)}")
-        num_extra = to_physical_map.size(1) - 1
-    if num_shared_experts > num_extra:
-        raise ValueError(f"num_shared_experts={num_shared_experts} needs a to_physical_map with at least "
-                         f"{num_shared_experts} extra columns, got {num_extra}")
-    per_rank = (num_experts + num_extra) // num_ep_ranks
-    if per_rank < 1:
-        raise ValueError(f"num_ep_ranks must be <= the number of physical experts {num_experts + num_extra}, "
-                         f"got {num_ep_ranks}")
-    if unmapped_topk_idx is not None:
-        check_tensor("unmapped_topk_idx", unmapped_topk_idx, dtypes=(torch.int64,), ndim=2)
-        if tuple(unmapped_topk_idx.shape) != (num_tokens, num_topk):
-            raise ValueError(f"unmapped_topk_idx must have shape ({num_tokens}, {num_topk}), "
-                             f"got {tuple(unmapped_topk_idx.shape)}")
-        if (num_topk > 1 and unmapped_topk_idx.stride(1) != 1) or (
-                num_tokens > 1 and unmapped_topk_idx.stride(0) < num_topk):
-            raise ValueError(f"unmapped_topk_idx must have a unit column stride and non-overlapping rows, got "
-                             f"strides {tuple(unmapped_topk_idx.stride())}")
-    if fix_routing_mask is not None:
-        if unmapped_topk_idx is None:
-            raise ValueError("fix_routing_mask needs unmapped_topk_idx (the fixed expert ids), got None")
-        check_tensor("fix_routing_mask", fix_routing_mask, dtypes=(torch.bool,), ndim=1)
-        check_contiguous("fix_routing_mask", fix_routing_mask)
-        if fix_routing_mask.size(0) != num_tokens:
-            raise ValueError(f"fix_routing_mask must have shape ({num_tokens},), got {tuple(fix_routing_mask.shape)}")
-
-    num_slots = num_topk + num_shared_experts
-    topk_idx = empty((num_tokens, num_slots), torch.int64, dev)
-    topk_weights = empty((num_tokens, num_slots), torch.float32, dev)
-    if num_tokens == 0:
-        return topk_idx, topk_weights
-    if checks_enabled():
-        _data_checks(logits, mask, fix_routing_mask, unmapped_topk_idx, logical_count, num_experts, num_extra)
-
     groups = num_groups if grouped else 1
-    block_t, bg, beg, bp, warps = _config(groups, num_experts // groups, num_slots, _INTERPRET)
-    dummy = logits
-    _top2_sum_gate_kernel[(ceil_div(num_tokens, block_t),)](
-        logits, bias,
-        mask if mask is not None else dummy,
-        fix_routing_mask if fix_routing_mask is not None else dummy,
-        to_physical_map if to_physical_map is not None else dummy,
-        logical_count if logical_count is not None else dummy,
-        topk_idx, topk_weights, unmapped_topk_idx if unmapped_topk_idx is not None else topk_idx,
-        num_tokens, logits.stride(0), unmapped_topk_idx.stride(0) if unmapped_topk_idx is not None else 0,
-        num_extra + 1, float(routed_scaling_factor), ep_rank, per_rank, tp_rank, num_tp_ranks,
-        SCORING=int(func), NUM_EXPERTS=num_experts, NUM_TOPK=num_topk, NUM_SHARED=num_shared_experts,
-        NUM_GROUPS=groups, NUM_TOPK_GROUPS=num_topk_groups if grouped else 1, GROUPED=grouped,
-        HAS_MASK=mask is not None, HAS_FIX=fix_routing_mask is not None, HAS_MAP=to_physical_map is not None,
-        HAS_UNMAPPED=unmapped_topk_idx is not None,
-        BLOCK_T=block_t, BLOCK_G=bg, BLOCK_EG=beg, BLOCK_P=bp, num_warps=warps)
-    return topk_idx, topk_weights
+    block_t, bg, beg, bp, warps = _config(groups, num_experts // groups, num_topk + num_shared_experts, _INTERPRET)
+    head = (int(func), num_experts, num_topk, num_shared_experts, groups, num_topk_groups if grouped else 1, grouped)
+    return num_topk, num_shared_experts, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, head, (block_t, bg, beg, bp,
+                                                                                               warps)
+
+
+def _check_map(to_physical_map, logical_count, num_logical) -> None:
+    check_tensor("to_physical_map", to_physical_map, dtypes=(torch.int32,), ndim=2)
+    check_contiguous("to_physical_map", to_physical_map)
+    if to_physical_map.size(0) != num_logical or to_physical_map.size(1) < 1:
+        raise ValueError(f"to_physical_map must have shape ({num_logical}, X + 1), "
+                         f"got {tuple(to_physical_map.shape)}")
+    check_tensor("logical_count", logical_count, dtypes=(torch.int32,), ndim=1)
+    check_contiguous("logical_count", logical_count)
+    if logical_count.size(0) != num_logical:
+        raise ValueError(f"logical_count must have shape ({num_logical},), got {tuple(logical_count.shape)}")
+
+
+def _check_unmapped(unmapped_topk_idx, num_tokens, num_topk) -> None:
+    check_tensor("unmapped_topk_idx", unmapped_topk_idx, dtypes=(torch.int64,), ndim=2)
+    if tuple(unmapped_topk_idx.shape) != (num_tokens, num_topk):
+        raise ValueError(f"unmapped_topk_idx must have shape ({num_tokens}, {num_topk}), "
+                         f"got {tuple(unmapped_topk_idx.shape)}")
+    if (num_topk > 1 and unmapped_topk_idx.stride(1) != 1) or (
+            num_tokens > 1 and unmapped_topk_idx.stride(0) < num_topk):
+        raise ValueError(f"unmapped_topk_idx must have a unit column stride and non-overlapping rows, got "
+                         f"strides {tuple(unmapped_topk_idx.stride())}")
 
 
 def _data_checks(logits, mask, fix, unmapped, logical_count, num_experts, num_extra):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs, tuned
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, override_key,
+                             tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
 from .common import KEY_TAKEN, f32_order_key, key_index, pack_key
@@ -39,7 +44,7 @@ def _row_keys32(scores_ptr, rows, row_ok, stride_s, cols, NUM_EXPERTS: tl.conste
 @triton.jit
 def _topk_gate_kernel(scores_ptr, out_ptr, num_tokens, stride_s,
                       NUM_EXPERTS: tl.constexpr, NUM_TOPK: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, KEY32: tl.constexpr):
+                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, KEY32: tl.constexpr, PDL: tl.constexpr = False):
     """``BLOCK_T`` rows per program.  With ``SPLIT`` a row is loaded as two halves of ``BLOCK_E // 2``
     experts joined along a new in-thread axis (``[BLOCK_T, BLOCK_E // 2, 2]``): at ``BLOCK_E // 2 <= 128``
     (4 fp32 per lane) a whole row then lies in one warp, so each arg-max is in-thread maxima plus warp
@@ -47,6 +52,7 @@ def _topk_gate_kernel(scores_ptr, out_ptr, num_tokens, stride_s,
 
     ``KEY32``: each arg-max in two 32-bit passes (the largest value key, then the smallest column holding
     it) instead of one pass over 64-bit packed keys; ties still go to the smaller index."""
+    pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < num_tokens
     out_row = out_ptr + rows * NUM_TOPK
@@ -103,17 +109,26 @@ def _config(num_experts: int, interpret: bool) -> dict:
     return dict(BLOCK_T=block_t, SPLIT=split, num_warps=1, KEY32=True)
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(num_tokens: int, num_experts: int, num_topk: int, override) -> tuple:
+    """(grid, the kernel's constexprs in signature order, num_warps) for a shape.  Cached (the host path is
+    latency-bound); ``override``: ``override_key("topk_gate")``, so tuning sweeps see their candidates."""
+    cfg = tuned("topk_gate", _config(num_experts, _INTERPRET))
+    block_e = next_power_of_two(num_experts)
+    consts = (num_experts, num_topk, cfg["BLOCK_T"], block_e, bool(cfg["SPLIT"]) and block_e >= 2,
+              bool(cfg.get("KEY32", True)))
+    return (ceil_div(num_tokens, cfg["BLOCK_T"]),), consts, cfg["num_warps"]
+
+
 def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     num_tokens, num_experts = scores.shape
     out = empty((num_tokens, num_topk), torch.int64, scores.device)
     if num_tokens == 0:
         return out
-    cfg = tuned("topk_gate", _config(num_experts, _INTERPRET))
-    block_e = next_power_of_two(num_experts)
-    _topk_gate_kernel[(ceil_div(num_tokens, cfg["BLOCK_T"]),)](
-        scores, out, num_tokens, scores.stride(0),
-        NUM_EXPERTS=num_experts, NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_E=block_e,
-        SPLIT=bool(cfg["SPLIT"]) and block_e >= 2, KEY32=bool(cfg.get("KEY32", True)), num_warps=cfg["num_warps"])
+    grid, consts, warps = _plan(num_tokens, num_experts, num_topk, override_key("topk_gate"))
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
+    _topk_gate_kernel.run(scores, out, num_tokens, scores.stride(0), *consts, grid=grid, warmup=False,
+                          num_warps=warps, **pdl_args(out.device))
     return out
 
 
@@ -131,12 +146,16 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
         order (TileKernels can pick an index twice on rows with ``-inf``; tritile cannot).  NaN ranks
         above ``+inf``, as in ``torch.sort``.
     """
-    check_tensor("scores", scores, dtypes=(torch.float32,), ndim=2)
-    check_contiguous("scores", scores)
-    check_device("scores", scores)
-    num_experts = scores.shape[1]
-    if isinstance(num_topk, bool) or not isinstance(num_topk, int):
-        raise TypeError(f"num_topk must be an int, got {type(num_topk).__name__}")
-    if not 1 <= num_topk <= num_experts:
-        raise ValueError(f"num_topk must be in [1, num_experts={num_experts}], got {num_topk}")
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(scores, torch.Tensor) and scores.dtype is torch.float32 and scores.dim() == 2
+            and scores.is_contiguous() and (scores.device.type == "cuda" or _rt.kernel_device_ok(scores.device))
+            and type(num_topk) is int and 1 <= num_topk <= scores.shape[1]):
+        check_tensor("scores", scores, dtypes=(torch.float32,), ndim=2)
+        check_contiguous("scores", scores)
+        check_device("scores", scores)
+        num_experts = scores.shape[1]
+        if isinstance(num_topk, bool) or not isinstance(num_topk, int):
+            raise TypeError(f"num_topk must be an int, got {type(num_topk).__name__}")
+        if not 1 <= num_topk <= num_experts:
+            raise ValueError(f"num_topk must be in [1, num_experts={num_experts}], got {num_topk}")
     return _launch(scores, num_topk)

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritile import runtime as _rt
+from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -24,7 +26,8 @@ __all__ = ["topk_sum_and_topk_group_idx"]
 def _topk_sum_and_topk_group_idx_kernel(scores_ptr, out_ptr, num_tokens,
                                         NUM_GROUPS: tl.constexpr, EXPERTS_PER_GROUP: tl.constexpr,
                                         NUM_TOPK_SUM: tl.constexpr, NUM_TOPK_GROUPS: tl.constexpr,
-                                        BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr):
+                                        BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.arange(0, BLOCK_G)
     j = tl.arange(0, BLOCK_EG)
@@ -66,6 +69,26 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
         int64 ``(num_tokens, num_topk_groups)``: group ids in rank order (best first; ties -> smaller
         group id), bitwise equal to ``tritile.torch.topk_sum_and_topk_group_idx``.
     """
+    # The common case in a few attribute reads; anything else takes the full checks (same errors, same order).
+    if not (isinstance(scores, torch.Tensor) and scores.dtype is torch.float32 and scores.dim() == 3
+            and scores.is_contiguous() and (scores.device.type == "cuda" or _rt.kernel_device_ok(scores.device))
+            and type(num_topk_sum) is int and type(num_topk_groups) is int
+            and (num_topk_sum == 1 or num_topk_sum == 2) and num_topk_sum <= scores.shape[2]
+            and 1 <= num_topk_groups <= scores.shape[1] <= 32):
+        _check(scores, num_topk_sum, num_topk_groups)
+    num_tokens, num_groups, per_group = scores.shape
+    out = empty((num_tokens, num_topk_groups), torch.int64, scores.device)
+    if num_tokens == 0:
+        return out
+    grid, consts, warps = _plan(num_tokens, num_groups, per_group, num_topk_sum, num_topk_groups)
+    # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
+    _topk_sum_and_topk_group_idx_kernel.run(scores, out, num_tokens, *consts, grid=grid, warmup=False,
+                                            num_warps=warps, **pdl_args(out.device))
+    return out
+
+
+def _check(scores, num_topk_sum, num_topk_groups) -> None:
+    """The argument checks, in order, with their messages."""
     check_tensor("scores", scores, dtypes=(torch.float32,), ndim=3)
     check_contiguous("scores", scores)
     check_device("scores", scores)
@@ -80,11 +103,11 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
         raise ValueError(f"scores must have 1 to 32 groups (dim 1), got {num_groups}")
     if not 1 <= num_topk_groups <= num_groups:
         raise ValueError(f"num_topk_groups must be in [1, num_groups={num_groups}], got {num_topk_groups}")
-    out = empty((num_tokens, num_topk_groups), torch.int64, scores.device)
-    if num_tokens == 0:
-        return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(num_tokens: int, num_groups: int, per_group: int, num_topk_sum: int, num_topk_groups: int) -> tuple:
+    """(grid, the kernel's constexprs in signature order, num_warps); cached (the host path is latency-bound)."""
     block_t, bg, beg, warps = _config(num_groups, per_group, _INTERPRET)
-    _topk_sum_and_topk_group_idx_kernel[(ceil_div(num_tokens, block_t),)](
-        scores, out, num_tokens, NUM_GROUPS=num_groups, EXPERTS_PER_GROUP=per_group, NUM_TOPK_SUM=num_topk_sum,
-        NUM_TOPK_GROUPS=num_topk_groups, BLOCK_T=block_t, BLOCK_G=bg, BLOCK_EG=beg, num_warps=warps)
-    return out
+    return ((ceil_div(num_tokens, block_t),),
+            (num_groups, per_group, num_topk_sum, num_topk_groups, block_t, bg, beg), warps)
