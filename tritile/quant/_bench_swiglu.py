@@ -201,21 +201,24 @@ _CHANNEL_TUNE = [  # default (npt 32) [32, 64] x 2 warps, VEC=8, SIGNED_ENC=2, F
     dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True), dict(SIGNED_ENC=2, INT_POW2=True), dict(SIGNED_ENC=2),
     dict(SIGNED_ENC=2, FAST_DIV=True), dict(FAST_DIV=True), dict(INT_POW2=True),
     dict(SIGNED_ENC=2, FAST_DIV=True, INT_POW2=True, BLOCK_K=64, num_warps=2)]
-# WORDS (2026-11-30, same bits): _swiglu_channel_words_kernel, the tile as int32 words of two bf16, one row group
-# per program; FUSED_SILU = one PTX block per 2 / 4 words from the loaded words to packed bf16 act (expf with
-# the sign flip folded into its constants, its cvt.sat into the fma and its last mul into 1 + e as one fma;
-# the fast division's guard on max |l|), PACKED_MAX = the column max with max.u16x2 on the words,
-# SCALE_BITS = round_sf scales from the max bf16 pattern in ~8 integer ops, HMUL_ENC = the power-of-two
-# multiply of the encode on bf16 pairs, NO_MASK = no masks on even tiles (all on by default except HMUL_ENC).
-# sm_90a static hot-path instructions per element (straight line, fast branches taken; the default above: 41.0):
-_CHANNEL_TUNE += [
-    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 26.3, 96 registers
-    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4),                 # 26.8
-    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1),                               # 27.5 (guard per 4)
-    dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=True),  # 26.7, 96 registers
-    dict(WORDS=True, BLOCK_K=64, VEC=4, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 27.2 (8-byte loads)
-    dict(WORDS=True, BLOCK_K=32, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 29.1, 62 registers
+# WORDS (same bits): _swiglu_channel_words_kernel, the tile as int32 words of two bf16, one row group per program;
+# FUSED_SILU = one PTX block per 2 / 4 words from the loaded words to packed bf16 act (expf with the sign flip folded
+# into its constants, its cvt.sat into the fma and its last mul into 1 + e as one fma; the fast division's guard on
+# max |l|), PACKED_MAX = the column max with max.u16x2 on the words, SCALE_BITS = round_sf scales from the max bf16
+# pattern in ~8 integer ops, HMUL_ENC = the power-of-two multiply of the encode on bf16 pairs, NO_MASK = no masks on
+# even tiles.  The default since session 5 at npt 32 without a clamp: [32, 128] x 2 warps, FUSED_SILU=4, HMUL_ENC
+# (H200 CUPTI 41.98 us against 56.53 for the element kernel, the first candidate below).  sm_90a static hot-path
+# instructions per element in the comments (the element kernel: 41.0).
+# The element kernel's candidates above run with WORDS=False (its default launch: the first below).
+_CHANNEL_TUNE = [dict(c, WORDS=False) for c in _CHANNEL_TUNE]
+_ELEMENT_DEFAULT = dict(WORDS=False, BLOCK_M=32, BLOCK_K=64, num_warps=2, FUSED_SILU=2, HMUL_ENC=False)
+_CHANNEL_TUNE = [_ELEMENT_DEFAULT] + _CHANNEL_TUNE + [
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=True),  # 29.8, 64 registers
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # 26.3, 96 registers
+    dict(WORDS=True, BLOCK_K=256, VEC=8, num_warps=4, FUSED_SILU=4, HMUL_ENC=True),
+    dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=4, FUSED_SILU=4, HMUL_ENC=True),
+    dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=2, HMUL_ENC=True),
+    dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=False),
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=0),                 # 32.0 (no PTX silu)
 ]
 
@@ -243,6 +246,5 @@ def _channel_cases(device, quick):
                    label=f"without_transpose={without_transpose}",
                    anchor=("swiglu_forward_and_per_channel_cast_and_transpose", params)
                    if gpu and without_transpose else None,
-                   tune=("swiglu_forward_and_per_channel_cast_and_transpose", _CHANNEL_TUNE)
-                   if gpu and without_transpose else None)
+                   tune=("swiglu_forward_and_per_channel_cast_and_transpose", _CHANNEL_TUNE) if gpu else None)
         del out

@@ -368,19 +368,26 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     if m == 0 or H == 0:
         return out, sf
     bm, bk, num_warps = _config(H, npt)
+    # WORDS by default where it was measured: npt 32 without a clamp (H200, 4096 x 7168, no transpose, CUPTI with
+    # L2 flushed: 41.98 us on [32 rows, 128 columns] x 2 warps with FUSED_SILU=4 and HMUL_ENC, against 56.53 for
+    # the element kernel; TileKernels 45.09).  A clamp compiles to ~190 registers there, and npt 128 puts 4x the
+    # elements on each thread.
+    words = not interpreter_configs() and npt == 32 and clamp is None
+    if words:
+        bk, num_warps = 128, 2
     # tritile.runtime.tuned("swiglu_forward_and_per_channel_cast_and_transpose", ...): BLOCK_M (a multiple of
     # npt), BLOCK_K (a power of two), num_warps, FINITE_BRANCH (GPU: a uniform branch drops the NaN patch of
     # the e4m3 encode when the tile is finite; fewer instructions, more registers), FAST_DIV, SIGNED_ENC, INT_POW2
     # (same bits, fewer instructions: see the kernel)
-    # WORDS (default off) selects _swiglu_channel_words_kernel (one row group per program, BLOCK_M ignored;
+    # WORDS (the default above) selects _swiglu_channel_words_kernel (one row group per program, BLOCK_M ignored;
     # BLOCK_K and VEC count columns, both even): FUSED_SILU, PACKED_MAX, SCALE_BITS, HMUL_ENC, NO_MASK are
     # its same-bits instruction-count flags (see that kernel).  It needs 4-byte aligned rows of x, else
     # the element kernel runs.
     c = tuned("swiglu_forward_and_per_channel_cast_and_transpose",
               {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False,
                "VEC": 0 if interpreter_configs() else 8, "FAST_DIV": True, "SIGNED_ENC": 2,
-               "INT_POW2": True, "WORDS": False, "FUSED_SILU": 2, "PACKED_MAX": True, "SCALE_BITS": True,
-               "HMUL_ENC": False, "NO_MASK": True})
+               "INT_POW2": True, "WORDS": words, "FUSED_SILU": 4 if words else 2, "PACKED_MAX": True,
+               "SCALE_BITS": True, "HMUL_ENC": words, "NO_MASK": True})
     if c["WORDS"] and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0:
         return _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c)
     bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
