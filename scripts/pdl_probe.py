@@ -8,7 +8,6 @@ from tritile.testing.bench import time_graph, time_kernels
 from tritile.transpose import batched_transpose, transpose
 
 
-
 def probe(name, x, fn):
     for pdl in (True, False, True):
         set_pdl(pdl)

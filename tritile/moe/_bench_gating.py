@@ -138,6 +138,8 @@ _NORMALIZE_TUNE = [
     dict(RCP=True), dict(RCP=True, BLOCK_T=128, num_warps=2), dict(RCP=True, BLOCK_T=32, num_warps=1),
     dict(RCP=True, BLOCK_T=256, num_warps=8), dict(RCP=True, BLOCK_T=64, num_warps=2), dict(BLOCK_T=64, num_warps=2),
     dict(RCP=True, BLOCK_T=512, num_warps=8), dict(BLOCK_T=512, num_warps=8),
+    dict(RCP=True, BLOCK_T=16, num_warps=1), dict(RCP=True, BLOCK_T=64, num_warps=1),
+    dict(RCP=True, BLOCK_T=8, num_warps=1), dict(RCP=True, BLOCK_T=128, num_warps=1),
 ]
 
 
