@@ -11,6 +11,7 @@ import triton.language as tl
 
 from tritile.language.cast import f32_to_e2m1_code, f32_to_e2m1_code_finite
 from tritile.quant import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
+from tritile.quant.per_token_cast_kernel import _round_scale_bits
 from tritile.testing import assert_equal, check_bias, generate_hidden_sizes, pick
 from tritile.torch import cast, cast_back
 
@@ -240,3 +241,130 @@ def test_f32_to_e2m1_code_finite(device):
     out = torch.empty_like(ref)
     _e2m1_codes_kernel[(triton.cdiv(x.numel(), 1024),)](x, ref, out, x.numel(), BLOCK=1024)
     assert_equal(out, ref)
+
+
+# Candidates behind tune-config keys (default off): WIDE (+ WIDE_VEC) and INT_SF.
+_WIDE_CANDS = [
+    dict(WIDE=True, CHUNKS_PER_PROG=4),
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=4),
+    dict(WIDE=True, WIDE_VEC=8, INT_SF=True, CHUNKS_PER_PROG=4, FINITE=False),
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8, num_warps=8),
+    dict(WIDE=True, WIDE_VEC=2, CHUNKS_PER_PROG=2),
+    dict(INT_SF=True, CHUNKS_PER_PROG=4),
+    dict(INT_SF=True, PAIRS=False, CHUNKS_PER_PROG=4),
+]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_per_block_cast_wide_and_int_sf(in_dtype, device):
+    """WIDE (a program's CHUNKS_PER_PROG blocks as one pair tile: one load, one amax reduction, one store; WIDE_VEC
+    caps the store's vector) and INT_SF (round_sf scales from the amax bits, no division) against the reference:
+    FP4 ties and saturation at several scales, a non-finite block next to finite ones, partial row blocks,
+    partial and fully masked k-blocks (K = 144: 4.5 blocks, so the second program of 4 holds half a block and
+    three empty ones), an even row stride and inputs the pair view cannot take (the plain path), and every sf
+    layout (INT_SF is ignored without round_sf)."""
+    from tritile.runtime import override_config
+
+    x = hand_picked(64, 128, device, 6.0) * torch.tensor([1.0, 4.0, 2.0**-20, 3.0], device=device).repeat(32)
+    x[40, 70] = float("nan")
+    x[41, 100] = float("-inf")
+    base = torch.randn(64, 2 * 128 + 2, device=device) * 1e3
+    base[:, :128] = x
+    odd = torch.randn(40, 144, device=device) * torch.tensor([1e-30, 1.0, 1e30], device=device).repeat_interleave(48)
+    odd[33, 140] = -float("nan")
+    inputs = [x, base[:, 2:130], base[:, 1:129], odd, torch.randn(33, 64, device=device)]
+    for xin in inputs:
+        xin = xin.to(in_dtype)
+        k = xin.shape[1]
+        for cfg in CONFIGS + [(False, False, False)]:
+            ref_out, ref_sf = _ref(xin, "e2m1", (32, 32), cfg)
+            for cand in _WIDE_CANDS:
+                if cfg[2] and cand["CHUNKS_PER_PROG"] % 4:
+                    continue  # packed UE8M0 needs whole words per program
+                with override_config("per_block_cast", **cand):
+                    out, sf = per_block_cast(xin, "e2m1", (32, 32), *cfg)
+                assert_equal(out, ref_out)
+                assert_sf_equal(sf, ref_sf, k, 32)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_per_block_cast_int_sf_e4m3(device):
+    """INT_SF on the e4m3 paths (MAX = 448, CLAMP = 1e-4), 32x32 and 128x128 blocks, non-finite blocks too."""
+    from tritile.runtime import override_config
+
+    x = torch.randn(40, 256, device=device) * torch.logspace(-12, 12, 256, device=device)
+    x[3, 5], x[35, 200] = float("nan"), float("inf")
+    x[:, 64:96] = 0.0  # amax 0: sf from the clamp
+    for block in [(32, 32), (128, 128)]:
+        for cfg in CONFIGS:
+            ref_out, ref_sf = _ref(x, "e4m3", block, cfg)
+            for cand in [dict(INT_SF=True), dict(INT_SF=True, FAST=False, FINITE=False)]:
+                with override_config("per_block_cast", **cand):
+                    out, sf = per_block_cast(x, "e4m3", block, *cfg)
+                assert_equal(out, ref_out)
+                assert_sf_equal(sf, ref_sf, 256, block[1])
+
+
+@triton.jit
+def _round_scale_bits_kernel(am_ptr, sf_ptr, inv_ptr, n, CLAMP: tl.constexpr, MAX: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    sf, inv = _round_scale_bits(tl.load(am_ptr + offs, mask=m, other=0), CLAMP, MAX)
+    tl.store(sf_ptr + offs, sf.to(tl.int32, bitcast=True), mask=m)
+    tl.store(inv_ptr + offs, inv.to(tl.int32, bitcast=True), mask=m)
+
+
+def _round_sf_ref(am: torch.Tensor, mx: float, clamp: float):
+    """The round_sf scale of ``tritile.torch.cast`` (``sf = 2^ceil(log2(RN(max(amax, clamp) / MAX)))``,
+    ``sf_inv = 1 / sf``; +inf amax -> (+inf, 0)) as int32 bit patterns, amax given as bit patterns."""
+    a = am.view(torch.float32).clamp_min(clamp)
+    sf = torch.div(a, torch.full_like(a, mx))
+    up = ((sf.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)
+    sf = torch.where(sf == float("inf"), sf, up)
+    inv = torch.where(sf == float("inf"), 0.0, torch.div(torch.ones_like(sf), sf))
+    return sf.view(torch.int32), inv.view(torch.int32)
+
+
+def _round_sf_int(am: torch.Tensor, mx: float, clamp: float):
+    """``_round_scale_bits``'s integer formula in torch."""
+    cb = torch.tensor([clamp], dtype=torch.float32).view(torch.int32).item()
+    mb = torch.tensor([mx], dtype=torch.float32).view(torch.int32).item()
+    e = ((torch.clamp_min(am, cb) + (0x3F800000 + 0x7FFFFF - mb)) >> 23) & 0xFF
+    inf = am >= 0x7F800000
+    return torch.where(inf, 0x7F800000, e << 23).int(), torch.where(inf, 0, (254 - e) << 23).int()
+
+
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+def test_round_scale_bits(fmt, device):
+    """``_round_scale_bits`` (INT_SF) gives the reference round_sf scales: in torch for every amax bit pattern
+    0 .. 0x7F800000 (all non-negative floats and +inf; a few minutes per format on 2 cores, passed for both) with
+    ``TRITILE_EXHAUSTIVE=1``, else for every 61st pattern; the Triton function itself on 2^20 patterns (every
+    2041st, each power-of-two ``MAX * 2^k`` +-64 ulps, the clamp, 0, the largest float, +inf)."""
+    import os
+
+    from tritile.quant.common import FMT_CLAMP, FMT_MAX
+
+    mx, clamp = FMT_MAX[fmt], torch.tensor(FMT_CLAMP[fmt], dtype=torch.float32).item()
+    step = 1 if os.environ.get("TRITILE_EXHAUSTIVE") == "1" else 61
+    n = 1 << 26
+    for s in range(0, 0x7F800001, n * step):
+        am = torch.arange(s, min(s + n * step, 0x7F800001), step, dtype=torch.int32)
+        r, m = _round_sf_ref(am, mx, clamp), _round_sf_int(am, mx, clamp)
+        assert torch.equal(r[0], m[0]) and torch.equal(r[1], m[1]), s
+    mb = torch.tensor([mx], dtype=torch.float32).view(torch.int32).item()
+    edges = (torch.arange(-127, 128, dtype=torch.int32)[:, None] * (1 << 23) + mb
+             + torch.arange(-64, 65, dtype=torch.int32)[None, :]).reshape(-1)
+    special = torch.tensor([0, 1, 0x7F7FFFFF, 0x7F800000], dtype=torch.int32)
+    clampb = torch.tensor([clamp], dtype=torch.float32).view(torch.int32) + torch.arange(-3, 4, dtype=torch.int32)
+    am = torch.cat([torch.arange(0, 0x7F800000, 2041, dtype=torch.int32), edges, special, clampb])
+    am = am[(am >= 0) & (am <= 0x7F800000)].to(device)
+    sf = torch.empty_like(am)
+    inv = torch.empty_like(am)
+    block = pick(cpu=65536, gpu=1024)
+    _round_scale_bits_kernel[(triton.cdiv(am.numel(), block),)](am, sf, inv, am.numel(), CLAMP=FMT_CLAMP[fmt],
+                                                                 MAX=mx, BLOCK=block)
+    r = _round_sf_ref(am.cpu(), mx, clamp)
+    assert_equal(sf.cpu(), r[0])
+    assert_equal(inv.cpu(), r[1])

@@ -400,3 +400,80 @@ def test_odd_row_stride(device):
     assert_equal(out, ref_out)
     assert_equal(sf, ref_sf)
     assert_equal(counts, ref_counts)
+
+
+# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/quant/_bench_swiglu.py's _FWD_TUNE).
+# Under the interpreter FUSED_SILU and XORSIGN_CLAMP run their element-wise stand-ins (inline PTX cannot run there),
+# INT_COUNT its emulated mask sums and INT_SCALE itself; on the GPU the same tests run the PTX.
+_ALL_CANDIDATES = dict(FUSED_SILU=4, INT_COUNT=True, XORSIGN_CLAMP=True, INT_SCALE=True)
+# (the keys are independent: each one alone is the default config plus that key, a subset of these paths)
+_CANDIDATE_CASES = [(_ALL_CANDIDATES, True, True, False, 0.5), (_ALL_CANDIDATES, False, False, True, 0.5),
+                    (_ALL_CANDIDATES, False, True, False, 0.3), (_ALL_CANDIDATES, True, False, True, None),
+                    (dict(_ALL_CANDIDATES, CNT_FLUSH=1), True, False, True, 0.5)]
+
+
+@pytest.mark.parametrize("path,p2e,weights,packed,clamp", _CANDIDATE_CASES,
+                         ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items()) if isinstance(p, dict) else str(p))
+def test_candidate_paths(device, path, p2e, weights, packed, clamp):
+    """Each candidate, alone and together, on the default GPU launch shape ([1, 512] x 1 warp, PREFETCH_RB on a
+    persistent grid of 2 programs, so each program walks many row blocks; CNT_FLUSH=1 flushes the mask sums
+    after every row block): out, sf and counts bitwise against the reference."""
+    _check_persistent(device, 512, dict(path, PREFETCH=True, PREFETCH_RB=True, BLOCK_R=pick(cpu=16, gpu=1), CH=512,
+                                        num_warps=1), p2e, weights, packed, clamp)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in the interpreter
+@pytest.mark.parametrize("clamp", pick(cpu=[None, 0.5], gpu=[None, 0.5, 10.0, 0.0, 0.3]))
+def test_candidates_all_bf16_gate_values(device, clamp):
+    """Every bf16 pattern as l (NaN, +-inf, subnormals) with r = +-1 / +-1.5 / random, through all four
+    candidates at once: the act (the fused silu on the GPU) depends on l alone, so this checks it exhaustively
+    (and the division's slow path: |l| > 41 or NaN/inf in a thread's eight values); then every bf16 as r (the
+    xorsign clamp and the r counts).  Codes (NaN codes sign-free), sf and the counts bitwise.  c = 0 and 0.3
+    take the comparison clamp (c = 0 is not > 0; 0.3 is not a bf16 value), and FUSED_SILU stays off for 0.3."""
+    from tritile.runtime import override_config
+
+    hidden = 512
+    v = torch.arange(65536, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
+    cfg = dict(_ALL_CANDIDATES, BLOCK_R=pick(cpu=64, gpu=1), CH=512, num_warps=1)
+    for case in ("l", "r"):
+        if case == "l":
+            l = v.reshape(-1, hidden)
+            r = torch.tensor([1.0, -1.5], dtype=torch.bfloat16, device=device).repeat(65536 // 2).reshape(-1, hidden)
+            r[::3] = torch.randn((r[::3].shape), device=device).to(torch.bfloat16)
+        else:
+            r = v.reshape(-1, hidden)
+            l = v[torch.randperm(65536, device=device)].reshape(-1, hidden)
+        x = torch.cat([l, r], dim=1)
+        counts0 = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
+        ref_counts = counts0.clone() if clamp is not None else None
+        ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
+        counts = counts0.clone() if clamp is not None else None
+        with override_config("swiglu_forward_and_per_token_cast", **cfg):
+            out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True,
+                                                        round_sf=True, use_packed_ue8m0=True,
+                                                        swiglu_clamp_value=clamp, clamped_count=counts)
+        if clamp is not None:
+            assert_equal(counts, ref_counts)
+        assert_equal(sf, ref_sf)
+        assert_codes_equal_nan_sign_free(out, ref_out)
+
+
+def test_int_scale_every_mantissa():
+    """INT_SCALE's sf bits ``(bits(a) + 0x1FFFFF - 8 * 2^23) & 0xFF800000`` equal ``2^ceil(log2(div_rn(a, 448)))``
+    for every float32 mantissa at the exponents where it could fail (-118: the smallest allowed, sf = 2^-126;
+    -13 near the 1e-4 clamp; 127 the largest; the formula is the same shift at every exponent between), and
+    sf_inv = 1 / sf (plain torch, CPU)."""
+    m = torch.arange(1 << 23, dtype=torch.int64)
+    for e in (-118, -13, 127):
+        t = ((e + 127) << 23) + m
+        a = t.to(torch.int32).view(torch.float32)
+        q = a / torch.full_like(a, 448.0)  # IEEE division on the CPU
+        qb = q.view(torch.int32).to(torch.int64)
+        ceil_e = ((qb - 1) >> 23) + 1 - 127  # ceil(log2(q)) for normal q (tritile.language.cast.ceil_pow2_exponent)
+        assert bool((q > 0).all()) and bool(torch.isfinite(q).all())
+        ref_bits = (ceil_e + 127) << 23
+        s = (t + (0x1FFFFF - (8 << 23))) & 0xFF800000
+        assert torch.equal(s, ref_bits), e
+        inv = (0x7F000000 - s).to(torch.int32).view(torch.float32)
+        sf = s.to(torch.int32).view(torch.float32)
+        assert torch.equal(inv * sf, torch.ones_like(sf)), e

@@ -90,7 +90,7 @@ _PER_BLOCK_128_TUNE = [
     dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=16),
     dict(num_warps=4),
 ]
-# 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 1 warp, FAST,
+# 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 4 warps, FAST,
 # PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)
 _PER_BLOCK_32_TUNE = [
     dict(PAIRS=False, FINITE=False, num_warps=2),  # the 2026-11-30 default (93.9 us)
@@ -105,6 +105,22 @@ _PER_BLOCK_32_TUNE = [
     dict(CHUNKS_PER_PROG=8),
     dict(CHUNKS_PER_PROG=8, PREFETCH=False),
     dict(CHUNKS_PER_PROG=16, PREFETCH=False),
+    # 2026-12 candidates (same bits; sm_90a SASS of the anchor's variant, straight-line path of a finite program,
+    # instructions per element per thread / registers; the default: 25.2 / 50 regs = 9 blocks of 4 warps per SM,
+    # at most 4-8 KB of loads in flight per block and three block barriers per 32x32 block).
+    # INT_SF: round_sf scales from the amax bits (no div_rn, no slow-path call): 23.4 / 48
+    dict(INT_SF=True),
+    # WIDE: the program's 4 blocks as one [32, 64]-pair tile: one 16 KB load, one amax exchange (2 barriers per
+    # program), one encode/store; WIDE_VEC 4 keeps lanes on consecutive 32-byte pieces (loads as coalesced as the
+    # default's): 20.2 / 80 regs = 6 blocks x 16 KB in flight per SM
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=4),
+    dict(WIDE=True, WIDE_VEC=4, CHUNKS_PER_PROG=4),  # 20.6 / 80
+    # the compiler's own vector (16 pairs = 128 B per thread; each warp load instruction touches 32 lines): 18.1 / 77
+    dict(WIDE=True, INT_SF=True, CHUNKS_PER_PROG=4),
+    dict(WIDE=True, WIDE_VEC=8, INT_SF=True, CHUNKS_PER_PROG=4),  # 18.5 / 78
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=4, num_warps=8),  # 23.6 / 48: 5 blocks x 16 KB
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8, num_warps=8),  # 20.1 / 80: 3 blocks x 32 KB
+    dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8),  # 18.3 / 206: 2 blocks x 32 KB (a bound)
 ]
 # per-token e4m3 -> bf16: default BLOCK_M=1, BLOCK_K=2048, CHUNKS_PER_PROG=4 (whole rows), 8 warps, hardware
 # e4m3 decode, VEC=8 (loads in the stores' layout), PREFETCH (static loop, next chunk's loads first)

@@ -119,6 +119,18 @@ _FWD_TUNE = (  # default (session 4): [1, CH] x 1 warp, 20 programs per SM, PREF
     # spills (17 one-warp programs fit); maxnreg=104: 8 bytes of stack, 19 fit
     + [dict(PREFETCH2=True, programs_per_sm=p) for p in (12, 16, 17)]
     + [dict(PREFETCH2=True, programs_per_sm=19, maxnreg=104)]
+    # Same-bits instruction cuts (session 5; see _swiglu_forward_and_per_token_cast_kernel).  sm_90a hot path at the
+    # anchor, executed instructions per element (inner chunk loop + row-block overhead / 7 chunks; the default:
+    # 37.5 = 35.75 + 1.8, 96 registers): FUSED_SILU=4 one PTX block per four words from the bf16 words to float32
+    # act (expf/division rewrites of the per-channel op, bf16 guard); INT_COUNT the clamp counts as 16-bit mask sums
+    # (HSET2 + IADD3 per two words, flushed every 2340 row blocks, not every row); XORSIGN_CLAMP r clamped by one
+    # min.NaN.xorsign.abs.bf16x2; INT_SCALE the round_sf pow2 scale from amax's bits (no FCHK division)
+    + [dict(FUSED_SILU=4, INT_COUNT=True, XORSIGN_CLAMP=True, INT_SCALE=True),  # 30.9 (30.4 + 0.5), 90 registers
+       dict(FUSED_SILU=4, INT_COUNT=True, XORSIGN_CLAMP=True, INT_SCALE=True, programs_per_sm=21),  # 21 fit (<= 96)
+       dict(FUSED_SILU=4),      # 34.5 (32.75 + 1.8), 94 registers
+       dict(INT_COUNT=True),    # ~35.5 (35.0 + 0.5), 89 registers
+       dict(XORSIGN_CLAMP=True),  # 37.0 (35.25 + 1.8), 96 registers
+       dict(INT_SCALE=True)]    # 36.6 (34.8 + 1.8), 96 registers
 )
 
 

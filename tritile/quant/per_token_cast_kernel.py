@@ -341,6 +341,84 @@ def _store_pairs_e2m1_finite(out_ptr, vlo, vhi, rows, row_ok, col0, K, stride_om
 
 
 @triton.jit
+def _round_scale_bits(am, CLAMP: tl.constexpr, MAX: tl.constexpr):
+    """:func:`quant_scale` with ROUND_SF from the amax bit pattern ``am`` (int32 of a float >= 0 or +inf; no NaN),
+    without the division: ``(sf, sf_inv)`` with the same bits.
+
+    With ``a = max(amax, CLAMP)`` normal and ``sf = 2^k``: ``RN(a / MAX) <= 2^k`` iff ``a <= MAX * 2^k`` (no float
+    lies in ``(MAX * 2^k, MAX * 2^k * (1 + 2^-24)]`` as MAX has at most 24 significant bits, and the tie
+    ``2^k * (1 + 2^-24)`` rounds to the even ``2^k``), so
+    ``k + 127 = (bits(a) - bits(MAX) + 0x7FFFFF + (127 << 23)) >> 23`` (the exponent difference, plus one when a's
+    mantissa field exceeds MAX's) and ``sf_inv = 2^-k`` has the bits
+    ``(254 - (k + 127)) << 23``.  Needs ``CLAMP / MAX >= 2^-126`` (sf normal) and ``MAX >= 2`` (``k <= 126``, so
+    sf_inv is normal); ``amax = +inf`` gives ``sf = +inf``, ``sf_inv = 0``.  Exhaustive check over every amax
+    pattern: ``tests/quant/test_per_block_cast.py::test_round_scale_bits`` (sampled) and the script in its docstring."""
+    tl.static_assert(MAX >= 2.0)
+    tl.static_assert(CLAMP / MAX >= 1.1754943508222875e-38)
+    cb = tl.full([], CLAMP, tl.float32).to(tl.int32, bitcast=True)
+    mb = tl.full([], MAX, tl.float32).to(tl.int32, bitcast=True)
+    a = tl.maximum(am, cb)
+    e = ((a + (0x3F800000 + 0x7FFFFF - mb)) >> 23) & 0xFF
+    inf = am >= 0x7F800000
+    sf = tl.where(inf, 0x7F800000, e << 23).to(tl.float32, bitcast=True)
+    sf_inv = tl.where(inf, 0, (254 - e) << 23).to(tl.float32, bitcast=True)
+    return sf, sf_inv
+
+
+@triton.jit
+def _wide_pairs_cast(x_ptr, out_ptr, sf_ptr, rows, row_ok, mblk, c0, K, num_ms, num_ks, stride_xm, stride_om,
+                     stride_sm, stride_sk, IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BK: tl.constexpr,
+                     NCH: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr,
+                     MAX: tl.constexpr, FIN: tl.constexpr, INT_SF: tl.constexpr, SVEC: tl.constexpr):
+    """The PAIRS path (plain x -> FP4, computed sf, one ``(BLOCK_M, BK)`` block per chunk) for ``NCH`` chunks at
+    once: one ``[BLOCK_M, NCH * BK // 2]`` pair-tile load (all of the program's bytes in flight together), the
+    ``NCH`` block maxima by one reduction (one cross-warp exchange instead of one per chunk), their scales and
+    (packed) sf words in one go, then one encode and store; the per-element math is the per-chunk path's."""
+    WK: tl.constexpr = NCH * BK
+    col0 = c0 * BK
+    raw = _load_pairs(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, WK)
+    lo, hi = _split_pairs(raw, IN_KIND)
+    m2 = tl.maximum(lo & 0x7FFFFFFF, hi & 0x7FFFFFFF)
+    if NCH == 1:
+        am = tl.max(tl.max(m2, axis=1, keep_dims=True), axis=0, keep_dims=True)
+    else:
+        am = tl.max(tl.max(tl.reshape(m2, (BLOCK_M, NCH, BK // 2)), axis=2), axis=0, keep_dims=True)  # [1, NCH]
+    am = tl.minimum(am, 0x7F800000)  # NaN patterns count as +inf
+    amax = am.to(tl.float32, bitcast=True)
+    if INT_SF and ROUND_SF:
+        sf, sf_inv = _round_scale_bits(am, CLAMP, MAX)
+    else:
+        sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
+    _store_sf(sf_ptr, sf, mblk, c0, num_ms, num_ks, stride_sm, stride_sk, 1, NCH, PACKED)
+    vlo = _scale_tile(lo.to(tl.float32, bitcast=True), sf_inv, BLOCK_M, 1, NCH, BK // 2)
+    vhi = _scale_tile(hi.to(tl.float32, bitcast=True), sf_inv, BLOCK_M, 1, NCH, BK // 2)
+    # the byte store's address runs are capped at SVEC bytes: the compiler sizes the per-thread vector of the whole
+    # load -> store chain by its widest access, so this keeps each thread's pair loads at SVEC words (lanes of a
+    # warp on consecutive 32-byte pieces of a row) rather than 16 words (eight 16-byte loads per thread, each warp
+    # load instruction touching 32 different 128-byte lines)
+    pc = tl.max_contiguous(col0 // 2 + tl.arange(0, WK // 2).to(tl.int64), SVEC)
+    optr = out_ptr + rows[:, None] * stride_om + pc[None, :]
+    om = row_ok[:, None] & (pc < K // 2)[None, :]
+    if FIN:
+        if tl.max(tl.max(amax, 1), 0) < float("inf"):
+            clo = f32_to_e2m1_code_finite(vlo)
+            chi = f32_to_e2m1_code_finite(vhi)
+            tl.store(optr, (clo | (chi << 4)).to(tl.int8), mask=om)
+        else:
+            _store_pair_codes(optr, om, lo, hi, vlo, vhi)
+    else:
+        _store_pair_codes(optr, om, lo, hi, vlo, vhi)
+
+
+@triton.jit
+def _store_pair_codes(optr, om, lo, hi, vlo, vhi):
+    """The store of :func:`_store_pairs_e2m1` at given byte pointers and mask."""
+    clo = (f32_to_e2m1_code_fast(vlo) & 7) | ((lo >> 28) & 8)
+    chi = (f32_to_e2m1_code_fast(vhi) & 7) | ((hi >> 28) & 8)
+    tl.store(optr, (clo | (chi << 4)).to(tl.int8), mask=om)
+
+
+@triton.jit
 def _block_cast_kernel(
     x_ptr, xsf_ptr, out_ptr, sf_ptr, psf_ptr,
     M, K, num_xsf_k, num_ms, num_ks,
@@ -351,7 +429,8 @@ def _block_cast_kernel(
     OUT_E2M1: tl.constexpr, SF_MODE: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
-    FINITE: tl.constexpr = False, PDL: tl.constexpr = False
+    FINITE: tl.constexpr = False, WIDE: tl.constexpr = False, WIDE_VEC: tl.constexpr = 16, INT_SF: tl.constexpr = False,
+    PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -367,7 +446,10 @@ def _block_cast_kernel(
     ``stride_xm`` in words) loads ``[BLOCK_M, BLOCK_K // 2]`` pair tiles in the packed bytes' layout, so the
     FP4 packing needs no reshape/split and no shared-memory relayout; FINITE (with FAST, computed sf, not
     ROW_GROUP) branches once per chunk on "every block amax is finite" and then encodes without the NaN/sign
-    patches (``_store_codes_finite``), the general encode otherwise."""
+    patches (``_store_codes_finite``), the general encode otherwise; WIDE (with PAIRS) casts the program's
+    CHUNKS_PER_PROG blocks as one tile (``_wide_pairs_cast``: one load of all of them, one amax reduction, one
+    encode and store); INT_SF (with ROUND_SF, computed sf) takes the scales from the amax bits without a division
+    (``_round_scale_bits``)."""
     pdl_enter(PDL)
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
@@ -413,84 +495,95 @@ def _block_cast_kernel(
         PF: tl.constexpr = PREFETCH and IN_KIND < 2
         PAIRED: tl.constexpr = PAIRS and OUT_E2M1 and SF_MODE == 0 and IN_KIND < 2
         FIN: tl.constexpr = FINITE and FASTQ
+        WIDE_P: tl.constexpr = WIDE and PAIRED
         # plain x: keep the raw tile, reduce amax on it, convert after the reduction (FAST, computed sf)
         RAW: tl.constexpr = PF or (FAST and IN_KIND < 2)
         c0 = pk * CHUNKS_PER_PROG
-        if PF:
-            if PAIRED:
-                nxt = _load_pairs(x_ptr, rows, row_ok, c0 * BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
-            else:
-                nxt = _load_raw(x_ptr, rows, row_ok, c0 * BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
-        for i in tl.static_range(CHUNKS_PER_PROG):
-            c = c0 + i
-            col0 = c * BLOCK_K
+        if WIDE_P:
+            _wide_pairs_cast(x_ptr, out_ptr, sf_ptr, rows, row_ok, mblk, c0, K, num_ms, num_ks, stride_xm, stride_om,
+                             stride_sm, stride_sk, IN_KIND, BLOCK_M, BK, CHUNKS_PER_PROG, ROUND_SF, PACKED, CLAMP, MAX,
+                             FIN, INT_SF, WIDE_VEC)
+        else:
             if PF:
-                raw = nxt
-                if i + 1 < CHUNKS_PER_PROG:
-                    if PAIRED:
-                        nxt = _load_pairs(x_ptr, rows, row_ok, col0 + BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
-                    else:
-                        nxt = _load_raw(x_ptr, rows, row_ok, col0 + BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
-            elif PAIRED:
-                raw = _load_pairs(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
-            elif RAW:
-                raw = _load_raw(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
-            else:
-                x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
-            kb0 = c * G
-            if SF_MODE == 2:
-                kb = kb0 + tl.arange(0, G).to(tl.int64)
-                pmask = (mblk < num_ms)[:, None] & (kb < num_ks)[None, :]
-                p = tl.load(psf_ptr + mblk[:, None] * stride_pm + kb[None, :], mask=pmask, other=1.0)
-                sf_inv = tl.math.div_rn(tl.full((MB, G), 1.0, tl.float32), p)
-            else:
                 if PAIRED:
-                    lo, hi = _split_pairs(raw, IN_KIND)
-                    am = _block_max(tl.maximum(lo & 0x7FFFFFFF, hi & 0x7FFFFFFF), MB, BM, G, BK // 2)
-                    amax = tl.minimum(am, 0x7F800000).to(tl.float32, bitcast=True)
+                    nxt = _load_pairs(x_ptr, rows, row_ok, c0 * BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
+                else:
+                    nxt = _load_raw(x_ptr, rows, row_ok, c0 * BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
+            for i in tl.static_range(CHUNKS_PER_PROG):
+                c = c0 + i
+                col0 = c * BLOCK_K
+                if PF:
+                    raw = nxt
+                    if i + 1 < CHUNKS_PER_PROG:
+                        if PAIRED:
+                            nxt = _load_pairs(x_ptr, rows, row_ok, col0 + BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
+                        else:
+                            nxt = _load_raw(x_ptr, rows, row_ok, col0 + BLOCK_K, K, stride_xm, BLOCK_M, BLOCK_K)
+                elif PAIRED:
+                    raw = _load_pairs(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
                 elif RAW:
-                    amax = _raw_amax(raw, MB, BM, G, BK, IN_KIND)
+                    raw = _load_raw(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
                 else:
-                    amax = _amax_of(x, MB, BM, G, BK, FAST)
-                sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
-                if PACKED and G == 1:
-                    # one k-block per chunk: assemble the word from four consecutive chunks
-                    e = tl.where(c < num_ks, sf_to_ue8m0(sf), 0)
-                    if i % 4 == 0:
-                        word = e
+                    x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
+                                   num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                kb0 = c * G
+                if SF_MODE == 2:
+                    kb = kb0 + tl.arange(0, G).to(tl.int64)
+                    pmask = (mblk < num_ms)[:, None] & (kb < num_ks)[None, :]
+                    p = tl.load(psf_ptr + mblk[:, None] * stride_pm + kb[None, :], mask=pmask, other=1.0)
+                    sf_inv = tl.math.div_rn(tl.full((MB, G), 1.0, tl.float32), p)
+                else:
+                    if PAIRED:
+                        lo, hi = _split_pairs(raw, IN_KIND)
+                        am = _block_max(tl.maximum(lo & 0x7FFFFFFF, hi & 0x7FFFFFFF), MB, BM, G, BK // 2)
+                        amax = tl.minimum(am, 0x7F800000).to(tl.float32, bitcast=True)
+                    elif RAW:
+                        amax = _raw_amax(raw, MB, BM, G, BK, IN_KIND)
                     else:
-                        word = word | (e << (8 * (i % 4)))
-                    if i % 4 == 3:
-                        wi = c // 4 + tl.zeros((MB, 1), tl.int64)
-                        wm = (mblk < num_ms)[:, None] & (wi < (num_ks + 3) // 4)
-                        tl.store(sf_ptr + mblk[:, None] * stride_sm + wi * stride_sk, word, mask=wm)
-                else:
-                    _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB, G, PACKED)
-            if PAIRED:
-                vlo = _scale_tile(lo.to(tl.float32, bitcast=True), sf_inv, MB, BM, G, BK // 2)
-                vhi = _scale_tile(hi.to(tl.float32, bitcast=True), sf_inv, MB, BM, G, BK // 2)
-                if FIN:
-                    if tl.max(tl.max(amax, 1), 0) < float("inf"):
-                        _store_pairs_e2m1_finite(out_ptr, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M,
-                                                 BLOCK_K)
+                        amax = _amax_of(x, MB, BM, G, BK, FAST)
+                    if INT_SF and ROUND_SF:
+                        sf, sf_inv = _round_scale_bits(amax.to(tl.int32, bitcast=True), CLAMP, MAX)
                     else:
-                        _store_pairs_e2m1(out_ptr, lo, hi, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M,
-                                          BLOCK_K)
-                else:
-                    _store_pairs_e2m1(out_ptr, lo, hi, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K)
-            elif SF_MODE != 1:
-                if RAW:
-                    x = _raw_to_f32(raw, IN_KIND)
-                v = _scale_tile(x, sf_inv, MB, BM, G, BK)
-                if FIN:
-                    if tl.max(tl.max(amax, 1), 0) < float("inf"):
-                        _store_codes_finite(out_ptr, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1)
+                        sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
+                    if PACKED and G == 1:
+                        # one k-block per chunk: assemble the word from four consecutive chunks
+                        e = tl.where(c < num_ks, sf_to_ue8m0(sf), 0)
+                        if i % 4 == 0:
+                            word = e
+                        else:
+                            word = word | (e << (8 * (i % 4)))
+                        if i % 4 == 3:
+                            wi = c // 4 + tl.zeros((MB, 1), tl.int64)
+                            wm = (mblk < num_ms)[:, None] & (wi < (num_ks + 3) // 4)
+                            tl.store(sf_ptr + mblk[:, None] * stride_sm + wi * stride_sk, word, mask=wm)
+                    else:
+                        _store_sf(sf_ptr, sf, mblk, kb0, num_ms, num_ks, stride_sm, stride_sk, MB, G, PACKED)
+                if PAIRED:
+                    vlo = _scale_tile(lo.to(tl.float32, bitcast=True), sf_inv, MB, BM, G, BK // 2)
+                    vhi = _scale_tile(hi.to(tl.float32, bitcast=True), sf_inv, MB, BM, G, BK // 2)
+                    if FIN:
+                        if tl.max(tl.max(amax, 1), 0) < float("inf"):
+                            _store_pairs_e2m1_finite(out_ptr, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M,
+                                                     BLOCK_K)
+                        else:
+                            _store_pairs_e2m1(out_ptr, lo, hi, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M,
+                                              BLOCK_K)
+                    else:
+                        _store_pairs_e2m1(out_ptr, lo, hi, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K)
+                elif SF_MODE != 1:
+                    if RAW:
+                        x = _raw_to_f32(raw, IN_KIND)
+                    v = _scale_tile(x, sf_inv, MB, BM, G, BK)
+                    if FIN:
+                        if tl.max(tl.max(amax, 1), 0) < float("inf"):
+                            _store_codes_finite(out_ptr, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K,
+                                                OUT_E2M1)
+                        else:
+                            _encode_store(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1,
+                                          FASTQ)
                     else:
                         _encode_store(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1,
                                       FASTQ)
-                else:
-                    _encode_store(out_ptr, x, v, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K, OUT_E2M1, FASTQ)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -677,8 +770,13 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
                                                                    BLOCK_K, BK, num_chunks, cpp)
         warps, fast, prefetch = int(cfg["num_warps"]), bool(cfg["FAST"]), bool(cfg["PREFETCH"])
         pairs, finite = bool(cfg.get("PAIRS", False)), bool(cfg.get("FINITE", False))
+        # speed-only candidates (same bits; off by default): WIDE (with PAIRS, a power-of-two CHUNKS_PER_PROG) casts
+        # a program's chunks as one tile, INT_SF (round_sf) computes the scales from the amax bits
+        # (WIDE_VEC: the widest per-thread run of the FP4 byte store, which sizes the pair loads' vectors too)
+        wide, int_sf = bool(cfg.get("WIDE", False)), bool(cfg.get("INT_SF", False))
+        wide_vec = int(cfg.get("WIDE_VEC", 16))
     else:
-        fast, prefetch, pairs, finite = True, False, False, False
+        fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
     grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
@@ -687,6 +785,10 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
             xv = data.view(torch.int64 if in_kind == IN_FP32 else torch.int32)
         except RuntimeError:
             pairs = False
+    wide = wide and pairs and bm > 1 and cpp & (cpp - 1) == 0
+    if wide and (wide_vec < 1 or wide_vec & (wide_vec - 1)):
+        raise ValueError(f"WIDE_VEC must be a power of two, got {wide_vec}")
+    int_sf = int_sf and bool(round_sf) and sf_mode != SF_PRECOMPUTED and not row_group
     outv = out.view(torch.uint8) if out.dtype == torch.float8_e4m3fn else out
     has_out, has_sf = sf_mode != SF_ONLY, sf_mode != SF_PRECOMPUTED
     _block_cast_kernel[grid](
@@ -700,7 +802,8 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         BM=bm, BK=BK, ROW_GROUP=row_group, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
-        PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, num_warps=warps, **pdl_args(xv.device),
+        PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, WIDE=wide, WIDE_VEC=wide_vec if wide else 16,
+        INT_SF=int_sf, num_warps=warps, **pdl_args(xv.device),
     )
     return out, sf
 

@@ -318,6 +318,146 @@ def _encode_pair(lo, hi, sf_inv, FAST_ENC: tl.constexpr):
         return ((_encode_e4m3(lo, sf_inv).to(tl.int32) & 0xFF) | (_encode_e4m3(hi, sf_inv).to(tl.int32) << 8)).to(tl.int16)
 
 
+# ------------------------------------------------------------------------------------------------
+# Instruction-count candidates (config keys FUSED_SILU, INT_COUNT, XORSIGN_CLAMP, INT_SCALE; same bits)
+# ------------------------------------------------------------------------------------------------
+def _silu_act_words_ptx(nw: int) -> str:
+    """PTX of the SwiGLU of ``2 * nw`` elements: ``nw`` words of (clamped) l (``$2nw..``) and ``nw`` words of r
+    (``$3nw..``) to float32 act: ``$0..$nw-1`` the low halves (even columns), ``$nw..$2nw-1`` the high halves.
+    Per element the FAST_DIV path's operations (``l * -1`` -> libdevice ``expf`` -> ``1 + e`` ->
+    ``_div_neg_fast`` -> ``* r``) with the per-channel op's three exact rewrites (``_silu_words_ptx`` in
+    swiglu_forward_and_per_channel_cast_and_transpose_kernel: the sign flip folded into expf's constants, expf's
+    ``cvt.sat`` folded into its first fma and ``1 + e * 2^n`` as one fma, the division's fast path guarded by
+    ``max |l| <= 41``); the guard here is taken on the bf16 words (``max.xorsign.abs.bf16x2`` keeps
+    ``max(|a|, |b|)`` in the magnitude, NaN skipped; ``abs``; one ``setp.le.bf16x2`` against 41 in both halves):
+    three bf16x2 max per four words instead of seven float32 max per eight elements."""
+    n = 2 * nw
+    lw = [f"${n + i}" for i in range(nw)]
+    rw = [f"${n + nw + i}" for i in range(nw)]
+    unpack = "".join(f"shl.b32 l{2 * i}, {w}, 16; and.b32 l{2 * i + 1}, {w}, 0xFFFF0000; " for i, w in enumerate(lw))
+    exp = "".join(
+        f"fma.rn.ftz.sat.f32 s, l{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-l) * c1)
+        f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
+        f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
+        f"fma.rn.ftz.f32 f, l{i}, 0fBFB8AA3B, k; "              # (-l) * log2e - k
+        f"fma.rn.ftz.f32 f, l{i}, 0fB2A57060, f; "              # + (-l) * log2e_lo
+        f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
+        f"fma.rn.f32 t{i}, e, j, 0f3F800000; "                   # 1 + e * 2^n (exact product)
+        for i in range(n))
+    guard = f"max.xorsign.abs.bf16x2 m, {lw[0]}, {lw[1 % nw]}; " + "".join(
+        f"max.xorsign.abs.bf16x2 m, m, {w}; " for w in lw[2:]) + (
+        "abs.bf16x2 m, m; mov.b32 a, 0x42244224; setp.le.bf16x2 p|q, m, a; and.pred p, p, q; ")
+    fast = "".join(
+        f"rcp.approx.ftz.f32 y, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, y, 0f3F800000; fma.rn.f32 y, y, e, y; "
+        f"mul.rn.f32 q{i}, l{i}, y; neg.f32 z, l{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 y, y; "
+        f"fma.rn.f32 q{i}, y, e, q{i}; " for i in range(n))
+    slow = "".join(f"div.rn.f32 q{i}, l{i}, t{i}; " for i in range(n))
+    mul = "".join(f"shl.b32 r, {w}, 16; mul.rn.f32 ${i}, q{2 * i}, r; and.b32 r, {w}, 0xFFFF0000; "
+                  f"mul.rn.f32 ${nw + i}, q{2 * i + 1}, r; " for i, w in enumerate(rw))
+    return (f"{{ .reg .pred p, q; .reg .b32 l<{n}>, t<{n}>, q<{n}>, r, s, j, k, f, e, y, z, m, a; "
+            + unpack + exp + guard + "@!p bra SLOW; " + fast + "bra.uni DONE; SLOW: " + slow + "DONE: " + mul + "}")
+
+
+_SILU_ACT4 = tl.constexpr(_silu_act_words_ptx(4))
+
+
+@triton.jit
+def _silu_act_words(lw, rw):
+    """float32 act ``(lo, hi)`` of the words of (clamped) l and r: one ``_silu_act_words_ptx(4)`` block per four
+    words of a thread (GPU only: the caller runs the element path under EMULATE)."""
+    return tl.inline_asm_elementwise(_SILU_ACT4, "=f,=f,=f,=f,=f,=f,=f,=f,r,r,r,r,r,r,r,r", [lw, rw],
+                                     dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+
+
+@triton.jit
+def _u32_mask_emu(w, cb, GT: tl.constexpr):
+    """``set.{gt,lt}.u32.bf16x2 w, cb`` under EMULATE: 0xFFFF in each half where the bf16 compare holds."""
+    x_lo = (w << 16).to(tl.float32, bitcast=True)
+    x_hi = (w & -65536).to(tl.float32, bitcast=True)
+    c_lo = (cb << 16).to(tl.float32, bitcast=True)
+    c_hi = (cb & -65536).to(tl.float32, bitcast=True)
+    if GT:
+        return tl.where(x_lo > c_lo, 0xFFFF, 0) | tl.where(x_hi > c_hi, -65536, 0)
+    else:
+        return tl.where(x_lo < c_lo, 0xFFFF, 0) | tl.where(x_hi < c_hi, -65536, 0)
+
+
+@triton.jit
+def _u32_count2(acc, w0, w1, cb, GT: tl.constexpr):
+    """``acc + m(w0) + m(w1)`` (int32, wrapping) with ``m`` the 16-bit compare masks of the bf16 pairs against
+    ``cb`` (``x > cb`` (GT) or ``x < cb``; 0xFFFF per true half, NaN false).  GPU: two ``HSET2`` (integer
+    result) and one ``IADD3`` per two words: 0.75 instructions per element and count instead of 1
+    (``_bf16x2_count``).  ``_u32_count_decode`` turns the sums back into counts."""
+    if EMULATE:
+        return acc + _u32_mask_emu(w0, cb, GT) + _u32_mask_emu(w1, cb, GT)
+    else:
+        if GT:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 m, n; set.gt.u32.bf16x2 m, $2, $4; set.gt.u32.bf16x2 n, $3, $4; add.u32 m, m, n; "
+                "add.u32 $0, $1, m; }", "=r,r,r,r,r", [acc, w0, w1, cb], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 m, n; set.lt.u32.bf16x2 m, $2, $4; set.lt.u32.bf16x2 n, $3, $4; add.u32 m, m, n; "
+                "add.u32 $0, $1, m; }", "=r,r,r,r,r", [acc, w0, w1, cb], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _u32_count_decode(acc):
+    """Row sums ``[R]`` (int64) of the counts held in the mask sums ``acc [R, W]`` (see ``_u32_count2``).
+
+    A word that summed ``a`` true low halves and ``b`` true high halves holds ``a * 0xFFFF + b * 0xFFFF0000``
+    mod 2^32, so ``v = -acc = a + (b - a) * 2^16`` mod 2^32: ``a`` is the low 16 bits of v, ``b - a`` the high
+    16 bits (mod 2^16), and ``a + b = ((v >> 16) + 2 v) mod 2^16``, exact while ``a + b < 2^16`` (the kernel
+    flushes every CNT_FLUSH row blocks)."""
+    v = 0 - acc
+    return tl.sum(((v >> 16) + (v << 1)) & 0xFFFF, axis=1).to(tl.int64)
+
+
+@triton.jit
+def _bf16x2_clamp_xorsign(lw, rw, cw, ncw):
+    """``_bf16x2_clamp`` with ``r`` clamped by one ``min.NaN.xorsign.abs.bf16x2 r, r, c`` (c > 0 in both
+    halves): ``min(|r|, c)`` with r's sign (c's is +), i.e. r for |r| <= c (signed zeros kept), +-c beyond,
+    +-inf -> +-c, NaN -> NaN: the comparisons' values for every bf16 r.  One instruction per two r instead of
+    two."""
+    if EMULATE:
+        return _bf16x2_clamp(lw, rw, cw, ncw)
+    else:
+        lw = tl.inline_asm_elementwise("min.NaN.bf16x2 $0, $1, $2;", "=r,r,r", [lw, cw], dtype=tl.int32,
+                                       is_pure=True, pack=1)
+        rw = tl.inline_asm_elementwise("min.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [rw, cw],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+        return lw, rw
+
+
+@triton.jit
+def _pow2_scale_f32_bits(amax, sf_clamp_min):
+    """``quant_scale(amax, sf_clamp_min, 448, ROUND_SF=True)`` in integer ops, for ``sf_clamp_min >= 2^-118``
+    (the host checks) and amax >= 0 or +inf (NaN already mapped to +inf).
+
+    ``a = max(amax, cmin) = 2^E (1 + m / 2^23)`` with E >= -118: ``a / 448 = 2^(E-8) (1 + m / 2^23) / 1.75``
+    is a normal float32, and ``ceil(log2(div_rn(a, 448)))`` is ``E - 8`` for ``m <= 0x600000`` (the quotient
+    lies in (2^(E-9), 2^(E-8)]: 1.75 gives exactly 2^(E-8)) and ``E - 7`` above (the quotient exceeds 2^(E-8)
+    by at least 2^-23 / 1.75 of it, more than half an ulp, so its rounding stays above).  So the sf bits are
+    ``(bits(a) + 0x1FFFFF - 8 * 2^23) & 0xFF800000`` and sf_inv's ``0x7F000000`` minus them; +inf gives
+    ``sf = +inf``, ``sf_inv = 0``.  (Checked against the division for every mantissa at several exponents in
+    tests/quant/test_swiglu_forward_and_per_token_cast.py.)"""
+    a = tl.maximum(amax, sf_clamp_min)
+    t = a.to(tl.int32, bitcast=True)
+    s = (t + (0x1FFFFF - (8 << 23))) & -8388608
+    fin = t < 0x7F800000
+    sf = tl.where(fin, s, 0x7F800000).to(tl.float32, bitcast=True)
+    sf_inv = tl.where(fin, 0x7F000000 - s, 0).to(tl.float32, bitcast=True)
+    return sf, sf_inv
+
+
+@triton.jit
+def _scale(amax, sf_clamp_min, ROUND_SF: tl.constexpr, INT_SCALE: tl.constexpr):
+    if ROUND_SF and INT_SCALE:
+        return _pow2_scale_f32_bits(amax, sf_clamp_min)
+    else:
+        return quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+
+
 @triton.jit
 def _swiglu_forward_and_per_token_cast_kernel(
         x_ptr, out_ptr, sf_ptr, ptt_ptr, w_ptr, p2e_ptr, cnt_ptr,
@@ -330,7 +470,9 @@ def _swiglu_forward_and_per_token_cast_kernel(
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, PREFETCH: tl.constexpr, PACKED_COUNT: tl.constexpr,
         MINMAX_CLAMP: tl.constexpr, X_WORDS: tl.constexpr, BF16X2_COUNT: tl.constexpr,
         BF16X2_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH_RB: tl.constexpr,
-        PREFETCH2: tl.constexpr, PDL: tl.constexpr = False):
+        PREFETCH2: tl.constexpr, FUSED_SILU: tl.constexpr = 0, INT_COUNT: tl.constexpr = False,
+        XORSIGN_CLAMP: tl.constexpr = False, INT_SCALE: tl.constexpr = False, CNT_FLUSH: tl.constexpr = 1,
+        PDL: tl.constexpr = False):
     """FAST_MAX: NaN-propagating group max (NaN -> +inf fixed once per group).  FAST_ENC: the plain
     e4m3 encode (a NaN code's sign is free: NaN inputs are unspecified and the tests compare NaN
     codes sign-free) instead of the per-element ``0x7F | sign(x)`` fix-up.  PREFETCH: the
@@ -347,7 +489,13 @@ def _swiglu_forward_and_per_token_cast_kernel(
     program's next one), and ``pos_to_expert`` / ``pos_to_token_topk`` are read one row block ahead, so
     no row block starts with an exposed load round trip.  PREFETCH2 (with PREFETCH and PREFETCH_RB; the host
     sets it only for >= 2 chunks per row): the loads run two chunks ahead (two chunks in flight per program
-    while one is computed; 16 more registers at [1, 512] x 1 warp)."""
+    while one is computed; 16 more registers at [1, 512] x 1 warp).
+
+    Same-bits instruction-count candidates (off by default): FUSED_SILU=4 (X_WORDS, FAST_DIV, words clamped on
+    bf16 pairs or no clamp; GPU) ``_silu_act_words``, one PTX block per four words to float32 act; INT_COUNT (with
+    BF16X2_COUNT) the counts as 16-bit mask sums, two words per add (``_u32_count2``), decoded every CNT_FLUSH row
+    blocks and at the end (``_u32_count_decode``); XORSIGN_CLAMP (with BF16X2_CLAMP) ``_bf16x2_clamp_xorsign``;
+    INT_SCALE (ROUND_SF; the host sets it only for sf_clamp_min >= 2^-118) ``_pow2_scale_f32_bits``."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // GB  # groups per chunk
     NCH: tl.constexpr = (H + CH - 1) // CH  # chunks per row
@@ -368,6 +516,17 @@ def _swiglu_forward_and_per_token_cast_kernel(
     if BF16_CNT:
         tl.static_assert(NCH <= 256)  # bf16 counts are exact integers up to 256
     PF_RB: tl.constexpr = PREFETCH and PREFETCH_RB
+    # INT_COUNT: the counts as sums of 16-bit compare masks, two words per add, flushed every CNT_FLUSH row blocks
+    I_CNT: tl.constexpr = INT_COUNT and BF16_CNT
+    if I_CNT:
+        tl.static_assert(X_WORDS and CH % 4 == 0)
+        i_l = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+        i_rp = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+        i_rn = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+        cb_pos2 = tl.full([BLOCK_R, CH // 4], clamp_bf16, tl.int32)
+        cb_pos2 = cb_pos2 | (cb_pos2 << 16)
+        cb_neg2 = cb_pos2 ^ -2147450880
+        n_unflushed = 0
     rb = pid
     if PF_RB:
         # the first row block's activity, routing index and first chunk, ahead of the loop
@@ -414,7 +573,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
             w = tl.zeros([BLOCK_R], tl.float32)  # unused
         x_row = x_ptr + rows[:, None] * stride_xm
         PW: tl.constexpr = CH // 2 if X_WORDS else CH  # element slots (words or columns) per chunk
-        if BF16_CNT:
+        if BF16_CNT and not I_CNT:
             c_l = tl.zeros([BLOCK_R, PW], tl.int32)
             c_rp = tl.zeros([BLOCK_R, PW], tl.int32)
             c_rn = tl.zeros([BLOCK_R, PW], tl.int32)
@@ -466,7 +625,13 @@ def _swiglu_forward_and_per_token_cast_kernel(
             if BF16_CLAMP:
                 # counts first (they read the unclamped words), then the clamp on the words
                 if COUNT:
-                    if BF16_CNT:
+                    if I_CNT:
+                        l0, l1 = tl.split(tl.reshape(l_raw, (BLOCK_R, CH // 4, 2)))
+                        r0, r1 = tl.split(tl.reshape(r_raw, (BLOCK_R, CH // 4, 2)))
+                        i_l = _u32_count2(i_l, l0, l1, cb_pos2, True)
+                        i_rp = _u32_count2(i_rp, r0, r1, cb_pos2, True)
+                        i_rn = _u32_count2(i_rn, r0, r1, cb_neg2, False)
+                    elif BF16_CNT:
                         c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
                         c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
                         c_rn = _bf16x2_count(c_rn, r_raw, cb_neg, False)
@@ -484,7 +649,10 @@ def _swiglu_forward_and_per_token_cast_kernel(
                                              axis=1).to(tl.int64)
                             acc_rn += tl.sum((r < -clamp_value).to(tl.int32) + (r_hi < -clamp_value).to(tl.int32),
                                              axis=1).to(tl.int64)
-                l_raw, r_raw = _bf16x2_clamp(l_raw, r_raw, cb_pos, cb_neg)
+                if XORSIGN_CLAMP:
+                    l_raw, r_raw = _bf16x2_clamp_xorsign(l_raw, r_raw, cb_pos, cb_neg)
+                else:
+                    l_raw, r_raw = _bf16x2_clamp(l_raw, r_raw, cb_pos, cb_neg)
             if X_WORDS:
                 # even columns (the low halves) and odd columns (the high halves) as two [R, CH/2] tiles
                 l = (l_raw << 16).to(tl.float32, bitcast=True)
@@ -496,7 +664,13 @@ def _swiglu_forward_and_per_token_cast_kernel(
                 r = _raw_to_f32(r_raw, X_BF16)
             if HAS_CLAMP and COUNT and not BF16_CLAMP:
                 # masked elements load as 0 and c >= 0, so they never count: no mask needed
-                if BF16_CNT:
+                if I_CNT:
+                    l0, l1 = tl.split(tl.reshape(l_raw, (BLOCK_R, CH // 4, 2)))
+                    r0, r1 = tl.split(tl.reshape(r_raw, (BLOCK_R, CH // 4, 2)))
+                    i_l = _u32_count2(i_l, l0, l1, cb_pos2, True)
+                    i_rp = _u32_count2(i_rp, r0, r1, cb_pos2, True)
+                    i_rn = _u32_count2(i_rn, r0, r1, cb_neg2, False)
+                elif BF16_CNT:
                     c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
                     c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
                     c_rn = _bf16x2_count(c_rn, r_raw, cb_neg, False)
@@ -523,15 +697,27 @@ def _swiglu_forward_and_per_token_cast_kernel(
             else:
                 nl = l
                 nl_hi = l
-            act = _act_of(l, nl, r, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC, HAS_WEIGHTS, HAS_P2E,
-                          FDIV, HAS_CLAMP, NL_W)
+            # FUSED_SILU (GPU): the words (clamped, or no clamp) to float32 act in one PTX block per four words
+            FUSED: tl.constexpr = FUSED_SILU == 4 and NL_W and not EMULATE
+            if FUSED:
+                act, act_hi = _silu_act_words(l_raw, r_raw)
+                if HAS_WEIGHTS:
+                    act = act * w[:, None]
+                    act_hi = act_hi * w[:, None]
+                if HAS_P2E:
+                    act = tl.where(active[:, None], act, 0.0)
+                    act_hi = tl.where(active[:, None], act_hi, 0.0)
+            else:
+                act = _act_of(l, nl, r, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC, HAS_WEIGHTS,
+                              HAS_P2E, FDIV, HAS_CLAMP, NL_W)
+                if X_WORDS:
+                    act_hi = _act_of(l_hi, nl_hi, r_hi, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC,
+                                     HAS_WEIGHTS, HAS_P2E, FDIV, HAS_CLAMP, NL_W)
             if X_WORDS:
-                act_hi = _act_of(l_hi, nl_hi, r_hi, w, active, clamp_value, CLAMP_F32, MINMAX_CLAMP, FAST_ENC,
-                                 HAS_WEIGHTS, HAS_P2E, FDIV, HAS_CLAMP, NL_W)
                 act3 = tl.reshape(act, (BLOCK_R, G, GB // 2))
                 act3_hi = tl.reshape(act_hi, (BLOCK_R, G, GB // 2))
                 amax = _amax3_pair(act3, act3_hi, FAST_MAX)
-                sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+                sf, sf_inv = _scale(amax, sf_clamp_min, ROUND_SF, INT_SCALE)
                 q = tl.reshape(_encode_pair(act3, act3_hi, sf_inv[:, :, None], FAST_ENC), (BLOCK_R, CH // 2))
                 cw = c0 // 2 + tl.arange(0, CH // 2)
                 tl.store(out_ptr + rows[:, None] * stride_om + cw[None, :], q,
@@ -539,7 +725,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
             else:
                 act3 = tl.reshape(act, (BLOCK_R, G, GB))
                 amax = _amax3(act3, FAST_MAX)
-                sf, sf_inv = quant_scale(amax, sf_clamp_min, 448.0, ROUND_SF)
+                sf, sf_inv = _scale(amax, sf_clamp_min, ROUND_SF, INT_SCALE)
                 if FAST_ENC:
                     q = tl.reshape(f32_to_e4m3_bits_satfinite(act3 * sf_inv[:, :, None]), (BLOCK_R, CH))
                 else:
@@ -559,7 +745,17 @@ def _swiglu_forward_and_per_token_cast_kernel(
                 gidx = g0 + tl.arange(0, G)
                 tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :] * stride_sk, sf,
                          mask=row_ok[:, None] & (gidx[None, :] < num_groups))
-        if BF16_CNT:
+        if I_CNT:
+            n_unflushed += 1
+            if n_unflushed >= CNT_FLUSH:
+                acc_l += _u32_count_decode(i_l)
+                acc_rp += _u32_count_decode(i_rp)
+                acc_rn += _u32_count_decode(i_rn)
+                i_l = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+                i_rp = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+                i_rn = tl.zeros([BLOCK_R, CH // 4], tl.int32)
+                n_unflushed = 0
+        elif BF16_CNT:
             acc_l += _words_count_sum(c_l).to(tl.int64)
             acc_rp += _words_count_sum(c_rp).to(tl.int64)
             acc_rn += _words_count_sum(c_rn).to(tl.int64)
@@ -573,6 +769,10 @@ def _swiglu_forward_and_per_token_cast_kernel(
             if HAS_WEIGHTS:
                 idx_c = idx_nx
         rb += nprog
+    if I_CNT:
+        acc_l += _u32_count_decode(i_l)
+        acc_rp += _u32_count_decode(i_rp)
+        acc_rn += _u32_count_decode(i_rn)
     if COUNT:
         tl.atomic_add(cnt_ptr + 0, tl.sum(acc_l))
         tl.atomic_add(cnt_ptr + 1, tl.sum(acc_rp))
@@ -639,7 +839,8 @@ def _config(H: int, npc: int, packed: bool) -> dict:
     without prefetch (16 programs per SM: 210.2 us; 8 programs of 2 warps: 221.8 us)."""
     cfg = dict(programs_per_sm=8, FAST_MAX=True, FAST_ENC=True, PREFETCH=False, PREFETCH_RB=False,
                PACKED_COUNT=True, MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True,
-               FAST_DIV=True, PREFETCH2=False, maxnreg=None)
+               FAST_DIV=True, PREFETCH2=False, maxnreg=None, FUSED_SILU=0, INT_COUNT=False, XORSIGN_CLAMP=False,
+               INT_SCALE=False, CNT_FLUSH=None)
     if npc == H:
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
@@ -707,6 +908,16 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
     else:
         x_arg, stride_x = (x.view(torch.int16) if x.dtype == torch.bfloat16 else x), x.stride(0)
     dummy = out  # never read when its flag is off
+    sf_min = sf_clamp_min if sf_clamp_min is not None else FMT_CLAMP["e4m3"]
+    bf16_clamp = (clamp is not None and clamp > 0
+                  and _bf16_round_down_bits(clamp) << 16 == struct.unpack("<I", struct.pack("<f", clamp))[0])
+    # FUSED_SILU: one PTX block per four words of a thread (needs a multiple of four words per thread)
+    fused = int(cfg.get("FUSED_SILU", 0) or 0)
+    if fused not in (0, 4) or (block_r * ch // 2) % (4 * 32 * cfg["num_warps"]):
+        fused = 0
+    nch = ceil_div(H, ch)
+    # INT_COUNT: a mask sum holds < 2^16 counts per word; a row block adds at most 4 per chunk and word
+    cnt_flush = cfg.get("CNT_FLUSH") or max(1, 65535 // (4 * nch))
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
     _swiglu_forward_and_per_token_cast_kernel[grid](
         x_arg, out.view(torch.int16) if words else out.view(torch.uint8), sf,
@@ -728,6 +939,11 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
         and _bf16_round_down_bits(clamp) << 16 == struct.unpack("<I", struct.pack("<f", clamp))[0],
         FAST_DIV=bool(cfg["FAST_DIV"]),
         PREFETCH2=bool(cfg["PREFETCH2"]) and bool(cfg["PREFETCH"]) and bool(cfg["PREFETCH_RB"]) and ceil_div(H, ch) >= 2,
+        # same-bits instruction-count candidates (see the kernel); off in the default config
+        FUSED_SILU=fused if words and (clamp is None or (bool(cfg["BF16X2_CLAMP"]) and bf16_clamp)) else 0,
+        INT_COUNT=bool(cfg.get("INT_COUNT", False)) and ch % 4 == 0, CNT_FLUSH=int(cnt_flush),
+        XORSIGN_CLAMP=bool(cfg.get("XORSIGN_CLAMP", False)),
+        INT_SCALE=bool(cfg.get("INT_SCALE", False)) and round_sf and sf_min >= 2.0 ** -118,
         num_warps=cfg["num_warps"],
         enable_fp_fusion=False, **extra, **pdl_args(out.device))  # see the module docstring
     return out, sf
