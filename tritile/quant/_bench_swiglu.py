@@ -106,8 +106,10 @@ def _fwd_cases(device, quick):
 # BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).  sm_90a SASS,
 # executed per element on the fast path: 42.8 with the first candidate (the default before 2026-11-30),
 # 37.1 with FAST_DIV and BF16X2_CLAMP off, 33.6 with the defaults (92 registers: 10 programs of 2 warps fit).
-_FWD_TUNE = (  # default (session 4): [1, CH] x 1 warp, 20 programs per SM, PREFETCH + PREFETCH_RB
-    [dict(BLOCK_R=2, num_warps=2, programs_per_sm=8, PREFETCH=False, PREFETCH_RB=False),  # session 3 (242.9 us)
+_FWD_TUNE = (  # default (session 5): [1, CH] x 1 warp, 20 programs per SM, PREFETCH + PREFETCH_RB, and the four
+    # instruction cuts below (CUPTI 171.91 us against 203.99 for the session-4 default, the first candidate)
+    [dict(FUSED_SILU=0, INT_COUNT=False, XORSIGN_CLAMP=False, INT_SCALE=False),
+     dict(BLOCK_R=2, num_warps=2, programs_per_sm=8, PREFETCH=False, PREFETCH_RB=False),  # session 3 (242.9 us)
      dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False), dict(FAST_DIV=False),
      dict(PREFETCH_RB=False), dict(PREFETCH=False, PREFETCH_RB=False)]
     # more programs per SM: 1 warp at ~96 registers fits ~21, so more need a register cap

@@ -759,20 +759,27 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # element with PAIRS/FINITE (128x128 bf16 -> e4m3: 10.2 -> 8.0).  H200 sweep (2026-11-30 session 4,
         # 8001 x 7168 fp32 -> e2m1 32x32, CUDA graph): 4 warps 87.8 us, 2 warps 88.0, PAIRS/FINITE off at 2 warps
         # 93.6, 1 warp 139.5 (one-warp blocks cap at 32 warps per SM: half occupancy)
+        # Session 5 (same shape, CUPTI with L2 flushed): WIDE (a program's 4 chunks as one [32, 64]-pair tile: 2
+        # barriers instead of 12, 16 KB of loads in flight) with WIDE_VEC=4 took 93.65 us to 68.68 (TileKernels 160.6)
+        wide_default = False
         if (bm > 1 and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
                 and bm * bk <= 1024):
             warps = 4
+            if not interpreter_configs():
+                wide_default, cpp = True, 4
         cfg = dict(BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, CHUNKS_PER_PROG=cpp, num_warps=warps, FAST=True,
                    PREFETCH=bm > 1 and bm * bk <= 1024 and in_kind in (IN_BF16, IN_FP32)
-                   and not interpreter_configs(), PAIRS=bm > 1, FINITE=bm > 1)
+                   and not interpreter_configs(), PAIRS=bm > 1, FINITE=bm > 1, WIDE=wide_default,
+                   WIDE_VEC=4 if wide_default else 16)
         cfg = tuned("per_token_cast" if bm == 1 else "per_block_cast", cfg)
         BLOCK_M, BLOCK_K, BK, num_chunks, cpp = _check_cast_config(cfg, m, k, bm, bk, row_group, packed, BLOCK_M,
                                                                    BLOCK_K, BK, num_chunks, cpp)
         warps, fast, prefetch = int(cfg["num_warps"]), bool(cfg["FAST"]), bool(cfg["PREFETCH"])
         pairs, finite = bool(cfg.get("PAIRS", False)), bool(cfg.get("FINITE", False))
-        # speed-only candidates (same bits; off by default): WIDE (with PAIRS, a power-of-two CHUNKS_PER_PROG) casts
-        # a program's chunks as one tile, INT_SF (round_sf) computes the scales from the amax bits
-        # (WIDE_VEC: the widest per-thread run of the FP4 byte store, which sizes the pair loads' vectors too)
+        # speed-only flags (same bits; WIDE on in the GPU default of FP4 32x32 blocks): WIDE (with PAIRS, a
+        # power-of-two CHUNKS_PER_PROG) casts a program's chunks as one tile, INT_SF (round_sf) computes the scales
+        # from the amax bits (WIDE_VEC: the widest per-thread run of the FP4 byte store, which sizes the pair loads'
+        # vectors too)
         wide, int_sf = bool(cfg.get("WIDE", False)), bool(cfg.get("INT_SF", False))
         wide_vec = int(cfg.get("WIDE_VEC", 16))
     else:
