@@ -177,3 +177,50 @@ def test_engram_gate_bwd_opcheck(device):
     grad_out = torch.randn_like(x)
     saved, _ = _reference(x, k, v, wh, we, grad_out)
     torch.library.opcheck(gk._engram_gate_bwd_op.op, (grad_out, x, k, v, wh.float() * we.float(), *saved, CLAMP))
+
+
+def _l2_case(device, monkeypatch, T, hc, H, num_sms, l2_chunks, cfg=None):
+    """The L2_CHUNK candidate against the default path: every output, grad_w_partial included, bit for bit (and
+    within the reference's bounds); ``l2_chunks`` maps L2_CHUNK to whether the chunked path must run."""
+    import tritile.engram.engram_gate_kernel as gk
+
+    calls = []
+    real = gk._engram_gate_bwd_l2
+    monkeypatch.setattr(gk, "_engram_gate_bwd_l2", lambda *a: calls.append(a[-2]) or real(*a))
+    x, k, v, wh, we = make_gate_data(T, hc, H, device)
+    grad_out = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
+    old = get_num_sms()
+    set_num_sms(num_sms)
+    try:
+        with override_config("engram_gate_bwd", **(cfg or {})):
+            base = _run_and_check(x, k, v, wh, we, grad_out)
+            assert not calls
+            for l2, chunked in l2_chunks.items():
+                with override_config("engram_gate_bwd", L2_CHUNK=l2):
+                    got = _run_and_check(x, k, v, wh, we, grad_out)
+                assert len(calls) == int(chunked), (l2, calls)
+                calls.clear()
+                for a, b in zip(got, base):
+                    assert_equal(a, b)
+    finally:
+        set_num_sms(old)
+
+
+@pytest.mark.parametrize("T,num_sms,l2_chunks", [
+    (23, 5, {5: True, 10: True, 15: True, 25: False}),  # chunk 5: 1, 2 (+1), 3 (+2) tokens a row per launch
+    (12, 5, {10: True, 15: False}),  # chunk 3 (2 + 1 tokens a row); rows 0-3 full, row 4 empty (zero)
+    (3, 5, {5: False, 1: False}),   # T < P: one token a row, nothing to chunk
+    (1, 3, {1: False}),
+])
+def test_engram_gate_bwd_l2_chunk(device, monkeypatch, T, num_sms, l2_chunks):
+    _l2_case(device, monkeypatch, T, 3, 96, num_sms, l2_chunks)
+
+
+@pytest.mark.parametrize("cfg", [dict(PREFETCH=True, SPLIT=2), dict(PREFETCH=False, SPLIT=1)])
+def test_engram_gate_bwd_l2_chunk_tiles(device, monkeypatch, cfg):
+    # several H tiles a program (SPLIT), each tile's row sum continued across launches; TOK = 2 in pass 1 (a
+    # program's tokens straddle rows); H = 200: partial tiles
+    import tritile.engram.engram_gate_kernel as gk
+
+    monkeypatch.setattr(gk, "_bwd_config", lambda H, hc: (4, 2, 64, 64, 4))
+    _l2_case(device, monkeypatch, 17, 4, 200, 3, {3: True, 6: True}, cfg)  # chunk 6: 6 x 1, 3 x 2 tokens

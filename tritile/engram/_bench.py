@@ -30,6 +30,16 @@ _GATE_BWD_TUNE = [
     dict(WARPS1=8), dict(WARPS1=2), dict(TOK=2), dict(TOK=2, WARPS1=8), dict(TOK=4), dict(BLOCK_D1=2048),
     dict(BLOCK_D1=512, WARPS1=2), dict(BLOCK_D1=2048, WARPS1=8), dict(WARPS2=4), dict(PREFETCH=False),
     dict(SPLIT=4), dict(BLOCK_D2=1024, WARPS2=8), dict(COEF=False),
+] + [
+    # L2_CHUNK (never changes a bit): both passes per launch chunk of ~L2_CHUNK tokens (L2_CHUNK // 132 = sub
+    # tokens of each of the 132 grad_w_partial rows), so that pass 2 reads the chunk's grad_out from L2.  At
+    # T=8001 (61 tokens a row): 264 -> sub 2, 31 chunks, 15 MB of grad_out a chunk; 396 -> 3, 21, 23 MB; 528 -> 4,
+    # 16, 30 MB; 1056 -> 8, 8, 61 MB (past the 50 MB L2: the bracket).  Saves up to the 459 MB re-read of grad_out
+    # (~110 us); costs 2 launches a chunk (~2-5 us ramp + tail each: ~60-300 us at 31 chunks, ~30-80 at 8) and
+    # the 15 MB grad_w_partial read-modify-write per launch after the first (L2 hits, or up to ~30 MB of DRAM
+    # traffic a launch).  Expected: a small gain at best at 8-16 chunks, a loss at 31.
+    dict(L2_CHUNK=264), dict(L2_CHUNK=396), dict(L2_CHUNK=528), dict(L2_CHUNK=1056),
+    dict(L2_CHUNK=528, SPLIT=4), dict(L2_CHUNK=1056, SPLIT=4),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])
