@@ -252,3 +252,81 @@ def test_bad_inputs(device):
         f((data, sf), g, w, ptt, ttp, npc, swiglu_clamp_value=-0.5)
     with pytest.raises(TypeError, match="round_sf"):
         f((data, sf), g, w, ptt, ttp, npc, round_sf=None)
+
+
+# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/quant/_bench_swiglu.py's _BWD_TUNE).
+# Under the interpreter FUSED_BWD runs its element-wise stand-in (inline PTX cannot run there; XORSIGN_CLAMP is part
+# of the PTX) and INT_SCALE itself; on the GPU the same tests run the PTX.
+_ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
+_CANDIDATE_CASES = [(_ALL_CANDIDATES, 128, False, 0.5, True), (_ALL_CANDIDATES, 32, True, None, True),
+                    (_ALL_CANDIDATES, 32, False, 0.0, False), (dict(FUSED_BWD=4), 32, False, 0.5, True),
+                    (dict(INT_SCALE=True), 32, False, 0.5, True)]
+
+
+@pytest.mark.parametrize("path,npc,packed_sf,clamp,rnd", _CANDIDATE_CASES,
+                         ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items()) if isinstance(p, dict) else str(p))
+def test_candidate_paths(device, path, npc, packed_sf, clamp, rnd):
+    """Each candidate config (all together, FUSED_BWD alone, INT_SCALE alone) on the default GPU launch shape
+    ([1, 512] x 1 warp with ROWSUM_PAIRS; the interpreter's default on the CPU): out, x_grad, dx codes and scales
+    bitwise against the reference, weight_grad within the op's tolerance."""
+    from tritile.runtime import override_config
+
+    hidden = pick(cpu=256, gpu=2048)
+    d, x, w, g = _data((6, 72, 8), hidden, npc, device)
+    if packed_sf:
+        x = cast(d["x"], "e4m3", (1, npc), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    cfg = dict(path)
+    if device.type == "cuda":
+        cfg.update(BLOCK_R=1, CH=512, num_warps=1, ROWSUM_PAIRS=True)
+    with override_config("swiglu_backward_and_per_token_cast", **cfg):
+        res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
+                                                 num_per_channels=npc, round_sf=rnd, swiglu_clamp_value=clamp)
+    _check(res, x, g, w, d, npc, rnd, clamp)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("clamp", pick(cpu=[None, 0.5], gpu=[None, 0.5, 10.0, 0.0, 0.3]))
+def test_candidates_all_bf16_x_values(device, clamp):
+    """Every bf16 pattern as xf (NaN, +-inf, subnormals; code 1.0 times a per-group scale equal to it; under the
+    interpreter every 8th pattern and all the special ones, to keep it short) through all the candidates at once: exp, s and xf / t (the fused block on the GPU) depend on xf alone, so this checks them
+    exhaustively, and the division's slow path (|xf| > 41 or inf in a thread's four values); yf, grad_out and the
+    weights random.  out, x_grad (NaN positions, the rest bitwise), dx codes (NaN codes sign-free) and scales."""
+    from tritile.runtime import override_config
+
+    hidden, npc = 256, 32
+    hg = hidden // npc
+    i = torch.arange(65536, dtype=torch.int32)
+    if device.type == "cpu":  # the interpreter: every 8th pattern, all NaN / inf / subnormal / zero ones, |x| near 41
+        e = (i >> 7) & 0xFF
+        i = i[(i % 8 == 0) | (e == 0) | (e == 0xFF) | ((i & 0x7FFF) - 0x4224).abs().le(4)]
+        i = torch.cat([i, i[: (-i.numel()) % hg]])
+    n = i.numel() // hg  # rows: one bf16 pattern per x group
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    v = i.to(torch.int16).view(torch.bfloat16).float()
+    codes = torch.randint(0, 256, (n, 2 * hidden), generator=gen, dtype=torch.uint8)
+    codes[codes == 0x7F] = 0x3F
+    codes[codes == 0xFF] = 0xBF
+    codes[:, :hidden] = 0x38  # 1.0: xf = the group's scale
+    sf = torch.empty((n, 2 * hg))
+    sf[:, :hg] = v.reshape(n, hg)
+    sf[:, hg:] = torch.rand((n, hg), generator=gen) * 0.25 + 2.0 ** torch.randint(-8, 4, (n, hg), generator=gen)
+    x = (codes.view(torch.float8_e4m3fn).to(device), sf.to(device))
+    g = torch.randn((n, hidden), generator=gen).to(torch.bfloat16).to(device)
+    w = torch.rand((n, 1), generator=gen).to(device)
+    idx = torch.arange(n, dtype=torch.int32, device=device)
+    cfg = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
+    if device.type == "cuda":
+        cfg.update(BLOCK_R=1, CH=256, num_warps=1, ROWSUM_PAIRS=False)
+    else:
+        cfg.update(BLOCK_R=256)  # few interpreter programs
+    with override_config("swiglu_backward_and_per_token_cast", **cfg):
+        out, (dq, dsf), xg, _ = swiglu_backward_and_per_token_cast(x, g, w, idx, idx.reshape(n, 1), npc, round_sf=True,
+                                                                   swiglu_clamp_value=clamp)
+    r_out, r_xg, _ = swiglu_backward(x, g, w, idx, idx.reshape(n, 1), npc, clamp)
+    r_dq, r_dsf = cast(r_xg, "e4m3", (1, npc), round_sf=True)
+    for a, b in ((out, r_out.bfloat16()), (xg, r_xg.bfloat16())):
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert_equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0))
+    assert_codes_equal_nan_sign_free(dq, r_dq)
+    assert_equal(dsf, r_dsf)

@@ -200,6 +200,19 @@ _BWD_TUNE = (  # default (session 4): CH=512 x 1 warp with ROWSUM_PAIRS, maxnreg
        dict(CH=512, num_warps=1, ROWSUM_PAIRS=True, maxnreg=120)]
     # PREFETCH at CH=256 x 1 warp: 111 registers, no spills (18 programs fit); weight_grad order differs
     + [dict(PREFETCH=True, CH=256, num_warps=1, maxnreg=None, programs_per_sm=p) for p in (12, 16)]
+    # Same-bits instruction cuts (session 5; see _swiglu_backward_and_per_token_cast_kernel; weight_grad bit-identical
+    # to the default, as the layout and the row-sum order are unchanged).  sm_90a hot path at the anchor (clamp 0.5,
+    # round_sf), executed instructions per column (x and y element) of the chunk loop, the row-block loop adding
+    # ~0.3: the default 64.0 (128 registers, 24 bytes of stack).  FUSED_BWD=4: the per-element backward in one PTX
+    # block per four elements (expf / division rewrites of the forward's FUSED_SILU, max|x| guard, flags selected
+    # from the unclamped inputs, grad_out widened in the block); XORSIGN_CLAMP: yf by one min.NaN.xorsign.abs.f32;
+    # INT_SCALE: dx's pow2 scales from amax's bits (no FCHK division).  Without a clamp: 55.2 -> 50.2 (all three).
+    + [dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True),               # 56.1, 114 registers, no stack
+       dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True, maxnreg=112),  # 56.3, 110 registers (18 warps/SM)
+       dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True, maxnreg=104),  # 56.3, 104 registers, 8 bytes of stack
+       dict(FUSED_BWD=4),                                                   # 58.9, 114 registers
+       dict(FUSED_BWD=4, XORSIGN_CLAMP=True),                               # 57.9, 114 registers
+       dict(INT_SCALE=True)]                                                # 62.9, 128 registers, 16 bytes of stack
 )
 
 

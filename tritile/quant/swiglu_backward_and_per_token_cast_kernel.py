@@ -25,8 +25,8 @@ from ..runtime import (check_contiguous, check_inner_contiguous, check_same_devi
 from ..utils import ceil_div, next_power_of_two
 from .common import alloc_sf, sf_info
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3, _group_amax,
-                                                       _minmax_clamp_ok, _nan_as_inf_abs, _swiglu_clamp,
-                                                       _swiglu_clamp_minmax)
+                                                       _minmax_clamp_ok, _nan_as_inf_abs, _pow2_scale_f32_bits,
+                                                       _swiglu_clamp, _swiglu_clamp_minmax)
 from .types import QuantTensor
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
@@ -57,15 +57,20 @@ def _load_sf(sf_ptr, rows, gidx, stride_m, stride_k, m, SF_PACKED: tl.constexpr)
 @triton.jit
 def _quant_store(v, rows, cols, m, gidx, gm, q_ptr, stride_qm, sf_ptr, stride_sm,
                  ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr, FAST_MAX: tl.constexpr,
-                 FAST_ENC: tl.constexpr):
+                 FAST_ENC: tl.constexpr, INT_SCALE: tl.constexpr = False):
     """Per-group (last axis) e4m3 cast of ``v [R, G, NPC]`` (0 where masked): codes at ``cols`` (mask
     ``m``), float32 sf at ``gidx`` (mask ``gm``).  FAST_MAX / FAST_ENC: as in the forward kernel (a
-    NaN-propagating group max; the plain encode, whose NaN codes' sign is free)."""
+    NaN-propagating group max; the plain encode, whose NaN codes' sign is free).  INT_SCALE (ROUND_SF): the
+    power-of-two scale from amax's bits (``_pow2_scale_f32_bits`` of the forward kernel, exact for a clamp
+    minimum >= 2^-118; here 1e-4), instead of ``div_rn(amax, 448)`` and its exponent (no FCHK / slow-path call)."""
     if FAST_MAX:
         amax = _group_amax(v)
     else:
         amax = tl.max(_nan_as_inf_abs(v), axis=2)
-    sf, sf_inv = quant_scale(amax, 1e-4, 448.0, ROUND_SF)
+    if ROUND_SF and INT_SCALE:
+        sf, sf_inv = _pow2_scale_f32_bits(amax, 1e-4)
+    else:
+        sf, sf_inv = quant_scale(amax, 1e-4, 448.0, ROUND_SF)
     if FAST_ENC:
         q = tl.reshape(f32_to_e4m3_bits_satfinite(v * sf_inv[:, :, None]), (BLOCK_R, CH))
     else:
@@ -111,6 +116,172 @@ def _rcp_div_fast(nx, t, X_FINITE: tl.constexpr):
 
 
 @triton.jit
+def _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
+                  MINMAX_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, FAST_ENC: tl.constexpr, RCP: tl.constexpr,
+                  BLOCK_R: tl.constexpr, G: tl.constexpr, NPC: tl.constexpr):
+    """The element-wise backward of a chunk (the default path): ``(act * w, dx_x, dx_y, g * act)`` of the
+    unclamped xf / yf ``[R, G, NPC]``, the grad_out bits ``[R, CH]`` and the weights ``w3 [R, 1, 1]``."""
+    g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
+    if HAS_CLAMP:
+        if MASK_FLAGS:
+            # -1 keeps dx, 0 clears it to +0; |yf| > c is (yf > c) | (yf < -c) for c >= 0 (NaN: false)
+            kx = tl.where(xf > clamp_value, 0, -1)
+            ky = tl.where(tl.abs(yf) > clamp_value, 0, -1)
+        else:
+            cx = xf > clamp_value
+            cy = (yf > clamp_value) | (yf < -clamp_value)
+        if MINMAX_CLAMP:
+            xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
+        else:
+            xf, yf = _swiglu_clamp(xf, yf, clamp_value)
+    if FAST_DIV and FAST_ENC:
+        nx = xf * -1.0  # exact negation, shared by the exp and the division
+        t = 1.0 + exp_f32(nx)
+        s, q = _rcp_div_fast(nx, t, HAS_CLAMP)
+        act = q * yf
+    else:
+        if FAST_ENC:
+            t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
+        else:
+            t = 1.0 + exp_f32(-xf)
+        if RCP:
+            s = _recip_rn(t)
+        else:
+            s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+        act = tl.math.div_rn(xf, t) * yf
+    gws = (g * w3) * s
+    # the one fused step of the reference: fma(xf, 1 - s, 1)
+    dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
+    dxy = gws * xf
+    if HAS_CLAMP:
+        if MASK_FLAGS:
+            dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
+            dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
+        else:
+            dxx = tl.where(cx, 0.0, dxx)
+            dxy = tl.where(cy, 0.0, dxy)
+    return act * w3, dxx, dxy, g * act
+
+
+# ------------------------------------------------------------------------------------------------
+# Instruction-count candidate FUSED_BWD (with XORSIGN_CLAMP): the per-element backward in one PTX block per four
+# elements of a thread; same bits as the FAST_DIV path (see _swiglu_backward_and_per_token_cast_kernel)
+# ------------------------------------------------------------------------------------------------
+def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
+    """PTX of the backward of four elements: outputs ``act * w`` ($0-3), dx of the x half ($4-7), dx of the y half
+    ($8-11) and ``g * act`` ($12-15, the row-sum terms); inputs the dequantized, unclamped xf ($16-19) and yf
+    ($20-23), the grad_out bf16 bits as two words ($24: elements 0 (low half) and 1; $25: 2 and 3), the routing
+    weight ($26-29) and the clamp c ($30-33).
+
+    Per element the FAST_DIV path's operations in its order (clamp flags, clamp, ``x * -1`` -> libdevice ``expf``
+    -> ``1 + e`` -> ``rcp.rn`` / ``div.rn`` (``_rcp_div_fast``) -> ``(g * w) * s``, ``q * yf``, ``act * w``,
+    ``g * act``, ``(gws * yf) * fma(xf, 1 - s, 1)``, ``gws * xf``, the flags clearing dx to +0), with these exact
+    rewrites (no other rounding changes):
+    (1) expf as the forward's FUSED_SILU block (``_silu_act_words_ptx``): ``-x`` folded into the constants,
+        ``cvt.sat`` folded into the first ``fma``, ``1 + e * 2^n`` as one ``fma(e, 2^n, 1)``;
+    (2) the reciprocal/division fast path guarded by ``max |x| <= 41`` over the four (x >= -41 and x < +inf,
+        the fast path's range, for every non-NaN element; NaNs are skipped by ``max`` and give NaN either way),
+        instead of ``max(-x) <= 41``: a narrower guard, ``rcp.rn`` / ``div.rn`` otherwise, which the fast path
+        equals where taken;
+    (3) the flags ``x > c`` / ``|y| > c`` (NaN: false) taken from the unclamped inputs at the end, each selecting
+        +0 for dx (``setp`` + ``selp``; MASK_FLAGS' values);
+    (4) grad_out widened from the loaded words by one ``shl`` / ``and`` per element;
+    (5) (``xorsign``, c >= +0) ``y = min.NaN.xorsign.abs(y, c)``: ``min(|y|, c)`` with y's sign is y for |y| <= c
+        (signed zeros kept), +-c beyond (+-inf included), NaN for NaN: the comparisons' values for every y (c = +0:
+        +0 for y >= +0, -0 for y <= -0, as ``y > c ? c : y < -c ? -c : y``); else ``max.NaN`` / ``min.NaN``
+        (MINMAX_CLAMP).  x is clamped by ``min.NaN`` (MINMAX_CLAMP; the launcher routes c = -0.0 away)."""
+    n = 4
+    one = "0f3F800000"
+    b = ""
+    for i in range(n):
+        x, y, c = f"${16 + i}", f"${20 + i}", f"${30 + i}"
+        if clamp:
+            b += f"min.NaN.f32 x{i}, {x}, {c}; "
+            if xorsign:
+                b += f"min.NaN.xorsign.abs.f32 y{i}, {y}, {c}; "
+            else:
+                b += f"neg.f32 a, {c}; max.NaN.f32 y{i}, {y}, a; min.NaN.f32 y{i}, y{i}, {c}; "
+        else:
+            b += f"mov.b32 x{i}, {x}; mov.b32 y{i}, {y}; "
+        b += (f"fma.rn.ftz.sat.f32 s, x{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-x) * c1)
+              f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
+              f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
+              f"fma.rn.ftz.f32 f, x{i}, 0fBFB8AA3B, k; "              # (-x) * log2e - k
+              f"fma.rn.ftz.f32 f, x{i}, 0fB2A57060, f; "              # + (-x) * log2e_lo
+              f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
+              f"fma.rn.f32 t{i}, e, j, {one}; ")                      # 1 + e * 2^n (exact product)
+    guard = "abs.f32 m, x0; " + "".join(f"abs.f32 a, x{i}; max.f32 m, m, a; " for i in range(1, n))
+    fast = "".join(
+        f"rcp.approx.ftz.f32 r, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, r, {one}; fma.rn.f32 s{i}, r, e, r; "
+        f"mul.rn.f32 q{i}, x{i}, s{i}; neg.f32 z, x{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 r, s{i}; "
+        f"fma.rn.f32 q{i}, r, e, q{i}; " for i in range(n))
+    slow = "".join(f"rcp.rn.f32 s{i}, t{i}; div.rn.f32 q{i}, x{i}, t{i}; " for i in range(n))
+    tail = ""
+    for i in range(n):
+        gw = "$24" if i < 2 else "$25"
+        w = f"${26 + i}"
+        tail += (f"shl.b32 g, {gw}, 16; " if i % 2 == 0 else f"and.b32 g, {gw}, 0xFFFF0000; ")
+        tail += (f"mul.rn.f32 h, g, {w}; mul.rn.f32 h, h, s{i}; "             # gws = (g * w) * s
+                 f"mul.rn.f32 a, q{i}, y{i}; mul.rn.f32 ${i}, a, {w}; mul.rn.f32 ${12 + i}, g, a; "
+                 f"sub.rn.f32 d, {one}, s{i}; fma.rn.f32 d, x{i}, d, {one}; "
+                 f"mul.rn.f32 u, h, y{i}; mul.rn.f32 u, u, d; mul.rn.f32 v, h, x{i}; ")
+        if clamp:
+            # the flags from the unclamped inputs (still live: no mask registers across the branch)
+            tail += (f"setp.gt.f32 p, ${16 + i}, ${30 + i}; selp.b32 ${4 + i}, 0, u, p; "
+                     f"abs.f32 a, ${20 + i}; setp.gt.f32 p, a, ${30 + i}; selp.b32 ${8 + i}, 0, v, p; ")
+        else:
+            tail += f"mov.b32 ${4 + i}, u; mov.b32 ${8 + i}, v; "
+    regs = (f".reg .pred p; .reg .b32 x<{n}>, y<{n}>, t<{n}>, s<{n}>, q<{n}>, "
+            "a, s, j, k, f, e, m, r, z, g, h, d, u, v; ")
+    return ("{ " + regs + b + guard + "setp.le.f32 p, m, 0f42240000; @!p bra SLOW; " + fast + "bra.uni DONE; SLOW: "
+            + slow + "DONE: " + tail + "}")
+
+
+_BWD4 = tl.constexpr(_bwd_fused_ptx(False, False))
+_BWD4_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False))
+_BWD4_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True))
+_BWD4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["f"] * 8 + ["r"] * 2 + ["f"] * 8))
+
+
+@triton.jit
+def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constexpr):
+    """``(act * w, dx_x, dx_y, g * act)`` of the unclamped xf / yf, grad_out bits ``gbits`` (int16) and the routing
+    weight ``w`` (all the same shape): one ``_bwd_fused_ptx`` block per four elements on GPUs; under EMULATE the
+    element-wise FAST_DIV path (MASK_FLAGS masks, comparison clamp, ``_rcp_div_fast``'s stand-in), whose values
+    the block reproduces bit for bit."""
+    if EMULATE:
+        g = (gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        if HAS_CLAMP:
+            kx = tl.where(xf > c, 0, -1)
+            ky = tl.where(tl.abs(yf) > c, 0, -1)
+            xf, yf = _swiglu_clamp(xf, yf, c)
+        nx = xf * -1.0
+        s, q = _rcp_div_fast(nx, 1.0 + exp_f32(nx), HAS_CLAMP)
+        act = q * yf
+        gws = (g * w) * s
+        dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
+        dxy = gws * xf
+        if HAS_CLAMP:
+            dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
+            dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
+        return act * w, dxx, dxy, g * act
+    else:
+        cc = tl.full(xf.shape, c, tl.float32)
+        if not HAS_CLAMP:
+            return tl.inline_asm_elementwise(_BWD4, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
+                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                             pack=4)
+        elif XORSIGN:
+            return tl.inline_asm_elementwise(_BWD4_CLAMP_XORSIGN, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
+                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                             pack=4)
+        else:
+            return tl.inline_asm_elementwise(_BWD4_CLAMP, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
+                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                             pack=4)
+
+
+@triton.jit
 def _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm, stride_sfm, stride_sfk, stride_gm,
                      H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, CH: tl.constexpr):
     """One chunk's inputs of the rows (masked: 0): the codes of both halves ``[R, CH]``, their scales
@@ -139,7 +310,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
         RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr,
-        ROWSUM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
+        ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
+        INT_SCALE: tl.constexpr = False, PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -152,7 +324,14 @@ def _swiglu_backward_and_per_token_cast_kernel(
     ROWSUM_PAIRS (without TILE_ROWSUM): the row sum adds the sums of chunk pairs (2k, 2k + 1), so CH=512 with
     1 warp gives the default's (CH=1024, 2 warps) weight_grad bits: both reduce each 128-group in the
     layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp partials meet in one
-    (commutative) add."""
+    (commutative) add.
+
+    Same-bits instruction cuts (config keys, off by default; sm_90a counts in _bench_swiglu.py's _BWD_TUNE):
+    FUSED_BWD=4 (with FAST_DIV, FAST_ENC, MASK_FLAGS and, with a clamp, MINMAX_CLAMP) the per-element backward in
+    one PTX block per four elements (``_bwd_fused_ptx``: expf / division rewrites of the forward's FUSED_SILU,
+    flags as ``set`` masks, grad_out widened in the block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one
+    ``min.NaN.xorsign.abs.f32``; INT_SCALE (ROUND_SF) dx's power-of-two scales from amax's bits.  Under the
+    interpreter FUSED_BWD runs its element-wise stand-in."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
@@ -211,67 +390,37 @@ def _swiglu_backward_and_per_token_cast_kernel(
                                                            stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
             xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
             yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
-            g = tl.reshape((gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True), (BLOCK_R, G, NPC))
-            if HAS_CLAMP:
-                if MASK_FLAGS:
-                    # -1 keeps dx, 0 clears it to +0; |yf| > c is (yf > c) | (yf < -c) for c >= 0 (NaN: false)
-                    kx = tl.where(xf > clamp_value, 0, -1)
-                    ky = tl.where(tl.abs(yf) > clamp_value, 0, -1)
-                else:
-                    cx = xf > clamp_value
-                    cy = (yf > clamp_value) | (yf < -clamp_value)
-                if MINMAX_CLAMP:
-                    xf, yf = _swiglu_clamp_minmax(xf, yf, clamp_value)
-                else:
-                    xf, yf = _swiglu_clamp(xf, yf, clamp_value)
-            if FAST_DIV and FAST_ENC:
-                nx = xf * -1.0  # exact negation, shared by the exp and the division
-                t = 1.0 + exp_f32(nx)
-                s, q = _rcp_div_fast(nx, t, HAS_CLAMP)
-                act = q * yf
+            FUSED: tl.constexpr = FUSED_BWD == 4 and FAST_DIV and FAST_ENC and MASK_FLAGS and (
+                MINMAX_CLAMP or not HAS_CLAMP)
+            if FUSED:
+                aw, dxx, dxy, ga = _bwd_fused(xf, yf, tl.reshape(gbits, (BLOCK_R, G, NPC)),
+                                              tl.broadcast_to(w3, (BLOCK_R, G, NPC)), clamp_value, HAS_CLAMP,
+                                              XORSIGN_CLAMP)
             else:
-                if FAST_ENC:
-                    t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
-                else:
-                    t = 1.0 + exp_f32(-xf)
-                if RCP:
-                    s = _recip_rn(t)
-                else:
-                    s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
-                act = tl.math.div_rn(xf, t) * yf
-            gws = (g * w3) * s
-            # the one fused step of the reference: fma(xf, 1 - s, 1)
-            dxx = (gws * yf) * tl.fma(xf, 1.0 - s, 1.0)
-            dxy = gws * xf
-            if HAS_CLAMP:
-                if MASK_FLAGS:
-                    dxx = (dxx.to(tl.int32, bitcast=True) & kx).to(tl.float32, bitcast=True)
-                    dxy = (dxy.to(tl.int32, bitcast=True) & ky).to(tl.float32, bitcast=True)
-                else:
-                    dxx = tl.where(cx, 0.0, dxx)
-                    dxy = tl.where(cy, 0.0, dxy)
+                aw, dxx, dxy, ga = _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP, MASK_FLAGS,
+                                                 MINMAX_CLAMP, FAST_DIV, FAST_ENC, RCP, BLOCK_R, G, NPC)
             if TILE_ROWSUM:
-                rs += g * act
+                rs += ga
             elif ROWSUM_PAIRS:
                 # the chunk sums of an even and the following odd chunk added first, then into the row sum:
                 # the float32 order of one chunk twice as wide split over two warps (the two warps'
                 # partials meet in one commutative add), e.g. CH=512 x 1 warp sums as CH=1024 x 2 warps
-                s_c = tl.sum(tl.sum(g * act, axis=2), axis=1)
+                s_c = tl.sum(tl.sum(ga, axis=2), axis=1)
                 odd = (c0 // CH) % 2 == 1
                 rowsum = tl.where(odd, rowsum + (pend + s_c), rowsum)
                 pend = s_c
             else:
-                rowsum += tl.sum(tl.sum(g * act, axis=2), axis=1)
-            out = tl.reshape(f32_to_bf16_bits(act * w3), (BLOCK_R, CH))
+                rowsum += tl.sum(tl.sum(ga, axis=2), axis=1)
+            out = tl.reshape(f32_to_bf16_bits(aw), (BLOCK_R, CH))
             tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m)
             tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
                      tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m)
             tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
                      tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m)
             _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
-                         FAST_MAX, FAST_ENC)
+                         FAST_MAX, FAST_ENC, INT_SCALE)
             _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
-                         BLOCK_R, CH, FAST_MAX, FAST_ENC)
+                         BLOCK_R, CH, FAST_MAX, FAST_ENC, INT_SCALE)
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
@@ -327,7 +476,7 @@ def _config(H: int, npc: int) -> dict:
     return dict(BLOCK_R=1 if gpu else 64, CH=512 if pairs else ch, num_warps=1 if pairs else max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
                 FAST_DIV=True, PREFETCH=False, ROWSUM_PAIRS=pairs, programs_per_sm=4,
-                maxnreg=128 if gpu else None)
+                maxnreg=128 if gpu else None, FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False)
 
 
 def _check_config(cfg: dict, npc: int) -> None:
@@ -370,6 +519,11 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             RCP=bool(cfg["RCP"]),
             TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), PREFETCH=bool(cfg["PREFETCH"]),
             ROWSUM_PAIRS=bool(cfg["ROWSUM_PAIRS"]),
+            # same-bits instruction cuts (config keys, off by default): the fused PTX backward needs 4 elements per
+            # thread in a row (CH / (32 * num_warps) >= 4) and, with a clamp, the min/max clamp (not c = -0.0)
+            FUSED_BWD=4 if int(cfg.get("FUSED_BWD", 0) or 0) == 4 and cfg["CH"] >= 128 * cfg["num_warps"] else 0,
+            XORSIGN_CLAMP=bool(cfg.get("XORSIGN_CLAMP", False)),
+            INT_SCALE=bool(cfg.get("INT_SCALE", False)) and round_sf,
             num_warps=cfg["num_warps"],
             enable_fp_fusion=False,  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
             **extra, **pdl_args(out.device))
