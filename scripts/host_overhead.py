@@ -1,4 +1,4 @@
-"""Host cost per eager call of the latency-bound MoE gating/routing and small engram wrappers, on a GPU-less machine.
+"""Host cost per eager call of the latency-bound MoE gating/routing/mapping and small engram wrappers, on a GPU-less machine.
 
 Two depths of stubbing (both on CPU tensors standing in for CUDA ones):
 
@@ -104,8 +104,9 @@ JITFunction._do_compile = _fake_compile
 tritile.runtime.kernel_device_ok = lambda device: True  # CPU tensors stand in for GPU ones
 
 from tritile.engram import engram_hash, fused_weight, grad_w_reduce  # noqa: E402
-from tritile.moe import (aux_fi, get_fused_mapping, group_count, inplace_unique_group_indices,  # noqa: E402
-                         mask_indices_by_tp, top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
+from tritile.moe import (aux_fi, expand_to_fused, get_fused_mapping, group_count,  # noqa: E402
+                         inplace_unique_group_indices, mask_indices_by_tp, normalize_weight, top2_sum_gate, topk_gate,
+                         topk_sum_and_topk_group_idx)
 from tritile.moe import get_fused_mapping_kernel as _gfm  # noqa: E402
 from tritile.testing.generator import generate_topk_idx_rows  # noqa: E402
 from tritile.torch.engram import make_offsets  # noqa: E402
@@ -163,6 +164,12 @@ def cases():
     c["get_fused_mapping force_no_sync"] = lambda: get_fused_mapping(topk_idx, 4, 0, 128, force_no_sync=True)
     topk9 = generate_topk_idx_rows(21913, 8, 9, 8, dev)
     c["get_fused_mapping E=9 fixed"] = lambda: get_fused_mapping(topk9, 9, 176000, 16)
+    x = torch.zeros(64, 256, dtype=torch.bfloat16)
+    t2p = torch.full((64, 8), -1, dtype=torch.int32)
+    pe = torch.full((512,), -1, dtype=torch.int32)
+    c["expand_to_fused"] = lambda: expand_to_fused(x, t2p, pe)
+    w = torch.rand(21876, 8)
+    c["normalize_weight"] = lambda: normalize_weight(w)
 
     wh = torch.randn(4, 7168, dtype=torch.bfloat16)
     we = torch.randn(4, 7168, dtype=torch.bfloat16)

@@ -54,6 +54,19 @@ def _id(p):
            f"c{int(col)}r{int(rnd)}p{int(packed)}-clamp{clamp}"
 
 
+def _anchor_flags_cast(x, clamp, counts0, cfg):
+    """The op with the anchor's flags (npc 128, column-major packed UE8M0 sf, round_sf) under launch config ``cfg``:
+    ``(out, sf, counts)``, counts accumulated onto a copy of ``counts0`` when there is a clamp."""
+    from tritile.runtime import override_config
+
+    counts = counts0.clone() if clamp is not None else None
+    with override_config("swiglu_forward_and_per_token_cast", **cfg):
+        out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True,
+                                                    use_packed_ue8m0=True, swiglu_clamp_value=clamp,
+                                                    clamped_count=counts)
+    return out, sf, counts
+
+
 def _run_ref(x, npc, ptt, w, clamp, counts, col, rnd, packed, clamp_min=None):
     act = swiglu_forward(x, ptt, w, clamp, counts)
     return ref_per_token_cast(act, npc, rnd, col, packed, clamp_min)
@@ -369,13 +382,7 @@ def test_every_bf16(device, clamp):
     ref_counts = counts0.clone() if clamp is not None else None
     ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
     for path in (dict(), dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False)):
-        from tritile.runtime import override_config
-
-        counts = counts0.clone() if clamp is not None else None
-        with override_config("swiglu_forward_and_per_token_cast", **path):
-            out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True,
-                                                        round_sf=True, use_packed_ue8m0=True,
-                                                        swiglu_clamp_value=clamp, clamped_count=counts)
+        out, sf, counts = _anchor_flags_cast(x, clamp, counts0, path)
         if clamp is not None:
             assert_equal(counts, ref_counts)
         if clamp == 0.0 and math.copysign(1.0, clamp) < 0 and device.type == "cpu":
@@ -430,7 +437,6 @@ def test_candidates_all_bf16_gate_values(device, clamp):
     (and the division's slow path: |l| > 41 or NaN/inf in a thread's eight values); then every bf16 as r (the
     xorsign clamp and the r counts).  Codes (NaN codes sign-free), sf and the counts bitwise.  c = 0 and 0.3
     take the comparison clamp (c = 0 is not > 0; 0.3 is not a bf16 value), and FUSED_SILU stays off for 0.3."""
-    from tritile.runtime import override_config
 
     hidden = 512
     v = torch.arange(65536, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
@@ -447,11 +453,7 @@ def test_candidates_all_bf16_gate_values(device, clamp):
         counts0 = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
         ref_counts = counts0.clone() if clamp is not None else None
         ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
-        counts = counts0.clone() if clamp is not None else None
-        with override_config("swiglu_forward_and_per_token_cast", **cfg):
-            out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True,
-                                                        round_sf=True, use_packed_ue8m0=True,
-                                                        swiglu_clamp_value=clamp, clamped_count=counts)
+        out, sf, counts = _anchor_flags_cast(x, clamp, counts0, cfg)
         if clamp is not None:
             assert_equal(counts, ref_counts)
         assert_equal(sf, ref_sf)

@@ -24,6 +24,7 @@ from ..runtime import (check_contiguous, check_inner_contiguous, check_same_devi
                        empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
 from .common import alloc_sf, sf_info
+from ._swiglu_ptx import ptx_abs_max, ptx_div_fast, ptx_one_plus_exp_neg
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3, _group_amax,
                                                        _minmax_clamp_ok, _nan_as_inf_abs, _pow2_scale_f32_bits,
                                                        _swiglu_clamp, _swiglu_clamp_minmax)
@@ -203,18 +204,9 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
                 b += f"neg.f32 a, {c}; max.NaN.f32 y{i}, {y}, a; min.NaN.f32 y{i}, y{i}, {c}; "
         else:
             b += f"mov.b32 x{i}, {x}; mov.b32 y{i}, {y}; "
-        b += (f"fma.rn.ftz.sat.f32 s, x{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-x) * c1)
-              f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
-              f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
-              f"fma.rn.ftz.f32 f, x{i}, 0fBFB8AA3B, k; "              # (-x) * log2e - k
-              f"fma.rn.ftz.f32 f, x{i}, 0fB2A57060, f; "              # + (-x) * log2e_lo
-              f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
-              f"fma.rn.f32 t{i}, e, j, {one}; ")                      # 1 + e * 2^n (exact product)
-    guard = "abs.f32 m, x0; " + "".join(f"abs.f32 a, x{i}; max.f32 m, m, a; " for i in range(1, n))
-    fast = "".join(
-        f"rcp.approx.ftz.f32 r, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, r, {one}; fma.rn.f32 s{i}, r, e, r; "
-        f"mul.rn.f32 q{i}, x{i}, s{i}; neg.f32 z, x{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 r, s{i}; "
-        f"fma.rn.f32 q{i}, r, e, q{i}; " for i in range(n))
+        b += ptx_one_plus_exp_neg(f"x{i}", f"t{i}")
+    guard = ptx_abs_max([f"x{i}" for i in range(n)])
+    fast = "".join(ptx_div_fast(f"x{i}", f"t{i}", f"q{i}", "r", f"s{i}", "r") for i in range(n))
     slow = "".join(f"rcp.rn.f32 s{i}, t{i}; div.rn.f32 q{i}, x{i}, t{i}; " for i in range(n))
     tail = ""
     for i in range(n):

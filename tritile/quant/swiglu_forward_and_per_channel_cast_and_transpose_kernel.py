@@ -23,6 +23,7 @@ from ..runtime import (check_choice, check_device, check_inner_contiguous, check
                        tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._per_channel_common import per_channel_quant_tile_bf16, per_channel_scale
+from ._swiglu_ptx import ptx_abs_max, ptx_div_fast, ptx_one_plus_exp_neg, ptx_unpack_bf16_words
 from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _div_neg_fast, _swiglu_act,
                                                         _swiglu_clamp)
 from .types import QuantTensor
@@ -92,21 +93,10 @@ def _silu_words_ptx(nw: int) -> str:
     n = 2 * nw
     lw = [f"${nw + i}" for i in range(nw)]
     rw = [f"${2 * nw + i}" for i in range(nw)]
-    unpack = "".join(f"shl.b32 l{2 * i}, {w}, 16; and.b32 l{2 * i + 1}, {w}, 0xFFFF0000; " for i, w in enumerate(lw))
-    exp = "".join(
-        f"fma.rn.ftz.sat.f32 s, l{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-l) * c1)
-        f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
-        f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
-        f"fma.rn.ftz.f32 f, l{i}, 0fBFB8AA3B, k; "              # (-l) * log2e - k
-        f"fma.rn.ftz.f32 f, l{i}, 0fB2A57060, f; "              # + (-l) * log2e_lo
-        f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
-        f"fma.rn.f32 t{i}, e, j, 0f3F800000; "                   # 1 + e * 2^n (exact product)
-        for i in range(n))
-    guard = "abs.f32 m, l0; " + "".join(f"abs.f32 a, l{i}; max.f32 m, m, a; " for i in range(1, n))
-    fast = "".join(
-        f"rcp.approx.ftz.f32 y, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, y, 0f3F800000; fma.rn.f32 y, y, e, y; "
-        f"mul.rn.f32 q{i}, l{i}, y; neg.f32 z, l{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 y, y; "
-        f"fma.rn.f32 q{i}, y, e, q{i}; " for i in range(n))
+    unpack = ptx_unpack_bf16_words(lw, "l")
+    exp = "".join(ptx_one_plus_exp_neg(f"l{i}", f"t{i}") for i in range(n))
+    guard = ptx_abs_max([f"l{i}" for i in range(n)])
+    fast = "".join(ptx_div_fast(f"l{i}", f"t{i}", f"q{i}", "y", "y", "y") for i in range(n))
     slow = "".join(f"div.rn.f32 q{i}, l{i}, t{i}; " for i in range(n))
     mul = "".join(f"shl.b32 r, {w}, 16; mul.rn.f32 q{2 * i}, q{2 * i}, r; and.b32 r, {w}, 0xFFFF0000; "
                   f"mul.rn.f32 q{2 * i + 1}, q{2 * i + 1}, r; " for i, w in enumerate(rw))
@@ -262,14 +252,16 @@ def _swiglu_channel_words_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, stride_xm, stride_om, stride_sm, clamp_value,
         HW: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
         TRANSPOSE: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr, EVEN: tl.constexpr,
-        FUSED: tl.constexpr, SCALE_BITS: tl.constexpr, HMUL_ENC: tl.constexpr, PACKED_MAX: tl.constexpr, PDL: tl.constexpr = False):
+        FUSED: tl.constexpr, SCALE_BITS: tl.constexpr, HMUL_ENC: tl.constexpr, PACKED_MAX: tl.constexpr,
+        PDL: tl.constexpr = False):
     """WORDS path: ``x_ptr`` int32 words (two bf16 each, ``stride_xm`` in words, H = 2 * HW columns per
     half), one row group of ``NPT`` rows x ``BKW`` words per program.  Codes are stored as int16 words
     (two codes; ``stride_om`` in int16) or, with TRANSPOSE, as bytes of the ``(H, M)`` output.  Same bits
     as the element kernel; the flags are instruction-count candidates:
 
     ``FUSED`` (2 or 4; no clamp, GPU): one PTX block per 2 or 4 words (``_silu_words_ptx``) from the loaded
-    words to the packed bf16 act words (4: one range guard and branch per eight elements).  Per element it runs the default kernel's operations (libdevice ``expf`` of
+    words to the packed bf16 act words (4: one range guard and branch per eight elements).  Per element it runs
+    the default kernel's operations (libdevice ``expf`` of
     ``-l``, ``1 + e``, ``_div_neg_fast``, ``* r``, bf16 RNE) with three exact rewrites:
     (1) ``-l`` folded into the constants: ``fma(-l, c, d) == fma(l, -c, d)`` (the product is negated
         exactly), so no sign flip per element;

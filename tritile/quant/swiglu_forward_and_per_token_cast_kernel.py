@@ -33,6 +33,7 @@ from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, c
                        check_tensor, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, alloc_sf, check_sf_flags, pack_ue8m0_words
+from ._swiglu_ptx import ptx_div_fast, ptx_one_plus_exp_neg, ptx_unpack_bf16_words
 from .types import QuantTensor
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
@@ -334,23 +335,12 @@ def _silu_act_words_ptx(nw: int) -> str:
     n = 2 * nw
     lw = [f"${n + i}" for i in range(nw)]
     rw = [f"${n + nw + i}" for i in range(nw)]
-    unpack = "".join(f"shl.b32 l{2 * i}, {w}, 16; and.b32 l{2 * i + 1}, {w}, 0xFFFF0000; " for i, w in enumerate(lw))
-    exp = "".join(
-        f"fma.rn.ftz.sat.f32 s, l{i}, 0fBBBB989D, 0f3F000000; "   # sat(0.5 + (-l) * c1)
-        f"fma.rm.ftz.f32 j, s, 0f437C0000, 0f4B400001; "
-        f"add.rn.f32 k, j, 0fCB40007F; neg.f32 k, k; "
-        f"fma.rn.ftz.f32 f, l{i}, 0fBFB8AA3B, k; "              # (-l) * log2e - k
-        f"fma.rn.ftz.f32 f, l{i}, 0fB2A57060, f; "              # + (-l) * log2e_lo
-        f"ex2.approx.ftz.f32 e, f; shl.b32 j, j, 23; "
-        f"fma.rn.f32 t{i}, e, j, 0f3F800000; "                   # 1 + e * 2^n (exact product)
-        for i in range(n))
+    unpack = ptx_unpack_bf16_words(lw, "l")
+    exp = "".join(ptx_one_plus_exp_neg(f"l{i}", f"t{i}") for i in range(n))
     guard = f"max.xorsign.abs.bf16x2 m, {lw[0]}, {lw[1 % nw]}; " + "".join(
         f"max.xorsign.abs.bf16x2 m, m, {w}; " for w in lw[2:]) + (
         "abs.bf16x2 m, m; mov.b32 a, 0x42244224; setp.le.bf16x2 p|q, m, a; and.pred p, p, q; ")
-    fast = "".join(
-        f"rcp.approx.ftz.f32 y, t{i}; neg.f32 z, t{i}; fma.rn.f32 e, z, y, 0f3F800000; fma.rn.f32 y, y, e, y; "
-        f"mul.rn.f32 q{i}, l{i}, y; neg.f32 z, l{i}; fma.rn.f32 e, t{i}, q{i}, z; neg.f32 y, y; "
-        f"fma.rn.f32 q{i}, y, e, q{i}; " for i in range(n))
+    fast = "".join(ptx_div_fast(f"l{i}", f"t{i}", f"q{i}", "y", "y", "y") for i in range(n))
     slow = "".join(f"div.rn.f32 q{i}, l{i}, t{i}; " for i in range(n))
     mul = "".join(f"shl.b32 r, {w}, 16; mul.rn.f32 ${i}, q{2 * i}, r; and.b32 r, {w}, 0xFFFF0000; "
                   f"mul.rn.f32 ${nw + i}, q{2 * i + 1}, r; " for i, w in enumerate(rw))
@@ -400,6 +390,18 @@ def _u32_count2(acc, w0, w1, cb, GT: tl.constexpr):
                 "{ .reg .b32 m, n; set.lt.u32.bf16x2 m, $2, $4; set.lt.u32.bf16x2 n, $3, $4; add.u32 m, m, n; "
                 "add.u32 $0, $1, m; }", "=r,r,r,r,r", [acc, w0, w1, cb], dtype=tl.int32, is_pure=True, pack=1)
 
+
+
+@triton.jit
+def _u32_clamp_counts(i_l, i_rp, i_rn, l_raw, r_raw, cb_pos2, cb_neg2):
+    """INT_COUNT: add a chunk's words ``[R, CH / 2]`` of l and r to the mask sums of ``l > c``, ``r > c``, ``r < -c``
+    (``_u32_count2`` on pairs of words)."""
+    R: tl.constexpr = l_raw.shape[0]
+    W: tl.constexpr = l_raw.shape[1]
+    l0, l1 = tl.split(tl.reshape(l_raw, (R, W // 2, 2)))
+    r0, r1 = tl.split(tl.reshape(r_raw, (R, W // 2, 2)))
+    return (_u32_count2(i_l, l0, l1, cb_pos2, True), _u32_count2(i_rp, r0, r1, cb_pos2, True),
+            _u32_count2(i_rn, r0, r1, cb_neg2, False))
 
 @triton.jit
 def _u32_count_decode(acc):
@@ -627,11 +629,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
                 # counts first (they read the unclamped words), then the clamp on the words
                 if COUNT:
                     if I_CNT:
-                        l0, l1 = tl.split(tl.reshape(l_raw, (BLOCK_R, CH // 4, 2)))
-                        r0, r1 = tl.split(tl.reshape(r_raw, (BLOCK_R, CH // 4, 2)))
-                        i_l = _u32_count2(i_l, l0, l1, cb_pos2, True)
-                        i_rp = _u32_count2(i_rp, r0, r1, cb_pos2, True)
-                        i_rn = _u32_count2(i_rn, r0, r1, cb_neg2, False)
+                        i_l, i_rp, i_rn = _u32_clamp_counts(i_l, i_rp, i_rn, l_raw, r_raw, cb_pos2, cb_neg2)
                     elif BF16_CNT:
                         c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
                         c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
@@ -666,11 +664,7 @@ def _swiglu_forward_and_per_token_cast_kernel(
             if HAS_CLAMP and COUNT and not BF16_CLAMP:
                 # masked elements load as 0 and c >= 0, so they never count: no mask needed
                 if I_CNT:
-                    l0, l1 = tl.split(tl.reshape(l_raw, (BLOCK_R, CH // 4, 2)))
-                    r0, r1 = tl.split(tl.reshape(r_raw, (BLOCK_R, CH // 4, 2)))
-                    i_l = _u32_count2(i_l, l0, l1, cb_pos2, True)
-                    i_rp = _u32_count2(i_rp, r0, r1, cb_pos2, True)
-                    i_rn = _u32_count2(i_rn, r0, r1, cb_neg2, False)
+                    i_l, i_rp, i_rn = _u32_clamp_counts(i_l, i_rp, i_rn, l_raw, r_raw, cb_pos2, cb_neg2)
                 elif BF16_CNT:
                     c_l = _bf16x2_count(c_l, l_raw, cb_pos, True)
                     c_rp = _bf16x2_count(c_rp, r_raw, cb_pos, True)
