@@ -23,23 +23,23 @@ _GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, RO
                   + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
                      dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
 # Default: the two passes, pass 1 at 4 warps (765 us CUPTI on the H200, session 4; 8 warps, the default before: 1169).
-# Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH, COEF) never change a bit; the pass-1 tile and warps sum gamma in
-# another order and may show "output differs" (within the tests' bounds).  The one-pass kernels were removed after
-# losing in three sweeps (benchmarks/NOTES.md).
+# Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH) never change a bit; the pass-1 tile and warps sum gamma in
+# another order, and COEF=False computes delta in pass 2 (other FMA contractions), so these may show "output
+# differs" (within the tests' bounds).  The one-pass kernels were removed after losing in three sweeps
+# (benchmarks/NOTES.md); so were candidates that lost by 2.5 % or more in two sweeps (WARPS1=8: 1165 us, TOK=4: 805,
+# BLOCK_D2=1024 x 8 warps: 806).
 _GATE_BWD_TUNE = [
-    dict(WARPS1=8), dict(WARPS1=2), dict(TOK=2), dict(TOK=2, WARPS1=8), dict(TOK=4), dict(BLOCK_D1=2048),
-    dict(BLOCK_D1=512, WARPS1=2), dict(BLOCK_D1=2048, WARPS1=8), dict(WARPS2=4), dict(PREFETCH=False),
-    dict(SPLIT=4), dict(BLOCK_D2=1024, WARPS2=8), dict(COEF=False),
+    dict(WARPS1=2), dict(TOK=2), dict(BLOCK_D1=2048), dict(BLOCK_D1=512, WARPS1=2), dict(WARPS2=4),
+    dict(PREFETCH=False), dict(SPLIT=4), dict(COEF=False),
 ] + [
-    # L2_CHUNK (never changes a bit): both passes per launch chunk of ~L2_CHUNK tokens (L2_CHUNK // 132 = sub
-    # tokens of each of the 132 grad_w_partial rows), so that pass 2 reads the chunk's grad_out from L2.  At
-    # T=8001 (61 tokens a row): 264 -> sub 2, 31 chunks, 15 MB of grad_out a chunk; 396 -> 3, 21, 23 MB; 528 -> 4,
-    # 16, 30 MB; 1056 -> 8, 8, 61 MB (past the 50 MB L2: the bracket).  Saves up to the 459 MB re-read of grad_out
-    # (~110 us); costs 2 launches a chunk (~2-5 us ramp + tail each: ~60-300 us at 31 chunks, ~30-80 at 8) and
-    # the 15 MB grad_w_partial read-modify-write per launch after the first (L2 hits, or up to ~30 MB of DRAM
-    # traffic a launch).  Expected: a small gain at best at 8-16 chunks, a loss at 31.
-    dict(L2_CHUNK=264), dict(L2_CHUNK=396), dict(L2_CHUNK=528), dict(L2_CHUNK=1056),
-    dict(L2_CHUNK=528, SPLIT=4), dict(L2_CHUNK=1056, SPLIT=4),
+    # Session 6 sweep (CUPTI): COEF=False (the gamma kernel, then one [4, 512] tile a program over a 132 x 14 grid,
+    # no prefetch) 748.5 us against 764.4 for the default, so one tile a program may be the better pass 2: the
+    # same grid with the COEF pass 1 (SPLIT >= the 14 tiles; same bits as the default), with and without PREFETCH,
+    # and COEF=False at other tiles.  The L2_CHUNK candidates (both passes per launch chunk) took 865-1183 us and
+    # were removed.
+    dict(SPLIT=16), dict(SPLIT=16, PREFETCH=False), dict(SPLIT=16, WARPS2=4), dict(SPLIT=16, PREFETCH=False, WARPS2=4),
+    dict(SPLIT=16, BLOCK_D2=256, WARPS2=4), dict(SPLIT=32, BLOCK_D2=256, PREFETCH=False, WARPS2=4),
+    dict(COEF=False, WARPS2=4), dict(COEF=False, BLOCK_D2=256, WARPS2=4), dict(COEF=False, BLOCK_D2=1024),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

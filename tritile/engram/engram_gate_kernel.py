@@ -18,17 +18,15 @@ The backward is two passes:
 2. ``_engram_gate_bwd_split_kernel`` (or ``_engram_gate_bwd_kernel``), programs over (token chunk p, H tiles):
    grad_x, grad_k and ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
 
-The tuning candidate L2_CHUNK (off by default) runs both passes per launch chunk of tokens
-(``_engram_gate_bwd_coef_l2_kernel``, ``_engram_gate_bwd_split_l2_kernel``) so that pass 2 reads grad_out from L2;
-every output keeps its bits (``_engram_gate_bwd_l2``).
-
 The two passes move 2.98 GB at T=8001, hc=4, H=7168 (G and v are read twice): 706 us at the copy rate, against 598
 us for one pass.  Three one-pass designs were built and measured on the H200 (2026-11-30, sessions 3 and 4) and
 removed because each lost to the two passes (765 us CUPTI): a program per (token chunk, head) with the whole row in
 registers (1211-1287 us: 128 registers, one block per SM, too few bytes in flight); a persistent kernel walking
 token blocks with a gamma phase and an L2-hit second phase (1001 us at best); and the same with the two phases
 interleaved across token blocks (1375 us at best; the configurations with enough bytes in flight need ~250
-registers).  benchmarks/NOTES.md has the figures.
+registers).  A fourth, both passes per launch chunk of tokens so that pass 2 re-reads grad_out from L2 (same bits),
+took 865-1183 us (2026-11-30, session 6: the launches' ramps and tails and the grad_w_partial read-modify-write
+cost more than the L2 hits saved).  benchmarks/NOTES.md has the figures.
 """
 
 from __future__ import annotations
@@ -454,25 +452,6 @@ def _bwd_coef_sweep(go_ptr, v_ptr, dot_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, a
     tl.store(ak_ptr + sc, tl.math.div_rn(dot * rk * rk, hidden_f), mask=th_mask)
 
 
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk", "tok_off", "tok_cnt"])
-def _engram_gate_bwd_coef_l2_kernel(
-    go_ptr, v_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
-    T, hc, H, tokens_per_chunk, tok_off, tok_cnt, hidden_f, clamp_value, scale,
-    s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # Pass 1 of one launch chunk of the L2_CHUNK path: the tokens [p * tokens_per_chunk + tok_off, ... + tok_cnt)
-    # of every grad_w_partial row p, numbered row by row; TOK of them per program, computed as in the coef kernel.
-    n = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    p = n // tok_cnt
-    t = p * tokens_per_chunk + tok_off + (n - p * tok_cnt)  # past the last row: t >= T (masked)
-    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_at(gate_ptr, t, T, hc, HC_P2)
-    _bwd_coef_sweep(go_ptr, v_ptr, dot_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
-                    t, hh, tmask, th_mask, sc, gate, H, hidden_f, clamp_value, scale, s_g0, s_g1, s_v0, s_gv0,
-                    HC_P2, TOK, BLOCK_D)
-
-
 @triton.jit
 def _bwd_tile_math(go_b, x_b, k_b, w, delta, a_x, a_k):
     go = bf16_bits_to_f32(go_b)
@@ -496,44 +475,22 @@ def _engram_gate_bwd_split_kernel(
     # [HC, BLOCK_D] grad_w accumulator of a tile stays in registers.  SPLIT = number of H tiles gives one tile
     # per program; a smaller SPLIT gives fewer, longer programs (one wave, no tail).
     _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
-                     T, hc, H, tokens_per_chunk, 0, tokens_per_chunk,
+                     T, hc, H, tokens_per_chunk,
                      s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2, BLOCK_D, SPLIT, PREFETCH, False)
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk", "tok_off", "tok_cnt"])
-def _engram_gate_bwd_split_l2_kernel(
-    go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr,
-    gx_ptr, gk_ptr, gw_ptr,
-    T, hc, H, tokens_per_chunk, tok_off, tok_cnt,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # Pass 2 of one launch chunk of the L2_CHUNK path: program (p, r) as in the split kernel, over the tokens
-    # [p * tokens_per_chunk + tok_off, ... + tok_cnt) of row p.  The row's running sum continues across the
-    # launches: the first (tok_off == 0) starts from 0, a later one from the stored row, in token order, so
-    # the row ends with the bits of the one-launch kernel.
-    _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
-                     T, hc, H, tokens_per_chunk, tok_off, tok_cnt,
-                     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2, BLOCK_D, SPLIT, PREFETCH, True)
+                     HC_P2, BLOCK_D, SPLIT, PREFETCH)
 
 
 @triton.jit
 def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
-                     T, hc, H, tokens_per_chunk, tok_off, tok_cnt,
+                     T, hc, H, tokens_per_chunk,
                      s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                     CONT: tl.constexpr):
-    """Pass 2 of program (p, r): the tokens [p * tokens_per_chunk + tok_off, ... + tok_cnt) of row p, ascending
-    (the whole chunk: tok_off = 0, tok_cnt = tokens_per_chunk): grad_x, grad_k and row p of grad_w_partial.
-    CONT: the row's sum starts from the stored row when tok_off > 0 (else from 0)."""
+                     HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+    """Pass 2 of program (p, r): the tokens of chunk p, ascending: grad_x, grad_k and row p of grad_w_partial."""
     p = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, HC_P2)
     hmask = hh < hc
-    t_begin = p * tokens_per_chunk + tok_off
-    t_end = tl.minimum(t_begin + tok_cnt, T)
+    t_begin = p * tokens_per_chunk
+    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
     go_h = hh[:, None] * s_g1
     x_h = hh[:, None] * s_x1
     k_h = hh[:, None] * s_k1
@@ -542,10 +499,7 @@ def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_
         d = j * BLOCK_D + tl.arange(0, BLOCK_D)  # int32 in-row offsets (rows are < 2^31 elements)
         mask = hmask[:, None] & (d < H)[None, :]
         w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
-        if CONT:
-            acc = tl.load(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], mask=mask & (tok_off > 0), other=0.0)
-        else:
-            acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
+        acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
         t = t_begin
         if PREFETCH:
             # software pipelining by hand: token t + 1's tiles are in flight while token t is computed
@@ -614,9 +568,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
     division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
-    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.  L2_CHUNK (COEF only; 0: off, the
-    default): run the two passes launch chunk by launch chunk, about L2_CHUNK tokens each, so that pass 2 finds
-    the chunk's grad_out in L2 (``_bwd_l2_sub`` and ``_engram_gate_bwd_l2``)."""
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -627,7 +579,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
         split = min(2, n_tiles)
         nw2 = 8 if hc_p2 * bd2 >= 2048 else 4
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=True, L2_CHUNK=0))
+                                         COEF=True, SPLIT=split, PREFETCH=True))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
@@ -720,11 +672,6 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
     split = max(1, min(int(cfg["SPLIT"]), ceil_div(H, cfg["BLOCK_D2"])))
-    sub = _bwd_l2_sub(int(cfg["L2_CHUNK"]), chunk, num_parts)
-    if sub < chunk:  # the L2_CHUNK candidate (off by default)
-        _engram_gate_bwd_l2(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                            clamp_value, grad_x, grad_k, grad_v, grad_w_partial, coef, cfg, chunk, sub, split)
-        return grad_x, grad_k, grad_v, grad_w_partial
     _engram_gate_bwd_coef_kernel[(ceil_div(T, cfg["TOK"]),)](
         bits16(grad_out), bits16(v), dot, gate_score, rstd_x, rstd_k, coef[0], coef[1], coef[2], bits16(grad_v),
         T, hc, H, float(H), clamp_value, _scale(H),
@@ -742,61 +689,6 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
     )
     return grad_x, grad_k, grad_v, grad_w_partial
-
-
-def _bwd_l2_sub(l2_chunk: int, chunk: int, num_parts: int) -> int:
-    """Tokens of every grad_w_partial row per launch chunk of the L2_CHUNK path: l2_chunk // num_parts (at least
-    1), so that a launch chunk holds at most ~l2_chunk tokens; ``chunk`` (one launch: the default path) when
-    l2_chunk is 0 or a launch chunk would cover whole rows."""
-    if l2_chunk <= 0:
-        return chunk
-    return min(chunk, max(1, l2_chunk // num_parts))
-
-
-def _engram_gate_bwd_l2(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value,
-                        grad_x, grad_k, grad_v, grad_w_partial, coef, cfg, chunk, sub, split):
-    """The L2_CHUNK candidate: both passes per launch chunk c = the tokens [p * chunk + c * sub, ... + sub) of
-    every grad_w_partial row p (~num_parts * sub tokens), pass 1 then pass 2, so that pass 2 reads the chunk's
-    grad_out from L2 instead of DRAM.  Pass 2 keeps its (num_parts, SPLIT) grid in every launch; row p's running
-    sum goes on across the launches in token order (the first launch starts it from 0 and stores it, a later one
-    loads it, adds its tokens and stores it), so grad_w_partial has the one-launch kernel's bits, as have all the
-    other outputs (every token is computed by the same code).
-
-    Expected effect (H200, T=8001, hc=4, H=7168: chunk = 61 tokens a row, grad_out 57 KB a token): pass 2's
-    grad_out re-read, 459 MB (~110 us at 4.2 TB/s), becomes L2 hits if a launch chunk's grad_out (num_parts *
-    sub * 57 KB: 15 MB at sub = 2, 30 MB at 4, 61 MB at 8) stays in the 50 MB L2 while pass 2 streams x, k,
-    grad_x and grad_k past it.  Costs: 2 * ceil(chunk / sub) launches instead of 2 (each launch's ramp and tail
-    ~2-5 us of CUPTI time: 62 launches at sub = 2, 32 at 4, 16 at 8, i.e. ~60-300 us), and the grad_w_partial
-    read-modify-write by every launch after the first (15 MB read + 15 MB written a launch; L2 hits if the rows
-    survive the next pass 1, up to 450 MB of DRAM traffic at sub = 4 if not); pass 2's programs also loop over
-    only sub tokens a tile (a short PREFETCH pipeline).  So a win needs few launches and good L2 hit rates:
-    expect a small gain at best (sub = 4-8), a loss at sub <= 2; the sweep decides."""
-    T, hc, H = hidden_states.shape
-    num_parts = grad_w_partial.shape[0]
-    hc_p2 = next_power_of_two(hc)
-    dev = grad_out.device
-    off = 0
-    while off < chunk:
-        cnt = min(sub, chunk - off)
-        rows = ceil_div(T - off, chunk)  # rows with tokens in this launch chunk (off < chunk <= T: at least 1)
-        _engram_gate_bwd_coef_l2_kernel[(ceil_div(rows * cnt, cfg["TOK"]),)](
-            bits16(grad_out), bits16(v), dot, gate_score, rstd_x, rstd_k, coef[0], coef[1], coef[2],
-            bits16(grad_v), T, hc, H, chunk, off, cnt, float(H), clamp_value, _scale(H),
-            grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
-            HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"],
-            **pdl_args(dev, launch=off == 0),  # the op's first kernel: PDL; later ones launch after their predecessor
-        )
-        _engram_gate_bwd_split_l2_kernel[(num_parts, split)](
-            bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, coef[0], coef[1], coef[2],
-            bits16(grad_x), bits16(grad_k), grad_w_partial,
-            T, hc, H, chunk, off, cnt,
-            grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
-            k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
-            grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
-            HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=split, PREFETCH=bool(cfg["PREFETCH"]),
-            num_warps=cfg["WARPS2"], **pdl_args(dev, launch=False),
-        )
-        off += cnt
 
 
 def _bwd_fake(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):

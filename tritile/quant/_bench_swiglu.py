@@ -171,48 +171,27 @@ def _bwd_cases(device, quick):
     del res
 
 
-# Tuning candidates at the backward anchor (H = 7168, npc = 128; the default is BLOCK_R=1, CH=1024,
-# 2 warps, FAST_MAX/FAST_ENC/MINMAX_CLAMP/MASK_FLAGS/FAST_DIV on).  weight_grad is a float32 row sum whose
-# order follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM
-# can differ from the default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4)
-# and then show as "output differs" in the bitwise sweep; compare their other outputs by hand.
-# sm_90a SASS per column: 75.2 with FAST_DIV off (the default before 2026-11-30, 164 registers), 61.2 with
-# the default (168 registers), 68.5 with CH=1024 / 4 warps (96 registers, no smem round trip for the bf16
-# stores).
-_BWD_TUNE = (  # default (session 4): CH=512 x 1 warp with ROWSUM_PAIRS, maxnreg=128
-    [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]  # the session-3/4 default (950.0 us CUPTI)
-    +
-    [dict(FAST_DIV=False), dict(FAST_DIV=False, CH=1024, num_warps=4)]
-    + [dict(CH=1024, num_warps=4), dict(CH=512, num_warps=2), dict(CH=2048, num_warps=4), dict(CH=2048, num_warps=8),
-       dict(BLOCK_R=2, CH=1024, num_warps=4), dict(BLOCK_R=2, CH=512, num_warps=2), dict(CH=512, num_warps=1)]
-    + [dict(maxnreg=None), dict(CH=1024, num_warps=4, maxnreg=80), dict(TILE_ROWSUM=True)]  # None: session 3
-    + [dict(maxnreg=112), dict(maxnreg=120), dict(maxnreg=104), dict(CH=512, num_warps=1, maxnreg=128)]
-    # PREFETCH: persistent grid, next chunk (and next row block's first chunk, its weight) loaded ahead.
-    # Same CH / warps as the default: bit-identical weight_grad too.  sm_90a: 216 registers with 2 warps
-    # (4 programs fit); CH=1024 / 4 warps 117; CH=512 / 1 warp 210 and no barrier or smem in the loop
-    + [dict(PREFETCH=True, programs_per_sm=4), dict(PREFETCH=True, programs_per_sm=3),
-       dict(PREFETCH=True, maxnreg=168, programs_per_sm=6), dict(PREFETCH=True, CH=1024, num_warps=4, programs_per_sm=4),
-       dict(PREFETCH=True, CH=512, num_warps=1, programs_per_sm=8), dict(PREFETCH=True, CH=512, num_warps=2, programs_per_sm=8)]
-    # ROWSUM_PAIRS at CH=512 x 1 warp: no barrier or smem in the loop and weight_grad bit-identical to the
-    # default (chunk pairs summed as the 2-warp kernel's two warp partials).  sm_90a: 128 registers (the
-    # default cap), no spills; uncapped 168; maxnreg=120 for 17 programs
-    + [dict(CH=512, num_warps=1, ROWSUM_PAIRS=True), dict(CH=512, num_warps=1, ROWSUM_PAIRS=True, maxnreg=None),
-       dict(CH=512, num_warps=1, ROWSUM_PAIRS=True, maxnreg=120)]
-    # PREFETCH at CH=256 x 1 warp: 111 registers, no spills (18 programs fit); weight_grad order differs
-    + [dict(PREFETCH=True, CH=256, num_warps=1, maxnreg=None, programs_per_sm=p) for p in (12, 16)]
-    # Same-bits instruction cuts (session 5; see _swiglu_backward_and_per_token_cast_kernel; weight_grad bit-identical
-    # to the default, as the layout and the row-sum order are unchanged).  sm_90a hot path at the anchor (clamp 0.5,
-    # round_sf), executed instructions per column (x and y element) of the chunk loop, the row-block loop adding
-    # ~0.3: the default 64.0 (128 registers, 24 bytes of stack).  FUSED_BWD=4: the per-element backward in one PTX
-    # block per four elements (expf / division rewrites of the forward's FUSED_SILU, max|x| guard, flags selected
-    # from the unclamped inputs, grad_out widened in the block); XORSIGN_CLAMP: yf by one min.NaN.xorsign.abs.f32;
-    # INT_SCALE: dx's pow2 scales from amax's bits (no FCHK division).  Without a clamp: 55.2 -> 50.2 (all three).
-    + [dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True),               # 56.1, 114 registers, no stack
-       dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True, maxnreg=112),  # 56.3, 110 registers (18 warps/SM)
-       dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True, maxnreg=104),  # 56.3, 104 registers, 8 bytes of stack
-       dict(FUSED_BWD=4),                                                   # 58.9, 114 registers
-       dict(FUSED_BWD=4, XORSIGN_CLAMP=True),                               # 57.9, 114 registers
-       dict(INT_SCALE=True)]                                                # 62.9, 128 registers, 16 bytes of stack
+# Tuning candidates at the backward anchor (H = 7168, npc = 128).  weight_grad is a float32 row sum whose order
+# follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM can differ from the
+# default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4) and then show as "output differs"
+# in the bitwise sweep; compare their other outputs by hand.  The default (session 6): CH=512 x 1 warp with
+# ROWSUM_PAIRS (the 2-warp layout's row-sum order, no barrier or smem in the loop), the same-bits instruction cuts
+# FUSED_BWD=4 / XORSIGN_CLAMP / INT_SCALE, registers capped at 112.  sm_90a hot path at the anchor (clamp 0.5,
+# round_sf), executed instructions per column (x and y element) of the chunk loop: 56.3 (110 registers, 18 warps
+# per SM), against 64.0 without the cuts (128 registers, 24 bytes of stack), 75.2 without FAST_DIV as well.
+# Sessions 3-6 (CUPTI, L2 flushed): the session-6 default 884.2 us, the session-5 default (first candidate) 907.2,
+# the session-4 default (second) 948.0; CH 1024-2048 with 4-8 warps, BLOCK_R=2 and the persistent PREFETCH variants
+# (1043-2246 us) were removed after losing by 15 % or more in two sweeps.
+_BWD_TUNE = (
+    [dict(FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False, maxnreg=128),                 # session 5 (907.2 us)
+     dict(FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False, maxnreg=128, CH=1024, num_warps=2,
+          ROWSUM_PAIRS=False)]                                                               # session 4 (948.0 us)
+    # FUSED_BWD alone / with XORSIGN_CLAMP (58.9 / 57.9 per column, 114 registers): 889.3 / 889.5 us
+    + [dict(XORSIGN_CLAMP=False, INT_SCALE=False), dict(INT_SCALE=False)]
+    # register caps: 114 registers uncapped (885.0 us), 104 with 8 bytes of stack (889.1 us); 96 and 120 untried
+    + [dict(maxnreg=None), dict(maxnreg=104), dict(maxnreg=96), dict(maxnreg=120)]
+    # the 2-warp layout with the cuts (weight_grad order unchanged: same bits)
+    + [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]
 )
 
 
