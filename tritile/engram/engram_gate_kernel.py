@@ -572,14 +572,14 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
-        split, nw2 = max(1, n_tiles // 2), nw
+        split, nw2, prefetch = max(1, n_tiles // 2), nw, True
     else:
-        # 2 programs per SM (about 110 registers at [4, 512] x 8 warps), each streaming half of the H tiles of
-        # its token chunk: one wave, no tail (one tile per program gave 3.5 waves of long programs)
-        split = min(2, n_tiles)
-        nw2 = 8 if hc_p2 * bd2 >= 2048 else 4
+        # one [HC_P2, BLOCK_D2] tile a program at 4 warps, no prefetch (a 132 x 14 grid at the anchor): 746.2 us
+        # CUPTI in the session-6 sweep (T=8001, hc=4, H=7168) against 765.9 us for two programs per SM at 8 warps,
+        # each streaming half of the tiles with token t + 1's tiles prefetched (the default before); same bits
+        split, nw2, prefetch = n_tiles, 4, False
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=True))
+                                         COEF=True, SPLIT=split, PREFETCH=prefetch))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
