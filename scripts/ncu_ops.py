@@ -1,9 +1,9 @@
 """Profile one call of each op's anchor case (the benchmark cases with a TileKernels anchor) under Nsight Compute.
 
 Run as ``ncu --profile-from-start off [sections] python scripts/ncu_ops.py OP [OP ...]``: each case is warmed up,
-then one call runs between ``cudaProfilerStart`` and ``cudaProfilerStop``, preceded by a device-to-device copy of
-the same number of bytes (half read, half written), so that each op's DRAM throughput can be read beside a plain
-copy's at its own size.  ``--quick`` takes the benchmark's quick cases; ``--all-cases`` every case, not only
+then one call runs between ``cudaProfilerStart`` and ``cudaProfilerStop``, preceded by an element-wise kernel that
+reads and writes the same number of bytes (``torch.bitwise_not`` on int32: a copy that Nsight Compute sees as a kernel,
+unlike ``copy_``'s cudaMemcpy), so that each op's DRAM throughput can be read beside a plain copy's at its own size.  ``--quick`` takes the benchmark's quick cases; ``--all-cases`` every case, not only
 anchored ones.
 """
 
@@ -29,16 +29,16 @@ def main() -> None:
         for case in bop.make_cases(dev, args.quick):
             if case.anchor is None and not args.all_cases:
                 continue
-            n = max(case.nbytes // 2, 1 << 20)
-            src = torch.empty(n, dtype=torch.uint8, device=dev)
+            n = max(case.nbytes // 8, 1 << 18)
+            src = torch.zeros(n, dtype=torch.int32, device=dev)
             dst = torch.empty_like(src)
             for _ in range(3):
                 case.fn()
-                dst.copy_(src)
+                torch.bitwise_not(src, out=dst)
             torch.cuda.synchronize()
             print(f"== {bop.op} {case.label} {case.params} nbytes={case.nbytes}", flush=True)
             torch.cuda.profiler.start()
-            dst.copy_(src)
+            torch.bitwise_not(src, out=dst)
             case.fn()
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
