@@ -65,6 +65,7 @@ def compile_variant(op: str, over: dict):
         if k not in LAUNCH_ONLY and k != "WORDS":
             consts[k] = v
     params = [n for n in fn.arg_names]
+    consts["PDL"] = True  # as launched on sm_90+ (tritile.language.pdl)
     consts = {k: v for k, v in consts.items() if k in params}
     full = {n: ("constexpr" if n in consts else sig[n]) for n in params}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in DIV16 and n not in consts}

@@ -188,8 +188,10 @@ _BWD_TUNE = (
           ROWSUM_PAIRS=False)]                                                               # session 4 (948.0 us)
     # FUSED_BWD alone / with XORSIGN_CLAMP (58.9 / 57.9 per column, 114 registers): 889.3 / 889.5 us
     + [dict(XORSIGN_CLAMP=False, INT_SCALE=False), dict(INT_SCALE=False)]
-    # register caps: 114 registers uncapped (885.0 us), 104 with 8 bytes of stack (889.1 us); 96 and 120 untried
-    + [dict(maxnreg=None), dict(maxnreg=104), dict(maxnreg=96), dict(maxnreg=120)]
+    # register caps: a warp's registers come from one of the SM's four 16 K partitions, so 112 and 104 registers both
+    # give 4 warps per scheduler (16 per SM; Nsight Compute: 16 active warps), 96 gives 5 (16 bytes of stack, +0.6 %
+    # static instructions), 80 gives 6 (72 bytes of stack, +4 %); uncapped 885.0 us, 104 889.1 us
+    + [dict(maxnreg=None), dict(maxnreg=96), dict(maxnreg=80)]
     # the 2-warp layout with the cuts (weight_grad order unchanged: same bits)
     + [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]
 )
