@@ -41,6 +41,18 @@ _TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, V
     dict(SIGNED_ENC=2, INT_POW2=True),
     # session 4: wider tiles under L2-flushed timing (longer DRAM bursts per row)
     dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=8), dict(BLOCK_K=128, num_warps=2),
+    # session 6: WORDS (same bits; the block as int32 words of two bf16, ``_per_channel_cast_words_kernel``).  sm_90a
+    # at [128, 128] x 4 warps (registers, SASS instructions per element, round_sf off / on; scripts/per_channel_sass.py):
+    # default 127 / 128, 9.82 / 8.48 (4 blocks per SM); WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC 94 / 96,
+    # 8.24 / 5.97 (5 blocks per SM: 1.25x the bytes in flight); maxnreg=80: 6 blocks, 48 / 16 bytes of stack.
+    # [128, 64]: WORDS 64 registers (8 blocks per SM of 16 KB) against 72.  Expected: the latency-bound
+    # [128, 128] tile gains from the extra resident blocks (Nsight: 22.6 % achieved occupancy, 55 % DRAM).
+    # First H200 look (scripts/per_channel_words_gpu.py, CUDA-graph medians, not CUPTI; round_sf off / on): default
+    # 24.0 / 23.4 us, WORDS 22.7 / 22.4, + HMUL_ENC 22.7 / 22.3, + maxnreg=80 25.1 / 23.7 (spills), maxnreg=88
+    # 23.0 / 23.1, [128, 64] 22.8 / 22.6, 8 warps 23.3 / 23.0; bits equal to the default on that GPU
+    dict(WORDS=True), dict(WORDS=True, HMUL_ENC=True), dict(WORDS=True, HMUL_ENC=True, maxnreg=80),
+    dict(WORDS=True, HMUL_ENC=True, maxnreg=88), dict(WORDS=True, HMUL_ENC=True, BLOCK_K=64),
+    dict(WORDS=True, HMUL_ENC=True, num_warps=8),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),

@@ -19,6 +19,7 @@ from ._per_channel_common import (all_finite, column_amax, column_amax_bf16, per
                                   per_channel_encode_signed, per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
                                   per_channel_scale)
 from .common import sf_info
+from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import _column_max_words, _column_scale, _encode_words
 from .types import QuantTensor
 
 __all__ = ["per_channel_cast_fused"]
@@ -181,12 +182,107 @@ def _per_channel_cast_fused_kernel(
     tl.store(sf_ptr + pid_m * stride_sm + cols[None, :], sf, mask=col_ok[None, :])
 
 
+@triton.jit
+def _per_channel_cast_words_kernel(
+        x_ptr, pos_ptr, out_ptr, sf_ptr, num_rows_in, num_rows_out, num_words,
+        stride_xm, stride_pos, stride_om, stride_sm,
+        HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr,
+        EVEN: tl.constexpr, INT_POW2: tl.constexpr, HMUL_ENC: tl.constexpr, PDL: tl.constexpr = False):
+    """WORDS path (bf16 x without an input sf): the ``[BM, 2 * BKW]`` block held as int32 words of two bf16
+    (adjacent columns, the low column in the low half), half the registers of the int16 tile.  ``x_ptr``
+    int32 words (``stride_xm`` in words), ``out_ptr`` int16 words of two codes (``stride_om`` in words),
+    ``num_words = K / 2``.  Same bits as the element kernel, from the SwiGLU WORDS kernel's helpers:
+    the column max on the words' two 16-bit halves (``max.u16x2`` on the GPU; ``|bf16|`` orders like its
+    bits, NaN patterns above inf map to inf), the scales of the two columns of each word as today
+    (``INT_POW2``: the round_sf scales in integer ops), then per two words one PTX block that unpacks,
+    multiplies by the column's ``sf_inv`` (float32; ``HMUL_ENC`` with round_sf: the exact power-of-two
+    product on the bf16 pairs), converts and merges x's signs (SIGNED_ENC=2's NaN handling), stored as
+    16-bit words (coalesced).  ``HAS_MAP``: rows gathered through ``pos_ptr`` (-1 or out of range: a zero
+    row).  ``EVEN``: no masks (no map, M % BM == 0, num_words % BKW == 0).  ``VECW``: words per thread run.
+    Offsets inside the block are int32 (the launcher checks ``BM * stride < 2^31``)."""
+    pdl_enter(PDL)
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = tl.arange(0, BM)
+    c = tl.arange(0, BKW)
+    if VECW > 1:
+        c = tl.max_contiguous(tl.multiple_of(c, VECW), VECW)
+    rows = pid_m * BM + r
+    cw = pid_k * BKW + c
+    col_ok = cw < num_words
+    out_row_ok = rows < num_rows_out
+    if HAS_MAP:
+        src = tl.load(pos_ptr + rows.to(tl.int64) * stride_pos, mask=out_row_ok, other=-1).to(tl.int64)
+        row_ok = (src >= 0) & (src < num_rows_in)  # -1 = padding row; out-of-range entries read nothing
+        x_tile = x_ptr + pid_k * BKW + src[:, None] * stride_xm + c[None, :]
+    else:
+        row_ok = out_row_ok
+        x_tile = x_ptr + pid_m.to(tl.int64) * BM * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
+    if EVEN:
+        w = tl.load(x_tile)
+    else:
+        w = tl.load(x_tile, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    mw = _column_max_words(w & 0x7FFF7FFF, True)  # [1, BKW]: the two columns' max |bf16| patterns per word
+    sf_lo, si_lo = _column_scale(mw & 0xFFFF, ROUND_SF, INT_POW2)
+    sf_hi, si_hi = _column_scale(mw >> 16, ROUND_SF, INT_POW2)
+    codes = _encode_words(w, si_lo, si_hi, HMUL_ENC and ROUND_SF)
+    dst = out_ptr + pid_m.to(tl.int64) * BM * stride_om + pid_k * BKW + r[:, None] * stride_om + c[None, :]
+    sf_row = sf_ptr + pid_m.to(tl.int64) * stride_sm + 2 * cw[None, :]
+    if EVEN:
+        tl.store(dst, codes)
+        tl.store(sf_row, sf_lo)
+        tl.store(sf_row + 1, sf_hi)
+    else:
+        tl.store(dst, codes, mask=out_row_ok[:, None] & col_ok[None, :])
+        tl.store(sf_row, sf_lo, mask=col_ok[None, :])
+        tl.store(sf_row + 1, sf_hi, mask=col_ok[None, :])
+
+
+def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: torch.Tensor, sf: torch.Tensor,
+                  num_rows_out: int, round_sf: bool, c: dict, block_m: int) -> bool:
+    """The WORDS kernel where it applies (bf16 x, even K, even row stride, 4-byte aligned base, int32 offsets
+    inside a block); False (nothing launched) otherwise, and the element kernel runs."""
+    num_rows_in, hidden = x.shape
+    if (hidden % 2 or x.stride(0) % 2 or x.data_ptr() % 4
+            or block_m * max(x.stride(0), out.stride(0)) >= 2 ** 31):
+        return False
+    bkw, vecw = c["BLOCK_K"] // 2, int(c["VEC"]) // 2
+    if vecw > 1 and bkw % vecw:
+        raise ValueError(f"bad per-channel WORDS config {c}: VEC must divide BLOCK_K")
+    num_words = hidden // 2
+    has_map = pos_to_token is not None
+    even = not has_map and num_rows_out % block_m == 0 and num_words % bkw == 0
+    grid = (ceil_div(num_rows_out, block_m), ceil_div(num_words, bkw))
+    x_words = x.view(torch.int32)
+    _per_channel_cast_words_kernel[grid](
+        x_words, pos_to_token if has_map else x_words, out.view(torch.int16), sf,
+        num_rows_in, num_rows_out, num_words, x.stride(0) // 2, pos_to_token.stride(0) if has_map else 0,
+        out.stride(0) // 2, sf.stride(0),
+        HAS_MAP=has_map, ROUND_SF=round_sf, BM=block_m, BKW=bkw, VECW=vecw, EVEN=even,
+        INT_POW2=bool(c["INT_POW2"]), HMUL_ENC=bool(c["HMUL_ENC"]), num_warps=c["num_warps"],
+        **({} if c.get("maxnreg") is None else dict(maxnreg=c["maxnreg"])), **pdl_args(out.device))
+    return True
+
+
 def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_to_token: Optional[torch.Tensor],
             num_rows_out: int, round_sf: bool, config: Optional[dict] = None, name: str = "per_channel_cast_fused"):
     """``config`` (tests) and ``tritile.runtime.tuned(name, ...)`` (sweeps): ``BLOCK_K`` (a power of two; a
     multiple of 128 with an input sf), ``ROWS_PER_STEP`` (128: one pass over registers; 16/32/64: two
     streamed passes), ``num_warps``, ``num_stages``, ``FINITE_BRANCH``, ``VEC``, ``SIGNED_ENC`` and ``INT_POW2`` (see the kernel);
-    missing keys come from the default rule.  Rows per block are always 128."""
+    missing keys come from the default rule.  Rows per block are always 128.
+
+    ``WORDS`` (off by default; bf16 x without an input sf, gathered or not): ``_per_channel_cast_words_kernel``,
+    the one-pass block held as int32 words of two bf16 (``BLOCK_K`` and ``VEC`` still count columns;
+    ``ROWS_PER_STEP``, ``FINITE_BRANCH``, ``SIGNED_ENC``, ``num_stages`` do not apply; ``INT_POW2`` does).  Same
+    bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
+    ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
+    kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  sm_90a figures at 4096 x 7168
+    (scripts/per_channel_sass.py; registers, SASS instructions per element, round_sf off / on), [128, 128] x 4
+    warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
+    94 / 96, 8.24 / 5.97 (5 blocks per SM instead of 4: 1.25x the bytes in flight); with maxnreg=80: 80
+    registers, 6 blocks per SM, 48 / 16 bytes of stack, 8.70 / 6.09.  [128, 64] x 4 warps: default 72, WORDS
+    64 registers (8 blocks per SM), 13.5 / 11.5 instructions per element.  First H200 look (CUDA-graph medians,
+    scripts/per_channel_words_gpu.py): 24.0 / 23.4 us default, 22.7 / 22.3 us WORDS + HMUL_ENC (same bits)."""
     num_rows_in, hidden = x.shape
     dev = x.device
     num_per_tokens = 128
@@ -211,12 +307,15 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         cfg = cfg._replace(block_k=128, rows_per_step=128 if one_pass else 32)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
-                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True,
+                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": False, "HMUL_ENC": False,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise ValueError(f"bad per-channel launch config {c}: BLOCK_K a power of two >= 16 (a multiple of 128 "
                          "with an input sf), ROWS_PER_STEP a power of two <= 128")
+    if (c["WORDS"] and x.dtype == torch.bfloat16 and not has_sf
+            and _launch_words(x, pos_to_token, out, sf, num_rows_out, round_sf, c, cfg.block_m)):
+        return out, sf
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else (x.view(torch.uint8) if x.element_size() == 1
                                                                     else x)
     grid = (ceil_div(num_rows_out, cfg.block_m), ceil_div(hidden, bk))
