@@ -207,3 +207,54 @@ def test_per_token_cast_to_e5m6_bad_inputs(device):
         per_token_cast_to_e5m6(x, 64, True, False, True)
     with pytest.raises(ValueError, match="x must have a unit stride"):
         per_token_cast_to_e5m6(torch.randn(64, 8, device=device).T, 64)
+
+
+def _fast_path_edges(device):
+    """bf16 (20, 96) rows (3 quads: a ragged, non-power-of-two quad count) for the INT_SF / PAIR_ENC / AMAX16
+    candidates: random bit patterns (odd/even mantissas, so rounding ties both ways) at row scales from the clamp
+    to 3e38 (sf_inv from 2^29 down to 2^-113, the pair path's ``sf_inv >= 1`` limit on both sides; the last
+    random row's small values scale to float32 subnormals), zeros of both signs, bf16 subnormals, +-inf, NaN of
+    both signs, values at the E5M6 overflow (65024 = 0x7BF) and at the fp16 normal / subnormal / zero boundaries
+    (an sf = 1 row).  Rows pair up by kind, for BLOCK_M = 2 tiles."""
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for e_max, span in ((-20, 40), (-14, 40), (0, 40), (3, 40), (15, 40), (16, 40), (40, 40), (127, 40),
+                        (127, 150)):  # per-row largest exponent, exponent span below it
+        bits = torch.randint(0, 1 << 16, (96,), generator=g) & 0x807F  # sign, mantissa
+        bits |= ((e_max + 127 - torch.randint(0, span, (96,), generator=g)).clamp(0, 254) << 7)
+        rows.append(bits)
+    rows[8][0] = 0x7F00  # 2^127: sf_inv = 2^-113
+    rows[2][:8] = torch.tensor([0, 0x8000, 1, 0x8001, 0x7F, 0x807F, 0x40, 0x8041])  # zeros, bf16 subnormals
+    rows[4][:4] = torch.tensor([0x477E, 0xC77E, 0x477F, 0x477D])  # 65024, -65024, 65280 (row amax), 64768
+    edge = torch.zeros(96, dtype=torch.int64)
+    edge[:18] = torch.tensor([0x3880, 0x387F, 0x3881, 0x3380, 0x3381, 0x3390, 0x33C1, 0x3300, 0x3400, 0x3401,
+                              0xB381, 0x3600, 0x3680, 0x3681, 0x36FF, 0x0001, 0x8000, 0x8001])  # 2^-14 .. 2^-25
+    edge[-1] = 0x477E  # sf = 1: encoded as is
+    sub = torch.zeros(96, dtype=torch.int64)  # only zeros and bf16 subnormals: the clamp row
+    sub[::3], sub[1::3] = 0x8003, 0x0041
+    nonfinite = []
+    for b, col in ((0x7F80, 5), (0xFF80, 90), (0x7FC0, 0), (0xFFC1, 95)):  # +inf, -inf, NaN, -NaN
+        row = rows[3].clone()
+        row[col] = b
+        nonfinite.append(row)
+    r = torch.stack(rows[:4] + [edge, sub, rows[4], rows[5], rows[6], rows[7], rows[8], torch.zeros_like(edge)]
+                    + nonfinite + [rows[0] | 0x8000, rows[1], rows[8], rows[2]])
+    return r.to(torch.int16).view(torch.bfloat16).to(device)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(INT_SF=True), dict(AMAX16=True), dict(PAIR_ENC=True, BLOCK_M=2),
+    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=2, BLOCK_Q=2, num_warps=1),  # two passes
+    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=4, COAL_ST=False),
+])
+def test_per_token_cast_to_e5m6_fast_candidates(cfg, device):
+    """The instruction cuts (INT_SF: division-free power-of-two scales; PAIR_ENC: the bf16-pair encoder for
+    power-of-two sf_inv >= 1; AMAX16: 16x2 amax) give the default path's bits, every sf layout (round_sf=False
+    ignores INT_SF / PAIR_ENC)."""
+    x = _fast_path_edges(device)
+    for flags in CONFIGS + EXTRA_CONFIGS[:1]:
+        ref = per_token_cast_to_e5m6(x, 96, *flags)
+        with override_config("per_token_cast_to_e5m6", **cfg):
+            out, sf = per_token_cast_to_e5m6(x, 96, *flags)
+        assert_equal(out, ref[0])
+        assert_equal(sf, ref[1])

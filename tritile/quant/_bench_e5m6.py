@@ -35,6 +35,20 @@ _TUNE_E5M6 = [  # default (session 4): the quad kernel with COAL_ST
     # 2 KB with 2 barriers each at 256 quads x 4 warps, 4 rounds at 128 quads or 8 warps
     dict(COAL_ST=True), dict(COAL_ST=True, BLOCK_Q=256, num_warps=8), dict(COAL_ST=True, BLOCK_Q=128, num_warps=4),
     dict(COAL_ST=True, BLOCK_M=2, BLOCK_Q=256, num_warps=8),
+    # Instruction cuts (same bits; the anchor cases are round_sf, where all three apply).  sm_90a, finite-row path
+    # of the default tile (256 quads x 4 warps, 64 elements per thread; scripts/e5m6_sass.py): default 64 regs,
+    # 16.44 SASS/elem.  INT_SF: power-of-two scales from the amax bits, no division: 64 regs, 16.19/elem.
+    # AMAX16: amax by max.u16x2 on the words: 64 regs, 15.66/elem.  PAIR_ENC: the bf16-pair encoder (one
+    # cvt.rz.f16x2 per two values, rounding on both halves at once; tiles with a row of amax > 65024 keep the
+    # general encoder): 66 regs, 11.56/elem.  All three: 66 regs, 10.53/elem (-36 %).  First H200 check (helper,
+    # 2026-11-30, scripts/e5m6_time.py, do_bench median, boost clocks; bits equal to the default on both layouts):
+    # default 58.1-58.4 us, PAIR_ENC 52.8-54.2, all three 52.8-53.0, all three with 8 warps (39 regs, 12.06/elem)
+    # 52.6; with 2 x 256 quads x 8 warps (71 regs, 11.06/elem) 54.9, with COAL_ST=False 71.2.  Nsight Compute (base
+    # clocks), all three vs default: 48.8 vs 67.3 us, 21.2M vs 33.2M instructions, SM 58 vs 80 %, DRAM 76 vs 56 %
+    # (now near the DRAM floor).
+    dict(INT_SF=True), dict(AMAX16=True), dict(PAIR_ENC=True), dict(INT_SF=True, PAIR_ENC=True, AMAX16=True),
+    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, num_warps=8),
+    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=2, BLOCK_Q=256, num_warps=8),
 ]
 # cast_back_e5m6: default [2 rows, 512 groups of 8] (8192 values), 8 warps
 _TUNE_CAST_BACK = [

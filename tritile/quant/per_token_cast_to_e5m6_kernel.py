@@ -10,6 +10,11 @@ out, and on the GPU a whole row of up to 8192 columns stays in registers (one pa
 odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  By default
 (``COAL_ST``) the quad kernel stores through a layout conversion so that consecutive lanes write consecutive
 16-byte pieces (whole 32-byte sectors per warp store).
+
+Instruction cuts of the quad kernel, off by default (same bits; a GPU sweep decides): ``INT_SF`` (round_sf: the
+power-of-two scales from the amax bits, no division), ``AMAX16`` (amax by ``max.u16x2`` on the bf16 pair words) and
+``PAIR_ENC`` (round_sf: the E5M6 codes of a bf16 pair per ``cvt.rz.f16x2.f32``, rounded on both halves at once, for
+tiles whose rows all have ``sf_inv >= 1``); figures in ``_TUNE_E5M6`` (tritile/quant/_bench_e5m6.py).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
 from ..language.cast import EMULATE
+from ..language.e5m6_fast import e5m6_pair_codes, max_u16x2, pack3_pairs
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
+from .per_token_cast_kernel import _round_scale_bits
 from .types import QuantTensor
 
 __all__ = ["per_token_cast_to_e5m6"]
@@ -199,13 +206,32 @@ def _load_group(xw_row, q, qm, gi: tl.constexpr):
 
 
 @triton.jit
-def _load_quads(xw_row, q, qm):
+def _load_quads(xw_row, q, qm, AMAX16: tl.constexpr):
     """The four groups (``[R, Q, 4]`` words each) of every quad ``q`` and the tile's ``max |x|`` per row."""
     g0 = _load_group(xw_row, q, qm, 0)
     g1 = _load_group(xw_row, q, qm, 1)
     g2 = _load_group(xw_row, q, qm, 2)
     g3 = _load_group(xw_row, q, qm, 3)
-    return g0, g1, g2, g3, _absmax_quads(g0, g1, g2, g3)
+    if AMAX16:
+        return g0, g1, g2, g3, _absmax_quads16(g0, g1, g2, g3)
+    else:
+        return g0, g1, g2, g3, _absmax_quads(g0, g1, g2, g3)
+
+
+@triton.jit
+def _absmax_quads16(g0, g1, g2, g3):
+    """:func:`_absmax_quads` (same bits) with both bf16 halves of a word in one unsigned 16x2 max (``AMAX16``):
+    a mask and a ``VIMNMX.U16x2`` per word instead of two of each, then one 32-bit max of the two halves."""
+    c = 0x7FFF7FFF
+    m = max_u16x2(max_u16x2(g0 & c, g1 & c), max_u16x2(g2 & c, g3 & c))
+    m = tl.reduce(m, 2, _max_u16x2_combine)
+    m = tl.reduce(m, 1, _max_u16x2_combine)
+    return tl.minimum(tl.maximum(m << 16, m & 0x7FFF0000), 0x7F800000)
+
+
+@triton.jit
+def _max_u16x2_combine(a, b):
+    return max_u16x2(a, b)
 
 
 @triton.jit
@@ -237,6 +263,16 @@ def _encode_group(w, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
 
 
 @triton.jit
+def _encode_group_pairs(w, sf_inv):
+    """:func:`_encode_group` for a row whose ``sf_inv`` is ``2^k``, ``k >= 0`` (round_sf, finite amax <= 65024):
+    a word of bf16 pairs at a time (``PAIR_ENC``, see tritile/language/e5m6_fast.py)."""
+    a0, a1, a2, a3 = _split4(w)
+    s = sf_inv[:, None]
+    return pack3_pairs(e5m6_pair_codes(a0, s), e5m6_pair_codes(a1, s), e5m6_pair_codes(a2, s),
+                       e5m6_pair_codes(a3, s))
+
+
+@triton.jit
 def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
     v = x * sf_inv
     code = _e5m6_code_bounded(v, HW_RTZ)
@@ -247,13 +283,20 @@ def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
 
 @triton.jit
 def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
-                        FINITE: tl.constexpr, COAL_ST: tl.constexpr):
+                        FINITE: tl.constexpr, COAL_ST: tl.constexpr, PAIRS: tl.constexpr = False):
     """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store them: with ``COAL_ST`` lane-contiguous
-    16-byte pieces, else each quad as three 16-byte vectors from one thread."""
-    u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
-    u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
-    u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
-    u9, u10, u11 = _encode_group(g3, sf_inv, HW_RTZ, FINITE)
+    16-byte pieces, else each quad as three 16-byte vectors from one thread.  PAIRS: :func:`_encode_group_pairs`
+    (rows with power-of-two ``sf_inv >= 1`` only)."""
+    if PAIRS:
+        u0, u1, u2 = _encode_group_pairs(g0, sf_inv)
+        u3, u4, u5 = _encode_group_pairs(g1, sf_inv)
+        u6, u7, u8 = _encode_group_pairs(g2, sf_inv)
+        u9, u10, u11 = _encode_group_pairs(g3, sf_inv)
+    else:
+        u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
+        u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
+        u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
+        u9, u10, u11 = _encode_group(g3, sf_inv, HW_RTZ, FINITE)
     s0 = _stack4(u0, u1, u2, u3)
     s1 = _stack4(u4, u5, u6, u7)
     s2 = _stack4(u8, u9, u10, u11)
@@ -280,10 +323,17 @@ def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constex
 
 @triton.jit
 def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
-                        COAL_ST: tl.constexpr):
+                        COAL_ST: tl.constexpr, PAIR_ENC: tl.constexpr):
     """Tiles whose rows are all finite (``sf_inv > 0``, the common case) skip the NaN patch: one uniform
-    branch around the whole chunk (so the compiler keeps it a branch, not per-element selects)."""
-    if tl.min(sf_inv) > 0.0:
+    branch around the whole chunk (so the compiler keeps it a branch, not per-element selects).  PAIR_ENC
+    (round_sf only): tiles whose rows all have ``sf_inv >= 1`` (finite amax <= 65024) take the pair encoder,
+    the others the general (NaN-patched) one."""
+    if PAIR_ENC:
+        if tl.min(sf_inv) >= 1.0:
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True, COAL_ST, True)
+        else:
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False, COAL_ST)
+    elif tl.min(sf_inv) > 0.0:
         _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True, COAL_ST)
     else:
         _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False, COAL_ST)
@@ -296,7 +346,8 @@ def _per_token_cast_to_e5m6_quad_kernel(
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
-    COAL_ST: tl.constexpr, PDL: tl.constexpr = False
+    COAL_ST: tl.constexpr, INT_SF: tl.constexpr = False, PAIR_ENC: tl.constexpr = False,
+    AMAX16: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
     columns: 4 x 16-byte loads in (one per group of 8), 12 words = 3 x 16-byte stores out, so every global
@@ -315,28 +366,31 @@ def _per_token_cast_to_e5m6_quad_kernel(
 
     if NUM_K_CHUNKS == 1:
         qm = row_ok[:, None] & (qs < nq)[None, :]
-        g0, g1, g2, g3, ab = _load_quads(xw_row, qs, qm)
+        g0, g1, g2, g3, ab = _load_quads(xw_row, qs, qm, AMAX16)
     else:
         ab = tl.zeros((BLOCK_M,), tl.int32)
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
-            ab = tl.maximum(ab, _load_quads(xw_row, q, qm)[4])
+            ab = tl.maximum(ab, _load_quads(xw_row, q, qm, AMAX16)[4])
 
-    sf, sf_inv = quant_scale(ab.to(tl.float32, bitcast=True), CLAMP, MAX, ROUND_SF)
+    if ROUND_SF and INT_SF:
+        sf, sf_inv = _round_scale_bits(ab, CLAMP, MAX)
+    else:
+        sf, sf_inv = quant_scale(ab.to(tl.float32, bitcast=True), CLAMP, MAX, ROUND_SF)
     if PACKED:
         tl.store(sf_ptr + rows * stride_sfm, sf_to_ue8m0(sf), mask=row_ok)
     else:
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ, COAL_ST)
+        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ, COAL_ST, ROUND_SF and PAIR_ENC)
     else:
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
-            g0, g1, g2, g3, _ = _load_quads(xw_row, q, qm)
-            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, COAL_ST)
+            g0, g1, g2, g3, _ = _load_quads(xw_row, q, qm, False)
+            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, COAL_ST, ROUND_SF and PAIR_ENC)
 
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
@@ -381,7 +435,9 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
     # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): QUAD (the quad kernel; bf16 rows of whole quads
     # only, elsewhere ignored), BLOCK_M rows, num_warps, HW_RTZ (see _e5m6_code_bounded); QUAD: BLOCK_Q quads
     # of 32 columns per pass (a wider row takes two passes), COAL_ST (lane-contiguous 16-byte stores, see
-    # _encode_store_quads); plain: BLOCK_K columns (a power of two >= 8).
+    # _encode_store_quads), INT_SF / AMAX16 / PAIR_ENC (instruction cuts, same bits; INT_SF and PAIR_ENC act with
+    # round_sf only: _round_scale_bits, _absmax_quads16, _encode_group_pairs); plain: BLOCK_K columns (a power of
+    # two >= 8).
     # Only the overridden keys are taken; the rest come from the chosen kernel's own rule.
     over = tuned("per_token_cast_to_e5m6", {})
     quad_ok = (x.dtype == torch.bfloat16 and hidden % 32 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
@@ -392,7 +448,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             bq = block_q
         # COAL_ST: session 4 sweep (8001 x 7168, CUPTI, L2 flushed) 55.6-56.0 us against 58.4-58.5 us
         c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": True,
-             **over}
+             "INT_SF": False, "PAIR_ENC": False, "AMAX16": False, **over}
         block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
         if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
             raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: BLOCK_M and BLOCK_Q powers of two")
@@ -403,7 +459,8 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             xw.stride(0), out.stride(0) // 12, sf.stride(0),
             ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
             BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq), HW_RTZ=bool(c["HW_RTZ"]),
-            COAL_ST=bool(c["COAL_ST"]), num_warps=num_warps, **pdl_args(out.device),
+            COAL_ST=bool(c["COAL_ST"]), INT_SF=bool(c["INT_SF"]), PAIR_ENC=bool(c["PAIR_ENC"]),
+            AMAX16=bool(c["AMAX16"]), num_warps=num_warps, **pdl_args(out.device),
         )
         return out.view(torch.uint8), sf
     block_m, block_k, _, num_warps = _launch_config(num_tokens, hidden, block_k)
