@@ -368,3 +368,99 @@ def test_round_scale_bits(fmt, device):
     r = _round_sf_ref(am.cpu(), mx, clamp)
     assert_equal(sf.cpu(), r[0])
     assert_equal(inv.cpu(), r[1])
+
+
+def _words_data(m: int, k: int, device) -> torch.Tensor:
+    """bf16 ``(m, k)`` over every edge of the e4m3 encode, in 128-column bands of different magnitudes (so the block
+    scales vary): zeros (a whole block of them, and +-0), +-inf and NaN of both signs (blocks with sf = +inf),
+    bf16 denormals (alone in a block, and next to normal values: they encode as +-0 or the smallest codes), huge
+    values (near the bf16 maximum) and values whose scaled magnitude rounds up to 448 (saturation by the
+    division's rounding), random normals elsewhere."""
+    x = torch.randn(m, k, device=device) * torch.logspace(-30, 30, k, device=device)
+    x[:, : min(k, 128)] *= torch.tensor([1.0, 447.9, 448.0, 448.1, 1e-3, 3.0], device=device).repeat(22)[: min(k, 128)]
+    x = x.to(torch.bfloat16)
+    bits = x.view(torch.int16)
+    r = min(m, 129)
+    if k > 256:
+        x[: r, 128:256] = 0.0  # amax 0: sf from the clamp
+        x[1: r: 2, 128:256] = -0.0
+        den = torch.randint(1, 0x80, (r, min(k, 384) - 256), dtype=torch.int16, device=device)
+        den = den | (torch.randint(0, 2, den.shape, dtype=torch.int16, device=device) << 15)
+        bits[: r, 256:384] = den  # a block of bf16 denormals only
+    bits[2, 5] = 0x0001  # denormals next to normal values
+    bits[3, 6] = -32767  # 0x8001
+    bits[4, 7] = 0x7F7F  # the largest bf16
+    x[0, 3], x[1, k - 1], x[m - 1, 0] = float("nan"), float("inf"), float("-inf")
+    x[m - 1, k // 2] = -float("nan")
+    return x
+
+
+# WORDS variants the interpreter tells apart (num_warps / maxnreg only matter on the GPU)
+_WORDS_CANDS = [dict(WORDS=True), dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=1),
+                dict(WORDS=True, INT_SF=True, PREFETCH=True, CHUNKS_PER_PROG=4)]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("shape", [(130, 640), (129, 577), (33, 200)], ids=["130x640", "129x577-odd", "33x200"])
+def test_per_block_cast_words(shape, device):
+    """WORDS (raw bf16 words until a per-four-element encode) with INT_SF / CHUNKS_PER_PROG 1, 2, 4 / PREFETCH gives
+    the default path's codes and scales bit for bit in every sf layout (row- / column-major, round_sf on and off,
+    packed UE8M0), 128x128 and 32x32 blocks, on ``_words_data`` (zeros, +-inf, NaN of both signs, denormals,
+    saturation) with ragged M and K (odd K included) and from a row-strided view at an odd offset; so do the
+    benchmark's WORDS candidates and FINITE=False / FAST=False (the plain path) in the anchor's layout; fp32 input and
+    e2m1 output ignore the flag (the default path)."""
+    from tritile.quant._bench_cast import _PER_BLOCK_128_TUNE
+    from tritile.runtime import override_config
+
+    m, k = shape
+    x = _words_data(m, k, device)
+    base = torch.zeros(m, k + 3, dtype=torch.bfloat16, device=device)
+    base[:, 1: k + 1] = x
+    anchor = (False, True, False)
+    tune = [dict(WORDS=True, FINITE=False), dict(WORDS=True, FAST=False)]
+    for c in _PER_BLOCK_128_TUNE:  # one of each variant the interpreter tells apart
+        c = {key: v for key, v in c.items() if key not in ("num_warps", "maxnreg")}
+        if c.get("WORDS") and c not in tune + _WORDS_CANDS:
+            tune.append(c)
+    layouts = [(False, False, False), (True, False, False), anchor, (True, True, False), (True, True, True)]
+    for xin, block in [(x, (128, 128)), (base[:, 1: k + 1], (128, 128)), (x, (32, 32))]:
+        for cfg in layouts if block == (128, 128) and xin is x else [anchor, (True, True, True)]:
+            ref_out, ref_sf = per_block_cast(xin, "e4m3", block, *cfg)
+            cands = _WORDS_CANDS + (tune if cfg == anchor and block == (128, 128) and xin is x else [])
+            for cand in cands:
+                if cfg[2] and cand.get("CHUNKS_PER_PROG", 4) % 4:
+                    continue  # packed UE8M0 with 2D blocks: whole words per program
+                with override_config("per_block_cast", **cand):
+                    out, sf = per_block_cast(xin, "e4m3", block, *cfg)
+                assert_equal(out, ref_out)
+                assert_sf_equal(sf, ref_sf, k, block[1])
+    cfg = (True, True, True)
+    for xin, fmt in [(x.float(), "e4m3"), (x[:, : k - k % 2], "e2m1")]:
+        ref_out, ref_sf = per_block_cast(xin, fmt, (128, 128), *cfg)
+        with override_config("per_block_cast", WORDS=True):
+            out, sf = per_block_cast(xin, fmt, (128, 128), *cfg)
+        assert_equal(out, ref_out)
+        assert_sf_equal(sf, ref_sf, xin.shape[1], 128)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_per_token_cast_words(device):
+    """WORDS on the per-token path (bf16 -> e4m3, npc 16 / 32 / 128, 2D tiles of several rows and groups, one-group
+    chunks) gives the default path's bits in every sf layout, with ``_words_data`` and ragged K."""
+    from tritile.quant import per_token_cast
+    from tritile.quant._bench_cast import _PER_TOKEN_TUNE
+    from tritile.runtime import override_config
+
+    x = _words_data(9, 640, device)
+    cands = [dict(WORDS=True), dict(WORDS=True, INT_SF=True, FINITE=True),
+             dict(WORDS=True, BLOCK_M=2, BLOCK_K=128, num_warps=1)] + [c for c in _PER_TOKEN_TUNE if c.get("WORDS")]
+    for xin, npc in [(x, 128), (x[:, :577], 128), (x[:, :200], 32), (x[:, :96], 16)]:
+        for cfg in [(False, False, False), (True, False, False), (False, True, False), (True, True, True)]:
+            ref_out, ref_sf = per_token_cast(xin, "e4m3", npc, None, *cfg)
+            for cand in cands:
+                if cand.get("BLOCK_K") == 128 and (npc != 128 or cfg[2]):
+                    continue  # BLOCK_K a multiple of npc, four groups per chunk when packed
+                with override_config("per_token_cast", **cand):
+                    out, sf = per_token_cast(xin, "e4m3", npc, None, *cfg)
+                assert_equal(out, ref_out)
+                assert_sf_equal(sf, ref_sf, xin.shape[1], npc)

@@ -71,6 +71,13 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=1),
     dict(CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
+    # session 6 (2026-11-30) WORDS (see _PER_BLOCK_128_TUNE; same bits): sm_90a SASS (scripts/block_sass.py --token) of the current
+    # default ([4, 1024] tiles, 4 warps, one chunk): 56 regs, 12.25/elem (9 blocks of 4 warps per SM by registers)
+    dict(WORDS=True),  # 40 regs, 10.59/elem, 12 blocks
+    dict(WORDS=True, INT_SF=True),  # 32 regs, 9.88/elem, 16 blocks (full occupancy; INT_SF alone: 40, 11.72)
+    dict(WORDS=True, INT_SF=True, BLOCK_M=8, num_warps=4),  # 42 regs, 8.33/elem, 16 KB per block
+    dict(WORDS=True, INT_SF=True, BLOCK_M=8, num_warps=8),  # 32 regs, 9.81/elem
+    dict(WORDS=True, INT_SF=True, BLOCK_M=2, num_warps=2),  # 32 regs, 8.75/elem
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
 _PER_TOKEN_E2M1_TUNE = [
@@ -89,6 +96,24 @@ _PER_BLOCK_128_TUNE = [
     dict(CHUNKS_PER_PROG=2, PREFETCH=True, num_warps=16),
     dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=16),
     dict(num_warps=4),
+    # session 6 (2026-11-30) WORDS candidates (same bits): the raw bf16 words stay packed until a per-four-element assembly encode
+    # (unpack, multiply, two paired cvt, sign merge; no float32 copy of the tile, no FINITE branch).  sm_90a SASS of
+    # the anchor (scripts/block_sass.py; registers, instructions per element on a finite program's path, blocks of
+    # 256 threads per SM by registers): default 128 regs, 7.00/elem, 2 blocks (25 % occupancy, 64 KB of loads in
+    # flight per SM); the encode goes from ~5 to 3 instructions per element.  More resident blocks = more bytes in
+    # flight on this latency-bound kernel (NCU: 67.8 % DRAM, 10 cycles per issued instruction); expected 44-46 us
+    # if bytes in flight are the limit (TileKernels 47.7 us)
+    dict(WORDS=True, INT_SF=True),  # 69 regs, 6.86/elem, 3 blocks (96 KB in flight)
+    dict(WORDS=True, INT_SF=True, maxnreg=64),  # 64 regs, no spill, 6.88/elem, 4 blocks (128 KB)
+    dict(WORDS=True),  # 80 regs (div_rn scale), 6.80/elem, 3 blocks
+    dict(WORDS=True, maxnreg=64),  # 64 regs, 8 B stack, 7.11/elem, 4 blocks
+    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=1),  # 58 regs, 7.08/elem, 4 blocks, 2x the programs
+    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=4),  # 91 regs, 6.34/elem, 2 blocks
+    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=4, maxnreg=64),  # 64 regs, 16 B stack, 6.58/elem, 4 blocks
+    dict(WORDS=True, INT_SF=True, PREFETCH=True, maxnreg=80),  # 80 regs, no spill, 7.08/elem, 3 blocks x 2 tiles
+    dict(WORDS=True, INT_SF=True, num_warps=16),  # 53 regs, 7.66/elem, 2 blocks of 16 warps (128 KB)
+    dict(WORDS=True, INT_SF=True, num_warps=16, CHUNKS_PER_PROG=1),  # 32 regs, 8.56/elem, 4 x 16 warps (full)
+    dict(WORDS=True, INT_SF=True, num_warps=16, CHUNKS_PER_PROG=4, maxnreg=40),  # 40 regs, no spill, 7.53, 3 x 16
 ]
 # 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 4 warps, FAST,
 # PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)
@@ -106,7 +131,7 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     dict(CHUNKS_PER_PROG=8),
     dict(CHUNKS_PER_PROG=8, PREFETCH=False),
     dict(CHUNKS_PER_PROG=16, PREFETCH=False),
-    # 2026-12 candidates (same bits; sm_90a SASS of the anchor's variant, straight-line path of a finite program,
+    # session 5 (2026-11-30) candidates (same bits; sm_90a SASS of the anchor's variant, straight-line path of a finite program,
     # instructions per element per thread / registers; the default: 25.2 / 50 regs = 9 blocks of 4 warps per SM,
     # at most 4-8 KB of loads in flight per block and three block barriers per 32x32 block).
     # INT_SF: round_sf scales from the amax bits (no div_rn, no slow-path call): 23.4 / 48
@@ -122,6 +147,9 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=4, num_warps=8),  # 23.6 / 48: 5 blocks x 16 KB
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8, num_warps=8),  # 20.1 / 80: 3 blocks x 32 KB
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8),  # 18.3 / 206: 2 blocks x 32 KB (a bound)
+    # session 6: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
+    # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
+    dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
 ]
 # per-token e4m3 -> bf16: default BLOCK_M=1, BLOCK_K=2048, CHUNKS_PER_PROG=4 (whole rows), 8 warps, hardware
 # e4m3 decode, VEC=8 (loads in the stores' layout), PREFETCH (static loop, next chunk's loads first)

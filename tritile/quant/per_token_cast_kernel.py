@@ -36,6 +36,7 @@ from ..language import (
     unpack_e2m1,
 )
 from ..language.cast import (
+    EMULATE,
     f32_to_e2m1_code_fast,
     f32_to_e2m1_code_finite,
     f32_to_e4m3_bits_satfinite,
@@ -53,6 +54,7 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
+from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
 
@@ -341,6 +343,36 @@ def _store_pairs_e2m1_finite(out_ptr, vlo, vhi, rows, row_ok, col0, K, stride_om
 
 
 @triton.jit
+def _store_codes_words(out_ptr, raw, sf_inv, rows, row_ok, col0, K, stride_om, MB: tl.constexpr, BM: tl.constexpr,
+                       G: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """:func:`_store_codes_fast` (e4m3) of a raw bf16 tile (int16 patterns, as loaded: two per 32-bit register) with
+    multipliers ``sf_inv`` ``[MB, G]`` (>= 0): the same bits, ``code = (e4m3_satfinite(f32(x * sf_inv)) & 0x7F) |
+    sign(x)`` for every x (NaN products included, see ``per_channel_encode_signed``).
+
+    GPU: ``per_channel_encode_bf16``'s assembly per four elements (two loaded words): unpack by shift / mask, two
+    IEEE multiplies, two paired ``cvt.rn.satfinite.e4m3x2.f32``, the signs by one ``prmt`` and merged by one
+    ``lop3``, so no float32 copy of the tile exists outside it (a plain float32 tile gets hoisted by ptxas above
+    the scale computation and held whole).  Software encode under EMULATE (the interpreter)."""
+    if EMULATE:
+        x = bf16_bits_to_f32(raw)
+        _store_codes_fast(out_ptr, x, _scale_tile(x, sf_inv, MB, BM, G, BK), rows, row_ok, col0, K, stride_om,
+                          BLOCK_M, BLOCK_K, False)
+    else:
+        if BM == 1 and G > 1:
+            s = tl.broadcast_to(sf_inv[:, :, None], (MB, G, BK))
+            code = tl.inline_asm_elementwise(_ENC4_BF16, "=r,f,f,f,f,r,r", [s, tl.reshape(raw, (MB, G, BK))],
+                                             dtype=tl.uint8, is_pure=True, pack=4)
+            code = tl.reshape(code, (BLOCK_M, BLOCK_K))
+        else:
+            s = tl.broadcast_to(sf_inv, (BLOCK_M, BLOCK_K))
+            code = tl.inline_asm_elementwise(_ENC4_BF16, "=r,f,f,f,f,r,r", [s, raw], dtype=tl.uint8, is_pure=True,
+                                             pack=4)
+        cols = col0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = row_ok[:, None] & (cols < K)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], code, mask=m)
+
+
+@triton.jit
 def _round_scale_bits(am, CLAMP: tl.constexpr, MAX: tl.constexpr):
     """:func:`quant_scale` with ROUND_SF from the amax bit pattern ``am`` (int32 of a float >= 0 or +inf; no NaN),
     without the division: ``(sf, sf_inv)`` with the same bits.
@@ -430,7 +462,7 @@ def _block_cast_kernel(
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
     FINITE: tl.constexpr = False, WIDE: tl.constexpr = False, WIDE_VEC: tl.constexpr = 16, INT_SF: tl.constexpr = False,
-    PDL: tl.constexpr = False
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -449,7 +481,9 @@ def _block_cast_kernel(
     patches (``_store_codes_finite``), the general encode otherwise; WIDE (with PAIRS) casts the program's
     CHUNKS_PER_PROG blocks as one tile (``_wide_pairs_cast``: one load of all of them, one amax reduction, one
     encode and store); INT_SF (with ROUND_SF, computed sf) takes the scales from the amax bits without a division
-    (``_round_scale_bits``)."""
+    (``_round_scale_bits``); WORDS (with FAST: plain bf16 x -> e4m3, computed sf, not ROW_GROUP) keeps the raw tile
+    as the loaded words of two bf16 until the encode and encodes four elements per assembly block
+    (``_store_codes_words``: no float32 copy of the tile, no FINITE branch: the sign merge is one ``lop3``)."""
     pdl_enter(PDL)
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
@@ -496,6 +530,7 @@ def _block_cast_kernel(
         PAIRED: tl.constexpr = PAIRS and OUT_E2M1 and SF_MODE == 0 and IN_KIND < 2
         FIN: tl.constexpr = FINITE and FASTQ
         WIDE_P: tl.constexpr = WIDE and PAIRED
+        WORDS_P: tl.constexpr = WORDS and FASTQ and not OUT_E2M1 and IN_KIND == 0
         # plain x: keep the raw tile, reduce amax on it, convert after the reduction (FAST, computed sf)
         RAW: tl.constexpr = PF or (FAST and IN_KIND < 2)
         c0 = pk * CHUNKS_PER_PROG
@@ -570,6 +605,9 @@ def _block_cast_kernel(
                                               BLOCK_K)
                     else:
                         _store_pairs_e2m1(out_ptr, lo, hi, vlo, vhi, rows, row_ok, col0, K, stride_om, BLOCK_M, BLOCK_K)
+                elif WORDS_P:
+                    _store_codes_words(out_ptr, raw, sf_inv, rows, row_ok, col0, K, stride_om, MB, BM, G, BK, BLOCK_M,
+                                       BLOCK_K)
                 elif SF_MODE != 1:
                     if RAW:
                         x = _raw_to_f32(raw, IN_KIND)
@@ -782,8 +820,12 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # vectors too)
         wide, int_sf = bool(cfg.get("WIDE", False)), bool(cfg.get("INT_SF", False))
         wide_vec = int(cfg.get("WIDE_VEC", 16))
+        # WORDS (plain bf16 -> e4m3, computed sf, not npc == K): the raw words stay packed until a per-four-element
+        # assembly encode (see _block_cast_kernel); maxnreg (None: no cap): ptxas' register cap
+        words, maxnreg = bool(cfg.get("WORDS", False)), cfg.get("maxnreg")
     else:
         fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
+        words, maxnreg = False, None
     grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
@@ -797,6 +839,8 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         raise ValueError(f"WIDE_VEC must be a power of two, got {wide_vec}")
     int_sf = int_sf and bool(round_sf) and sf_mode != SF_PRECOMPUTED and not row_group
     outv = out.view(torch.uint8) if out.dtype == torch.float8_e4m3fn else out
+    words = words and fast and in_kind == IN_BF16 and not out_e2m1 and sf_mode == SF_QUANT and not row_group
+    extra = {} if maxnreg is None else dict(maxnreg=int(maxnreg))
     has_out, has_sf = sf_mode != SF_ONLY, sf_mode != SF_PRECOMPUTED
     _block_cast_kernel[grid](
         xv, x_sf if x_sf is not None else xv, outv if has_out else xv, sf if has_sf else xv,
@@ -810,7 +854,7 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
         PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, WIDE=wide, WIDE_VEC=wide_vec if wide else 16,
-        INT_SF=int_sf, num_warps=warps, **pdl_args(xv.device),
+        INT_SF=int_sf, WORDS=words, num_warps=warps, **extra, **pdl_args(xv.device),
     )
     return out, sf
 
