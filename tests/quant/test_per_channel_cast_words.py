@@ -10,7 +10,7 @@ import torch
 from tritile.runtime import override_config
 from tritile.testing import assert_equal
 
-_WORDS = [dict(WORDS=True), dict(WORDS=True, HMUL_ENC=True), dict(WORDS=True, INT_POW2=False),
+_WORDS = [dict(WORDS=True, HMUL_ENC=False), dict(WORDS=True, HMUL_ENC=True), dict(WORDS=True, INT_POW2=False),
           dict(WORDS=True, BLOCK_K=128, VEC=8), dict(WORDS=True, BLOCK_K=64, VEC=8),
           dict(WORDS=True, BLOCK_K=32, VEC=8, num_warps=1)]
 
@@ -37,6 +37,9 @@ def _data(m, k, device, stride=None):
     return x
 
 
+_ELEMENT = dict(WORDS=False, HMUL_ENC=False)  # the element kernel (WORDS + HMUL_ENC is the GPU default)
+
+
 def _run(name, cfg, x, rnd, pos=None, rows=None):
     from tritile.quant.per_channel_cast_fused_kernel import _launch
 
@@ -56,14 +59,14 @@ def test_per_channel_cast_words_equal(cfg, device):
     pos = torch.randint(-1, 256, (208,), device=device, dtype=torch.int32)
     pos[:6] = torch.tensor([5, 7, 8, 255, 128, -1], dtype=torch.int32)
     for rnd in (False, True):
-        ref = _run("per_channel_cast", {}, x, rnd)
+        ref = _run("per_channel_cast", _ELEMENT, x, rnd)
         got = _run("per_channel_cast", cfg, x, rnd)
         assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
         assert_equal(got[1], ref[1])
         with override_config("per_channel_cast", **cfg):
             pub = per_channel_cast(x, "e4m3", 128, rnd)
         assert_equal(pub[0].view(torch.uint8), ref[0].view(torch.uint8))
-        ref = _run("per_channel_cast_fused", {}, x, rnd, pos, 208)
+        ref = _run("per_channel_cast_fused", _ELEMENT, x, rnd, pos, 208)
         got = _run("per_channel_cast_fused", cfg, x, rnd, pos, 208)
         assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
         assert_equal(got[1], ref[1])
@@ -92,7 +95,7 @@ def test_per_channel_cast_words_fallback(rnd, device):
                  _data(130, 64, device).view(-1)[1:1 + 128 * 64].view(128, 64),  # base 2 bytes off 4-byte alignment
                  _data(128, 66, device, stride=68)]      # even stride: words
         for x in cases:
-            ref = _run("per_channel_cast_fused", {}, x, rnd)
+            ref = _run("per_channel_cast_fused", _ELEMENT, x, rnd)
             got = _run("per_channel_cast_fused", dict(WORDS=True), x, rnd)
             assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
             assert_equal(got[1], ref[1])
@@ -104,7 +107,7 @@ def test_per_channel_cast_words_fallback(rnd, device):
 def test_per_channel_cast_words_float32_input_ignored(device):
     """WORDS leaves a float32 x on the element kernel (same bits)."""
     x = _data(128, 64, device).float()
-    ref = _run("per_channel_cast_fused", {}, x, False)
+    ref = _run("per_channel_cast_fused", _ELEMENT, x, False)
     got = _run("per_channel_cast_fused", dict(WORDS=True), x, False)
     assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
     assert_equal(got[1], ref[1])

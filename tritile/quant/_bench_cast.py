@@ -71,49 +71,30 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=1),
     dict(CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
-    # session 6 (2026-11-30) WORDS (see _PER_BLOCK_128_TUNE; same bits): sm_90a SASS (scripts/block_sass.py --token) of the current
-    # default ([4, 1024] tiles, 4 warps, one chunk): 56 regs, 12.25/elem (9 blocks of 4 warps per SM by registers)
-    dict(WORDS=True),  # 40 regs, 10.59/elem, 12 blocks
-    dict(WORDS=True, INT_SF=True),  # 32 regs, 9.88/elem, 16 blocks (full occupancy; INT_SF alone: 40, 11.72)
-    dict(WORDS=True, INT_SF=True, BLOCK_M=8, num_warps=4),  # 42 regs, 8.33/elem, 16 KB per block
-    dict(WORDS=True, INT_SF=True, BLOCK_M=8, num_warps=8),  # 32 regs, 9.81/elem
-    dict(WORDS=True, INT_SF=True, BLOCK_M=2, num_warps=2),  # 32 regs, 8.75/elem
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
 _PER_TOKEN_E2M1_TUNE = [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
     dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
 ]
-# 128x128 bf16 -> e4m3: one block per chunk; default CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, no prefetch
+# 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
+# raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
+# float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
+# (scripts/block_sass.py; registers, instructions per element on a finite program's path, blocks of 256 threads per
+# SM): the session-5 default 128 regs, 7.00/elem, 2 blocks (Nsight Compute: 25 % occupancy, 67.8 % of peak DRAM,
+# 10 cycles per issued instruction: latency-bound); WORDS 80, 6.80, 3; WORDS + INT_SF 69, 6.86, 3; + maxnreg=64 64,
+# 6.88, 4.  Session-6 sweep (us): session-5 default 48.16, WORDS 46.95, WORDS + INT_SF 50.38 (!), + maxnreg=64
+# 48.21, CHUNKS_PER_PROG=1 47.28, 16 warps with one chunk 46.80, CHUNKS_PER_PROG=4 53.81 (48.55 at 64 registers),
+# 16 warps with 4 chunks at 40 registers 50.18; the older candidates (FAST off, 16 warps, 1/4/7 chunks, PREFETCH at
+# 16 warps, 4 warps) were all within 2 % of the session-5 default before
 _PER_BLOCK_128_TUNE = [
-    dict(FINITE=False),  # the 2026-11-30 default (50.1 us)
-    dict(FAST=False, FINITE=False),
-    dict(num_warps=16),
-    dict(num_warps=16, CHUNKS_PER_PROG=4),
-    dict(CHUNKS_PER_PROG=1),
-    dict(CHUNKS_PER_PROG=4),
-    dict(CHUNKS_PER_PROG=7),
-    dict(CHUNKS_PER_PROG=2, PREFETCH=True, num_warps=16),
-    dict(CHUNKS_PER_PROG=4, PREFETCH=True, num_warps=16),
-    dict(num_warps=4),
-    # session 6 (2026-11-30) WORDS candidates (same bits): the raw bf16 words stay packed until a per-four-element assembly encode
-    # (unpack, multiply, two paired cvt, sign merge; no float32 copy of the tile, no FINITE branch).  sm_90a SASS of
-    # the anchor (scripts/block_sass.py; registers, instructions per element on a finite program's path, blocks of
-    # 256 threads per SM by registers): default 128 regs, 7.00/elem, 2 blocks (25 % occupancy, 64 KB of loads in
-    # flight per SM); the encode goes from ~5 to 3 instructions per element.  More resident blocks = more bytes in
-    # flight on this latency-bound kernel (NCU: 67.8 % DRAM, 10 cycles per issued instruction); expected 44-46 us
-    # if bytes in flight are the limit (TileKernels 47.7 us)
-    dict(WORDS=True, INT_SF=True),  # 69 regs, 6.86/elem, 3 blocks (96 KB in flight)
-    dict(WORDS=True, INT_SF=True, maxnreg=64),  # 64 regs, no spill, 6.88/elem, 4 blocks (128 KB)
-    dict(WORDS=True),  # 80 regs (div_rn scale), 6.80/elem, 3 blocks
-    dict(WORDS=True, maxnreg=64),  # 64 regs, 8 B stack, 7.11/elem, 4 blocks
-    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=1),  # 58 regs, 7.08/elem, 4 blocks, 2x the programs
-    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=4),  # 91 regs, 6.34/elem, 2 blocks
-    dict(WORDS=True, INT_SF=True, CHUNKS_PER_PROG=4, maxnreg=64),  # 64 regs, 16 B stack, 6.58/elem, 4 blocks
-    dict(WORDS=True, INT_SF=True, PREFETCH=True, maxnreg=80),  # 80 regs, no spill, 7.08/elem, 3 blocks x 2 tiles
-    dict(WORDS=True, INT_SF=True, num_warps=16),  # 53 regs, 7.66/elem, 2 blocks of 16 warps (128 KB)
-    dict(WORDS=True, INT_SF=True, num_warps=16, CHUNKS_PER_PROG=1),  # 32 regs, 8.56/elem, 4 x 16 warps (full)
-    dict(WORDS=True, INT_SF=True, num_warps=16, CHUNKS_PER_PROG=4, maxnreg=40),  # 40 regs, no spill, 7.53, 3 x 16
+    dict(WORDS=False, INT_SF=False, PREFETCH=False, maxnreg=None),  # the session-5 default (48.16 us)
+    dict(WORDS=False, INT_SF=False, PREFETCH=False, maxnreg=None, FINITE=False),  # the 2026-11-30 default (50.1)
+    dict(INT_SF=False, PREFETCH=False, maxnreg=None),  # WORDS alone (46.95)
+    dict(PREFETCH=False, maxnreg=None, num_warps=16, CHUNKS_PER_PROG=1),  # 32 regs, 4 x 16 warps (46.80)
+    dict(PREFETCH=False, maxnreg=None, CHUNKS_PER_PROG=1),  # 58 regs, 4 blocks (47.28)
+    dict(maxnreg=None), dict(maxnreg=72), dict(maxnreg=96),
+    dict(INT_SF=False), dict(CHUNKS_PER_PROG=1), dict(num_warps=16, maxnreg=None),
 ]
 # 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 4 warps, FAST,
 # PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)

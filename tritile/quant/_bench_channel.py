@@ -23,36 +23,24 @@ _M = "quant"
 # blocks: BLOCK_K columns per program, ROWS_PER_STEP (128: the block in registers, one read; else two
 # streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles), VEC (columns per thread; 0 =
 # Triton's choice).
-_TUNE_CHANNEL = [  # default (no input sf): one pass over [128, 64] x 4 warps, VEC=8, SIGNED_ENC=2, INT_POW2
-    dict(SIGNED_ENC=0, INT_POW2=False, BLOCK_K=64),  # the session-3 default (30.1-30.8 us graph)
-    dict(BLOCK_K=64),  # the first session-4 default (27.0-27.1 us CUPTI)
-    dict(BLOCK_K=128, ROWS_PER_STEP=16, FINITE_BRANCH=True), dict(BLOCK_K=128, ROWS_PER_STEP=32),
-    dict(BLOCK_K=32), dict(BLOCK_K=32, num_warps=2), dict(num_warps=2), dict(num_warps=8), dict(VEC=0),
-    dict(FINITE_BRANCH=True), dict(BLOCK_K=128, num_warps=8), dict(BLOCK_K=64, ROWS_PER_STEP=64),
-    # SIGNED_ENC (same bits; sm90 hot-path SASS per element for [128, 64] x 4 warps: default 18.0 instructions,
-    # 80 registers; SIGNED_ENC=2 11.2, 72 registers; SIGNED_ENC=1 ~13, 139 registers): the NaN patch of the
-    # encode becomes one byte merge per four codes; 2 also unpacks and multiplies inside that assembly
-    dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=32, num_warps=2),
-    dict(SIGNED_ENC=2, BLOCK_K=32, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
-    dict(SIGNED_ENC=2, BLOCK_K=128, num_warps=8), dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1),
-    dict(SIGNED_ENC=1, BLOCK_K=128, ROWS_PER_STEP=32),
-    # INT_POW2 (round_sf cases only: the pow2 scale from amax's bits; SIGNED_ENC=2 + INT_POW2 10.98 hot
-    # instructions per element against 18.5 for the round_sf default)
-    dict(SIGNED_ENC=2, INT_POW2=True),
-    # session 4: wider tiles under L2-flushed timing (longer DRAM bursts per row)
-    dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=8), dict(BLOCK_K=128, num_warps=2),
-    # session 6: WORDS (same bits; the block as int32 words of two bf16, ``_per_channel_cast_words_kernel``).  sm_90a
-    # at [128, 128] x 4 warps (registers, SASS instructions per element, round_sf off / on; scripts/per_channel_sass.py):
-    # default 127 / 128, 9.82 / 8.48 (4 blocks per SM); WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC 94 / 96,
-    # 8.24 / 5.97 (5 blocks per SM: 1.25x the bytes in flight); maxnreg=80: 6 blocks, 48 / 16 bytes of stack.
-    # [128, 64]: WORDS 64 registers (8 blocks per SM of 16 KB) against 72.  Expected: the latency-bound
-    # [128, 128] tile gains from the extra resident blocks (Nsight: 22.6 % achieved occupancy, 55 % DRAM).
-    # First H200 look (scripts/per_channel_words_gpu.py, CUDA-graph medians, not CUPTI; round_sf off / on): default
-    # 24.0 / 23.4 us, WORDS 22.7 / 22.4, + HMUL_ENC 22.7 / 22.3, + maxnreg=80 25.1 / 23.7 (spills), maxnreg=88
-    # 23.0 / 23.1, [128, 64] 22.8 / 22.6, 8 warps 23.3 / 23.0; bits equal to the default on that GPU
-    dict(WORDS=True), dict(WORDS=True, HMUL_ENC=True), dict(WORDS=True, HMUL_ENC=True, maxnreg=80),
-    dict(WORDS=True, HMUL_ENC=True, maxnreg=88), dict(WORDS=True, HMUL_ENC=True, BLOCK_K=64),
-    dict(WORDS=True, HMUL_ENC=True, num_warps=8),
+# Default (no input sf, session 6): WORDS + HMUL_ENC on the one-pass [128, 128] x 4 warps tile (INT_POW2): 25.22 /
+# 25.06 us CUPTI (round_sf off / on; per_channel_cast_fused 25.17) against 26.52 / 26.39 for the session-5 default
+# (the element kernel, the first candidate).  WORDS (``_per_channel_cast_words_kernel``, same bits): the block as int32
+# words of two bf16; sm_90a at [128, 128] x 4 warps (registers, SASS instructions per element, round_sf off / on;
+# scripts/per_channel_sass.py): element kernel 127 / 128, 9.82 / 8.48 (4 blocks per SM); WORDS 94 / 106, 8.24 /
+# 6.41; WORDS + HMUL_ENC 94 / 96, 8.24 / 5.97 (5 blocks per SM).  Session-6 sweep (us, round_sf off / on): WORDS
+# alone 25.22 / 25.46, + maxnreg=88 25.67 / 25.93, BLOCK_K=64 26.21 / 25.98, 8 warps 25.98 / 26.00; maxnreg=80
+# spilled (25.1 / 23.7 us graph against 22.7 / 22.3).  The element kernel's knobs: BLOCK_K (columns), ROWS_PER_STEP
+# (128 one pass; 16-64 two streamed passes), warps, FINITE_BRANCH, VEC, SIGNED_ENC (the NaN patch as a byte merge
+# per four codes; sm_90 [128, 64] x 4 warps: 18.0 -> 11.2 instructions per element), INT_POW2 (round_sf scales
+# from amax's bits).
+_EL = dict(WORDS=False, HMUL_ENC=False)
+_TUNE_CHANNEL = [
+    dict(_EL),  # the session-5 default (26.52 / 26.39 us)
+    dict(_EL, SIGNED_ENC=0, INT_POW2=False, BLOCK_K=64),  # the session-3 default (30.1-30.8 us graph)
+    dict(_EL, BLOCK_K=64),  # the first session-4 default (27.0-27.1 us CUPTI)
+    dict(_EL, BLOCK_K=128, ROWS_PER_STEP=32), dict(_EL, BLOCK_K=64, num_warps=8),
+    dict(HMUL_ENC=False), dict(maxnreg=88), dict(BLOCK_K=64), dict(num_warps=8), dict(BLOCK_K=256, num_warps=8),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),

@@ -23,32 +23,22 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 # RTZ; sm_90: ~16 SASS per element, 32 registers (the previous default, first candidate: two passes of
 # 2048-column chunks, 4-byte stores at a 12-byte stride, ~22 SASS per element, 120 registers).  BLOCK_Q=32
 # candidates: two passes of 7 exact 1024-column chunks, a warp per row (x re-read from L2).
-_TUNE_E5M6 = [  # default (session 4): the quad kernel with COAL_ST
-    dict(COAL_ST=False),  # the session-3 default (58.4 us CUPTI)
-    dict(QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2), dict(BLOCK_M=4, BLOCK_Q=32, num_warps=4),
-    dict(BLOCK_M=2, BLOCK_Q=32, num_warps=2), dict(BLOCK_M=1, BLOCK_Q=32, num_warps=1),
-    dict(BLOCK_M=8, BLOCK_Q=32, num_warps=8), dict(BLOCK_Q=256, num_warps=4), dict(BLOCK_Q=128, num_warps=4),
-    dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8), dict(HW_RTZ=False),
-    dict(QUAD=False, BLOCK_M=1, BLOCK_K=1024, num_warps=2),
-    # COAL_ST: lane-contiguous 16-byte stores (4 lanes per quad, whole 32-byte sectors per warp store) through a
-    # shared-memory layout conversion; sm_90: 64 regs (default 56), +~2 SASS per quad, 8 conversion rounds of
-    # 2 KB with 2 barriers each at 256 quads x 4 warps, 4 rounds at 128 quads or 8 warps
-    dict(COAL_ST=True), dict(COAL_ST=True, BLOCK_Q=256, num_warps=8), dict(COAL_ST=True, BLOCK_Q=128, num_warps=4),
-    dict(COAL_ST=True, BLOCK_M=2, BLOCK_Q=256, num_warps=8),
-    # Instruction cuts (same bits; the anchor cases are round_sf, where all three apply).  sm_90a, finite-row path
-    # of the default tile (256 quads x 4 warps, 64 elements per thread; scripts/e5m6_sass.py): default 64 regs,
-    # 16.44 SASS/elem.  INT_SF: power-of-two scales from the amax bits, no division: 64 regs, 16.19/elem.
-    # AMAX16: amax by max.u16x2 on the words: 64 regs, 15.66/elem.  PAIR_ENC: the bf16-pair encoder (one
-    # cvt.rz.f16x2 per two values, rounding on both halves at once; tiles with a row of amax > 65024 keep the
-    # general encoder): 66 regs, 11.56/elem.  All three: 66 regs, 10.53/elem (-36 %).  First H200 check (helper,
-    # 2026-11-30, scripts/e5m6_time.py, do_bench median, boost clocks; bits equal to the default on both layouts):
-    # default 58.1-58.4 us, PAIR_ENC 52.8-54.2, all three 52.8-53.0, all three with 8 warps (39 regs, 12.06/elem)
-    # 52.6; with 2 x 256 quads x 8 warps (71 regs, 11.06/elem) 54.9, with COAL_ST=False 71.2.  Nsight Compute (base
-    # clocks), all three vs default: 48.8 vs 67.3 us, 21.2M vs 33.2M instructions, SM 58 vs 80 %, DRAM 76 vs 56 %
-    # (now near the DRAM floor).
-    dict(INT_SF=True), dict(AMAX16=True), dict(PAIR_ENC=True), dict(INT_SF=True, PAIR_ENC=True, AMAX16=True),
-    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, num_warps=8),
-    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=2, BLOCK_Q=256, num_warps=8),
+# Default (session 6): the quad kernel, COAL_ST and the three instruction cuts INT_SF (round_sf: power-of-two scales
+# from the amax bits, no division), AMAX16 (amax by max.u16x2 on the bf16 pair words) and PAIR_ENC (round_sf: the E5M6
+# codes of a bf16 pair per cvt.rz.f16x2, rounded on both halves at once; tiles with a row of amax > 65024 keep the
+# general encoder).  sm_90a, finite-row path of the 256 quads x 4 warps tile (scripts/e5m6_sass.py): 64 registers and
+# 16.44 SASS instructions per element without the cuts, 66 and 10.53 with them (-36 %); Nsight Compute (base clocks)
+# 67.3 -> 48.8 us, SM 80 -> 58 %, DRAM 56 -> 76 %.  Session-6 sweep (CUPTI, L2 flushed, us; row-major / TMA-aligned
+# packed sf): without the cuts 55.87 / 55.87, all three 49.93 / 49.90, PAIR_ENC alone 50.03 / 49.79, AMAX16 alone
+# 53.63 / 53.80, INT_SF alone 55.35 / 55.53, all three at 8 warps 50.24 / 50.07, 2 x 256 quads x 8 warps 52.19 / 52.20.
+# COAL_ST (lane-contiguous 16-byte stores through a shared-memory layout conversion) 55.6-56.0 against 58.4-58.5 us
+# (session 4).  The first candidate is the session-4/5 default.
+_NO_CUTS = dict(INT_SF=False, PAIR_ENC=False, AMAX16=False)
+_TUNE_E5M6 = [
+    dict(_NO_CUTS), dict(_NO_CUTS, COAL_ST=False),  # the session-3 default (58.4 us CUPTI)
+    dict(_NO_CUTS, QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2),
+    dict(INT_SF=False), dict(AMAX16=False), dict(PAIR_ENC=False), dict(num_warps=8),
+    dict(BLOCK_Q=128, num_warps=4), dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8),
 ]
 # cast_back_e5m6: default [2 rows, 512 groups of 8] (8192 values), 8 warps
 _TUNE_CAST_BACK = [
