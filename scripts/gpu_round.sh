@@ -5,7 +5,7 @@
 #          candidate's bits; on GPU 0 beside the tests with COMPILE_GPU=0), then the probe command $EXTRA1 and
 #          `python -m tritile bench --quick` of $BENCH_OPS if set (timings: nothing else runs on GPU 1 then);
 #   then both GPUs time the tune candidates of $OPS (two shards; TUNE_ARGS=--cupti ranks by CUPTI time with L2
-#   flushed), and GPU 0 runs compute-sanitizer memcheck
+#   flushed; COMPILE_ARGS=--quick with TUNE_ARGS="--cupti --quick": the quick cases only), and GPU 0 runs compute-sanitizer memcheck
 #   on $SANITIZER0 (the CPU's small shapes) in the time left.  Budget in seconds: $BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ if [ -n "${TESTS0:-}" ]; then
 fi
 ( i=0; cp=()
   for op in ${OPS:-}; do
-    ( CUDA_VISIBLE_DEVICES=${COMPILE_GPU:-1} timeout ${COMPILE_S:-220} python3 -m tritile tune --compile-only --op $op \
+    ( CUDA_VISIBLE_DEVICES=${COMPILE_GPU:-1} timeout ${COMPILE_S:-220} python3 -m tritile tune --compile-only --op $op ${COMPILE_ARGS:-} \
         > "$R/compile_$op.log" 2>&1 ) &
     cp+=($!); i=$((i+1)); if (( i % ${COMPILE_PROCS:-12} == 0 )); then wait "${cp[@]}"; cp=(); fi
   done; wait ) &
