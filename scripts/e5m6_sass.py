@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
-from collections import Counter
 
-os.environ.pop("TRITON_INTERPRET", None)
-
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from sass_tools import compile_kernel, forward_path, histogram, instructions, res_str, sass_of
 
 import tritile.quant.per_token_cast_to_e5m6_kernel as E  # noqa: E402
 from tritile.quant.common import FMT_CLAMP, FMT_MAX  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 SIG = {"xw_ptr": "*i32", "out_ptr": "*i32", "sf_ptr": "*i32", "M": "i32", "K": "i32", "stride_xw": "i32",
        "stride_oq": "i32", "stride_sfm": "i32"}
 DIV16 = {"xw_ptr", "out_ptr", "sf_ptr", "K", "stride_xw"}
@@ -41,41 +32,12 @@ def compile_variant(over: dict, round_sf: bool, packed: bool):
     block_m, bq, nw = E._quad_launch_config(M, K)
     cfg = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": nw, "HW_RTZ": True, "COAL_ST": True, "INT_SF": False,
            "PAIR_ENC": False, "AMAX16": False, **over}
-    fn = E._per_token_cast_to_e5m6_quad_kernel
-    params = list(fn.arg_names)
     consts = dict(ROUND_SF=round_sf, PACKED=packed, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
                   NUM_K_CHUNKS=-(-(K // 32) // cfg["BLOCK_Q"]), PDL=True)
     consts.update({k: v for k, v in cfg.items() if k not in LAUNCH_ONLY})
-    consts = {k: v for k, v in consts.items() if k in params}
-    full = {n: ("constexpr" if n in consts else SIG[n]) for n in params}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in DIV16}
-    k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=cfg["num_warps"]))
+    k = compile_kernel(E._per_token_cast_to_e5m6_quad_kernel, SIG, consts, DIV16, num_warps=cfg["num_warps"])
     per = cfg["BLOCK_M"] * cfg["BLOCK_Q"] * 32 / (32 * cfg["num_warps"])  # elements per thread per pass
     return k, per * consts["NUM_K_CHUNKS"], cfg
-
-
-def finite_path(ins):
-    """The straight-line path, conditional branches not taken, unconditional forward ones taken: the finite rows'
-    path, since the uniform ``sf_inv > 0`` (or PAIR_ENC's ``sf_inv >= 1``) branch jumps to the general copy and the
-    then-block falls through, and an unconditional branch skips the else-block."""
-    idx = {a: i for i, (a, _) in enumerate(ins)}
-    i, path = 0, []
-    while i < len(ins):
-        a, t = ins[i]
-        if t.startswith("EXIT"):
-            path.append(t)
-            break
-        if t.startswith("NOP"):
-            i += 1
-            continue
-        path.append(t)
-        m = re.match(r"BRA (0x[0-9a-f]+)", t)  # unconditional
-        if m and int(m.group(1), 16) > a:
-            i = idx[int(m.group(1), 16)]
-            continue
-        i += 1
-    return path
 
 
 def main():
@@ -83,21 +45,15 @@ def main():
     over = json.loads(args[0]) if args and not args[0].startswith("--") else {}
     opt = {args[j]: args[j + 1] for j in range(len(args)) if args[j].startswith("--")}
     k, per, cfg = compile_variant(over, opt.get("--round", "1") == "1", opt.get("--packed", "1") == "1")
-    path = "/tmp/e5m6_sass_k.cubin"
-    with open(path, "wb") as f:
-        f.write(k.asm["cubin"])
-    run = lambda *a: subprocess.run([os.path.join(BIN, "cuobjdump"), *a, path], capture_output=True,  # noqa: E731
-                                    text=True).stdout
-    res = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", run("-res-usage")))
-    sass = run("-sass")
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;", ln) for ln in sass.splitlines()) if m]
-    p = finite_path(ins)
-    c = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0] for t in p)
+    sass, res = sass_of(k)
+    ins = instructions(sass)
+    # the finite rows' path: the uniform "sf_inv > 0" (PAIR_ENC: "sf_inv >= 1") branch jumps to the general copy,
+    # the then-block falls through and an unconditional branch skips the else-block
+    p = forward_path(ins)
     total = sum(1 for _, t in ins if not t.startswith("NOP"))
-    print(f"{over} round_sf={opt.get('--round', '1')} packed={opt.get('--packed', '1')}: {res} total {total} "
+    print(f"{over} round_sf={opt.get('--round', '1')} packed={opt.get('--packed', '1')}: {res_str(res)} total {total} "
           f"finite path {len(p)} ({len(p) / per:.2f}/elem, {per:g} elem/thread)")
-    print("  ", sorted(c.items(), key=lambda x: -x[1]))
+    print("  ", histogram(p))
     if "--dump" in opt:
         with open(opt["--dump"], "w") as f:
             f.write(sass)

@@ -13,22 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
-from collections import Counter
 
-os.environ.pop("TRITON_INTERPRET", None)
+from sass_tools import compile_kernel, histogram, instructions, sass_of
+
 os.environ["TRITILE_GPU_CONFIGS"] = "1"
-
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import tritile.quant.per_channel_cast_fused_kernel as K  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 M, H = 4096, 7168
 DEFAULT = dict(BLOCK_K=128, ROWS_PER_STEP=128, num_warps=4, num_stages=3, FINITE_BRANCH=False, VEC=8, SIGNED_ENC=2,
                INT_POW2=True, WORDS=False, HMUL_ENC=False)
@@ -56,16 +48,9 @@ def compile_variant(over: dict, round_sf: bool, has_map: bool):
         consts = dict(IN_KIND=1, HAS_SF=False, SF_PACKED=False, NPC=128, HAS_MAP=has_map, ROUND_SF=round_sf, BM=128,
                       BK=c["BLOCK_K"], RB=c["ROWS_PER_STEP"], FINITE_BRANCH=c["FINITE_BRANCH"], VEC=c["VEC"],
                       SIGNED_ENC=c["SIGNED_ENC"], INT_POW2=c["INT_POW2"])
-    params = list(fn.arg_names)
-    consts = {k: v for k, v in consts.items() if k in params}
-    full = {n: ("constexpr" if n in consts else sig[n]) for n in params if n != "PDL"}
-    full["PDL"] = "constexpr"
     consts["PDL"] = False
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in DIV16 and n not in consts}
-    opts = dict(num_warps=c["num_warps"], num_stages=c["num_stages"])
-    if c.get("maxnreg"):
-        opts["maxnreg"] = c["maxnreg"]
-    k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs), target=TARGET, options=opts)
+    k = compile_kernel(fn, sig, consts, DIV16, num_warps=c["num_warps"], num_stages=c["num_stages"],
+                       maxnreg=c.get("maxnreg") or None)
     per = 128 * c["BLOCK_K"] / (32 * c["num_warps"])
     return k, per, c
 
@@ -82,24 +67,14 @@ def main() -> None:
     args = [a for a in args if not a.startswith("--")]
     over = json.loads(args[0]) if args else {}
     k, per, c = compile_variant(over, round_sf, has_map)
-    path = "/tmp/per_channel_sass.cubin"
-    with open(path, "wb") as f:
-        f.write(k.asm["cubin"])
-
-    def run(*a):
-        return subprocess.run([os.path.join(BIN, "cuobjdump"), *a, path], capture_output=True, text=True).stdout
-
-    res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", run("-res-usage")))
-    sass = run("-sass")
-    ins = [m.group(1) for m in (re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;", ln) for ln in sass.splitlines()) if m]
-    ins = [i for i in ins if not i.startswith("NOP")]
-    ops = Counter((i.split()[1] if i.startswith("@") else i.split()[0]).split(".")[0] for i in ins)
+    sass, res = sass_of(k)
+    ins = [t for _, t in instructions(sass) if not t.startswith("NOP")]
     regs = int(res["REG"])
     blocks = 65536 // (regs * 32 * c["num_warps"])
     print(f"{over} round_sf={round_sf} map={has_map}: {regs} registers, stack {res.get('STACK')}, "
           f"local {res.get('LOCAL')}, shared {res.get('SHARED')}; {blocks} blocks/SM by registers; "
           f"{len(ins)} SASS instructions, {len(ins) / per:.2f} per element ({per:g} elements/thread)")
-    print("  ", sorted(ops.items(), key=lambda x: -x[1])[:24])
+    print("  ", histogram(ins, 24))
     if dump:
         with open(dump, "w") as f:
             f.write(sass)

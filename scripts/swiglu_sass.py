@@ -12,22 +12,13 @@ and barriers in it, and the count per element of one thread (per column for the 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 
-os.environ.pop("TRITON_INTERPRET", None)
-
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from sass_tools import compile_kernel, instructions, loops, res_str, sass_of
 
 import tritile.quant.swiglu_backward_and_per_token_cast_kernel as B  # noqa: E402
 import tritile.quant.swiglu_forward_and_per_token_cast_kernel as F  # noqa: E402
-
-TARGET = GPUTarget("cuda", 90, 32)
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 
 FSIG = {"x_ptr": "*i32", "out_ptr": "*i16", "sf_ptr": "*i32", "ptt_ptr": "*i32", "w_ptr": "*fp32", "p2e_ptr": "*i32",
         "cnt_ptr": "*i64", "num_rows": "i32", "num_weights": "i32", "num_groups": "i32", "num_words": "i32",
@@ -53,6 +44,8 @@ def compile_variant(op: str, over: dict):
                       PACKED=True, GB=128, X_WORDS=bool(cfg["WORDS"]))
         if not consts["X_WORDS"]:
             sig = dict(sig, x_ptr="*i16", out_ptr="*u8")
+        # the launcher's flush period of the INT_COUNT mask sums (a row block adds at most 4 per chunk and word)
+        cfg["CNT_FLUSH"] = cfg.get("CNT_FLUSH") or max(1, 65535 // (4 * -(-H // cfg["CH"])))
         per = cfg["BLOCK_R"] * cfg["CH"] / (32 * cfg["num_warps"])  # elements per thread per chunk
     else:
         H = 7168
@@ -64,43 +57,10 @@ def compile_variant(op: str, over: dict):
     for k, v in cfg.items():
         if k not in LAUNCH_ONLY and k != "WORDS":
             consts[k] = v
-    params = [n for n in fn.arg_names]
     consts["PDL"] = True  # as launched on sm_90+ (tritile.language.pdl)
-    consts = {k: v for k, v in consts.items() if k in params}
-    full = {n: ("constexpr" if n in consts else sig[n]) for n in params}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in DIV16 and n not in consts}
-    opts = dict(num_warps=cfg["num_warps"], enable_fp_fusion=False)
-    if cfg.get("maxnreg"):
-        opts["maxnreg"] = cfg["maxnreg"]
-    k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs), target=TARGET, options=opts)
+    k = compile_kernel(fn, sig, consts, DIV16, num_warps=cfg["num_warps"], enable_fp_fusion=False,
+                       maxnreg=cfg.get("maxnreg") or None)
     return k, per, cfg
-
-
-def sass_of(k) -> tuple[str, str]:
-    """(SASS, resource usage line: registers, stack (spills), shared memory)."""
-    path = "/tmp/swiglu_sass_k.cubin"
-    with open(path, "wb") as f:
-        f.write(k.asm["cubin"])
-    run = lambda *a: subprocess.run([os.path.join(BIN, "cuobjdump"), *a, path], capture_output=True,  # noqa: E731
-                                    text=True).stdout
-    res = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", run("-res-usage")))
-    return run("-sass"), res
-
-
-def loops(sass: str):
-    ins = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2)))
-    out = []
-    for a, txt in ins:
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", txt)
-        if m and int(m.group(1), 16) < a:
-            lo = int(m.group(1), 16)
-            body = [t for b, t in ins if lo <= b <= a]
-            out.append((lo, a, body))
-    return out
 
 
 def main():
@@ -108,12 +68,13 @@ def main():
     over = json.loads(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else {}
     k, per, cfg = compile_variant(op, over)
     sass, res = sass_of(k)
+    res = res_str(res)
     if "--dump" in sys.argv:
         with open(sys.argv[sys.argv.index("--dump") + 1], "w") as f:
             f.write(sass)
     print(f"{op} {over}: {res} "
           f"warps {cfg['num_warps']} per-thread elements/step {per:g}")
-    for lo, hi, body in loops(sass):
+    for lo, hi, body in loops(instructions(sass)):
         def cnt(p):
             return sum(1 for t in body if re.search(p, t))
         print(f"  loop {lo:#x}-{hi:#x}: {len(body)} instr ({len(body) / per:.1f}/elem), "
