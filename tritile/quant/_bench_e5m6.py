@@ -51,17 +51,36 @@ _TUNE_CAST_BACK = [
     dict(BLOCK_M=1, BLOCK_G=128, num_warps=1), dict(BLOCK_M=4, BLOCK_G=128, num_warps=4),
 ]
 # per_block_cast_lossless: default word kernel, TM rows x TW words (8 values each), 16 words per thread
+# PRMT / PAIR64 candidates (offline: sm_90a ptxas, scripts/lossless_sass.py; float32 sf in and out; the
+# fast path per output value of one thread): PRMT builds the fast path's e4m3 bytes by byte permutes (~9
+# instructions per input word instead of ~30); PAIR64 lays the tile out as the store wants it and stores int64
+# pairs of output words from each branch (no join/reshape shuffles: -32 SHFL, -64 SEL per thread), maxnreg caps
+# ptxas (the spills land in the rolled slow path).  Default [4, 128] x 1 warp: 94 regs, 7.60 instr/value;
+# PRMT 96 / 4.49 (maxnreg=80: 80 / 4.59, 5 STL + 5 LDL on the fast path); PRMT+PAIR64 132 / 3.45; PRMT+PAIR64
+# maxnreg=80: 80 / 3.63 (3 STL + 1 LDL on the fast path), maxnreg=72: 72 / 3.63 (7 warps per scheduler instead
+# of 5); PRMT+PAIR64 TW=64: 63 / 5.03; [8, 128] x 2 warps: 128 / 3.66, maxnreg=80: 80 / 3.81 (packed UE8M0 sf in
+# and out: default 95 / 7.87, PRMT 94 / 4.77, PRMT+PAIR64 128 / 4.22, maxnreg=80 80 / 4.30).
+# (32, 32) [32, 32] x 2 warps: default 95 / 7.25; PRMT 95 / 4.41; PRMT+PAIR64 115 / 4.16, maxnreg=80 or 72: 4.26.
+# (128, 128) [128, 16] x 4 warps: default 96 / 6.66; PRMT 95 / 3.58, maxnreg=80: 80 / 3.62; PRMT+PAIR64 128 /
+# 3.59, maxnreg=80: 80 / 3.72 (no gain there).  Expected (issue-bound: SM 74 %, DRAM 46 %): ~2x fewer instructions
+# per value and more warps per scheduler, toward the ~25 us target at 1x128 (28.6 us now); the H200 sweep decides.
+_PRMT_PAIR = dict(PRMT=True, PAIR64=True)
 _TUNE_LOSSLESS = {
     (1, 128): [dict(TM=8), dict(TM=8, num_warps=2), dict(TM=32, num_warps=8), dict(TM=32), dict(TW=64, num_warps=2),
                dict(TW=64, TM=32), dict(TW=64, TM=32, num_warps=8), dict(TM=4, num_warps=1),
                dict(TM=4, TW=128, num_warps=2), dict(TW=256, TM=8), dict(TW=256, TM=8, num_warps=8),
                dict(TW=32, TM=64, num_warps=4), dict(TM=16, num_warps=8), dict(TM=64, num_warps=8),
-               dict(WORDS=False), dict(WORDS=False, TM=32, TK=512, num_warps=8)],
+               dict(WORDS=False), dict(WORDS=False, TM=32, TK=512, num_warps=8),
+               dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80),
+               dict(_PRMT_PAIR, maxnreg=72), dict(_PRMT_PAIR, TW=64), dict(_PRMT_PAIR, TM=8, num_warps=2),
+               dict(_PRMT_PAIR, TM=8, num_warps=2, maxnreg=80)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
-               dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False)],
+               dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
+               dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
-                 dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False)],
+                 dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
+                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80)],
 }
 
 

@@ -22,6 +22,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, empty, interpreter_configs, tuned)
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
+from ._lossless_ptx import prmt
 from .common import alloc_sf, check_sf_flags, sf_info
 from .types import QuantTensor
 
@@ -140,13 +141,45 @@ def _lanes_e4m3(n, m7, b):
 
 
 @triton.jit
+def _words_e4m3_prmt(w, d):
+    """PRMT fast path: the two e4m3 output words (values 0..3, 4..7) of FP4 words ``w`` whose input block has the
+    multiplier exponent ``d`` (broadcast; 122 <= d <= 133, or 0 for a zero multiplier), by byte permutes.
+
+    Magnitudes: one table lookup per output word; the 3-bit magnitude ``m`` of each nibble selects byte ``m`` of an
+    8-byte table (``_lanes_e4m3``'s map: 0, b, 4m + b for m >= 2, ``b = 8 * (d - 121)``; all zero for d = 0) held
+    in two words built per input block, ``lo = 0x0C080000 + b * 0x01010100``, ``hi = 0x1C181410 + b * 0x01010101``
+    (no byte carries: at most 28 + 96).  The selector is the word with its sign bits cleared (prmt reads the low 16
+    bits: 4 nibbles of 3 bits; bit 3 of a nibble would replicate a sign).  Signs: one sign-replicating permute per
+    output word brings the sign bit of each nibble to the top of its byte, from ``w`` (odd values: bit 7 of input
+    byte k) and ``w << 4`` (even values: bit 3 of byte k), then ``mag | (s & 0x80808080)``.  Per input word:
+    and, shift, 2 prmt (magnitudes), shift, 2 prmt (signs), 2 lop3: ~9 instructions for 8 values."""
+    b = (d - 121) * 8
+    t_lo = tl.where(d == 0, 0, b * 0x01010100 + 0x0C080000)
+    t_hi = tl.where(d == 0, 0, b * 0x01010101 + 0x1C181410)
+    s = w & 0x77777777
+    w4 = w << 4
+    # sign selectors (bit 3 set: replicate): value j from byte j // 2 of w4 (j even, index j // 2) or of w (j odd,
+    # index 4 + j // 2): 0xD9C8 for values 0..3 (bytes 0, 1), 0xFBEA for values 4..7 (bytes 2, 3)
+    lo = prmt(t_lo, t_hi, s) | (prmt(w4, w, 0xD9C8) & _SIGN_BITS)
+    hi = prmt(t_lo, t_hi, s >> 16) | (prmt(w4, w, 0xFBEA) & _SIGN_BITS)
+    return lo, hi
+
+
+@triton.jit
+def _store_pairs(ptrs, lo, hi, mask):
+    """Store output words ``lo`` / ``hi`` (int32) as the low / high halves of the int64s at ``ptrs``."""
+    tl.store(ptrs, (hi.to(tl.int64) << 32) | lo.to(tl.uint32, bitcast=True).to(tl.int64), mask=mask)
+
+
+@triton.jit
 def _per_block_cast_lossless_words_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PAIR64: tl.constexpr = False,
+    PDL: tl.constexpr = False
 ):
     """One program: ``TM`` rows x ``TW`` 32-bit words of FP4 data (``TK = 8 * TW`` values), whole output
     blocks.  ``x_ptr`` is the int8 data (read as int32 words: 4-byte aligned rows), ``out_ptr`` an int32 view
@@ -162,7 +195,16 @@ def _per_block_cast_lossless_words_kernel(
     sm_90, 16 words per thread): 58-97 registers, no spills, 16-byte loads and stores, ~7.5 SASS
     instructions per value on the fast path (the value-by-value kernel: 30-64 and byte accesses).
     Bounds are written ``(K // 32) * 4`` / ``(K // 32) * 8`` (K % 32 == 0) so that the compiler sees
-    masks uniform over 4/8 words and vectorizes."""
+    masks uniform over 4/8 words and vectorizes.
+
+    Speed-only flags (same bits; off by default, for the H200 sweep): ``PRMT``: the fast path by byte permutes
+    (``_words_e4m3_prmt``, ~9 instructions per input word instead of ~30).  ``PAIR64``: the tile as
+    ``[WPB // V, NIM, BMI, NIK, V]`` words (V = 2 adjacent words per thread, two lanes per input block row: 8-byte
+    loads), so that the int64 pairs of output words (one per input word) are stored, from inside each branch, in
+    the load's layout with 16-byte stores: no join/reshape layout conversion (32 SHFL and 64 SEL per thread at
+    16 words).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (scripts/lossless_sass.py): 94 registers and
+    7.60 instructions per value on the fast path by default, PRMT 96 / 4.49, PRMT + PAIR64 132 / 3.45 (80 / 3.63
+    with ``maxnreg=80``: the spills land in the slow path)."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
@@ -175,34 +217,57 @@ def _per_block_cast_lossless_words_kernel(
     d, e_out = _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
                                            IN_PACKED, NIM, NIK, BMO // BMI, BKO // BKI)
 
-    # the tile as [NIM, BMI, NIK, WPB] words, so per-block values broadcast along dims 1 and 3
-    rows = (pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64))[:, None, None, None] + \
-        tl.arange(0, BMI)[None, :, None, None]
-    wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
-    row_ok = rows < M
-    wmask = row_ok & (pid_k * TW + wc < (K // 32) * 4)
-    xw_ptr = x_ptr.to(tl.pointer_type(tl.int32))
-    w = tl.load(xw_ptr + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
-    # two output words per input word: [NIM, BMI, NIK, 2 * WPB]
-    oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
-    omask = row_ok & (pid_k * (2 * TW) + oc < (K // 32) * 8)
-    optrs = out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc)
-    d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+    row0 = pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64)
+    if PAIR64:
+        # the tile as [WPB // V, NIM, BMI, NIK, V] words (V = 2 adjacent words per thread and two lanes per
+        # 4 words: 8-byte loads, and 16-byte stores of the int64 pairs in the same layout, no shuffles)
+        V: tl.constexpr = 2 if WPB >= 2 else 1
+        rows = row0[None, :, None, None, None] + tl.arange(0, BMI)[None, None, :, None, None]
+        wc = (tl.arange(0, WPB // V) * V)[:, None, None, None, None] + \
+            (tl.arange(0, NIK) * WPB)[None, None, None, :, None] + tl.arange(0, V)[None, None, None, None, :]
+        d4 = tl.reshape(d, (1, NIM, 1, NIK, 1))
+        # 32-bit column bounds and a scalar base, so that the per-register word offsets fold into immediates
+        wmask = (rows < M) & (tl.program_id(1) * TW + wc < (K // 32) * 4)
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pid_k * TW + rows * stride_xm + wc, mask=wmask, other=0)
+        # int64 view of the output: one pair of output words per input word; stored in each branch (not after
+        # the branch: the fast path stores as it goes)
+        optrs = out_ptr.to(tl.pointer_type(tl.int64)) + pid_k * TW + rows * (stride_om // 2) + wc
+    else:
+        # the tile as [NIM, BMI, NIK, WPB] words, so per-block values broadcast along dims 1 and 3
+        rows = row0[:, None, None, None] + tl.arange(0, BMI)[None, :, None, None]
+        wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
+        row_ok = rows < M
+        wmask = row_ok & (pid_k * TW + wc < (K // 32) * 4)
+        xw_ptr = x_ptr.to(tl.pointer_type(tl.int32))
+        w = tl.load(xw_ptr + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
+        # two output words per input word: [NIM, BMI, NIK, 2 * WPB]
+        oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
+        omask = row_ok & (pid_k * (2 * TW) + oc < (K // 32) * 8)
+        optrs = out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc)
+        d4 = tl.reshape(d, (NIM, 1, NIK, 1))
     bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
     if bad == 0:
-        m7 = tl.where(d4 == 0, 0, 0x07070707)
-        b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
-        lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)  # values 0..3 of the word
-        hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)  # values 4..7
+        if PRMT:
+            lo, hi = _words_e4m3_prmt(w, d4)
+        else:
+            m7 = tl.where(d4 == 0, 0, 0x07070707)
+            b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
+            lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)  # values 0..3 of the word
+            hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)  # values 4..7
+        if PAIR64:
+            _store_pairs(optrs, lo, hi, wmask)
     else:
         mult = (d4 << 23).to(tl.float32, bitcast=True)
-        lo = tl.zeros((NIM, BMI, NIK, WPB), tl.int32)
-        hi = tl.zeros((NIM, BMI, NIK, WPB), tl.int32)
+        lo = tl.zeros_like(w)
+        hi = tl.zeros_like(w)
         # a rolled loop: this path is rare, so it must not raise the fast path's register count
         for j in tl.range(0, 4, loop_unroll_factor=1):
             lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
             hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
-    tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
+        if PAIR64:
+            _store_pairs(optrs, lo, hi, wmask)
+    if not PAIR64:
+        tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
 
     _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
                       OUT_PACKED)
@@ -353,14 +418,18 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     """Launch config through ``tritile.runtime.tuned("per_block_cast_lossless", ...)``: ``WORDS`` (the word
     kernel; needs ``bki >= 8`` and 4-byte aligned data rows, else the value-by-value kernel runs), ``TM``
     (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
-    kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``."""
+    kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
+    flags (off by default, same bits): ``PRMT`` (the fast path by byte permutes, ``_words_e4m3_prmt``) and
+    ``PAIR64`` (the tile in the store's layout, int64 pair stores: no shuffles); ``maxnreg`` (None: no cap):
+    ptxas' register cap."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
     tm, tw, w_warps = _word_tile(bmo, bko, hidden)
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
-                                          "num_warps": w_warps if words_ok else b_warps})
+                                          "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
+                                          "PAIR64": False, "maxnreg": None})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
     if tm % bmo or tm & (tm - 1) or (words and ((8 * c["TW"]) % bko or c["TW"] & (c["TW"] - 1))) or \
@@ -368,6 +437,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
         raise ValueError(f"bad per_block_cast_lossless launch config {c} for out_block_size {(bmo, bko)}: TM, TW, "
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
+    extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     if words:
         out_w = out.view(torch.uint8).view(torch.int32)
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, 8 * c["TW"]))
@@ -375,11 +445,13 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], num_warps=c["num_warps"], **pdl_args(data.device))
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]), PAIR64=bool(c["PAIR64"]),
+            num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     else:
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, c["TK"]))
         _per_block_cast_lossless_kernel[grid](
             data, sfi.tensor, out.view(torch.uint8), out_sf, *common,
             data.stride(0), sfi.stride_m, sfi.stride_k, out.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=c["TK"], num_warps=c["num_warps"], **pdl_args(data.device))
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TK=c["TK"], num_warps=c["num_warps"], **extra,
+            **pdl_args(data.device))
