@@ -15,11 +15,9 @@ div_rn slow path): its instruction count per element of one thread, and the most
 from __future__ import annotations
 
 import json
-import re
 import sys
-from collections import Counter
 
-from sass_tools import compile_kernel, forward_path, histogram, instructions, res_str, sass_of
+from sass_tools import access_widths, compile_kernel, forward_path, histogram, instructions, res_str, sass_of
 
 import tritile.quant.per_token_cast_kernel as K  # noqa: E402
 from tritile.quant.common import FMT_CLAMP, FMT_MAX  # noqa: E402
@@ -65,10 +63,9 @@ def main():
             f.write(sass)
     ins = instructions(sass)
     p = forward_path(ins, skip_calls=True)
-    widths = Counter(re.match(r"(?:@!?P\d+ )?((?:LDG|STG)[.A-Z0-9]*)", t).group(1) for t in p
-                     if re.match(r"(?:@!?P\d+ )?(LDG|STG)", t))
+    widths = access_widths(p)
     print(f"{'per-token ' if token else ''}{over} packed={packed or token}: {res_str(res)}; total {len(ins)} instr; finite path {len(p)} instr = "
-          f"{len(p) / per:.2f}/elem ({per:g} elem/thread); {dict(widths)}")
+          f"{len(p) / per:.2f}/elem ({per:g} elem/thread); {widths}")
     print("  ", histogram(p, 16))
 
 

@@ -15,23 +15,14 @@ one thread, with an opcode histogram.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 from collections import Counter
 
-os.environ.pop("TRITON_INTERPRET", None)
-
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from sass_tools import access_widths, compile_kernel, forward_path, instructions, opcode, res_str, sass_of
 
 import tritile.quant.per_block_cast_lossless_kernel as L  # noqa: E402
 from tritile.utils import align, ceil_div  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 M, K = 8001, 7168
 BMI, BKI = 1, 32
 
@@ -51,41 +42,13 @@ def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
     ptrs = dict(x_ptr="*i8", sf_in_ptr="*i32" if in_packed else "*fp32", out_ptr="*i32",
                 sf_out_ptr="*i32" if out_packed else "*fp32")
     fn = L._per_block_cast_lossless_words_kernel
-    params = list(fn.arg_names)
     consts = dict(IN_PACKED=in_packed, OUT_PACKED=out_packed, BMI=BMI, BKI=BKI, BMO=bmo, BKO=bko, TM=cfg["TM"],
                   TW=cfg["TW"], PRMT=cfg["PRMT"], PAIR64=cfg["PAIR64"], PDL=True)
     consts.update({n: 1 for n, v in ints.items() if v == 1})  # Triton specializes integer arguments equal to 1
-    consts = {k: v for k, v in consts.items() if k in params}
-    full = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in params}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params)
-             if n not in consts and (n in ptrs or ints.get(n, 1) % 16 == 0)}
-    opts = dict(num_warps=cfg["num_warps"])
-    if cfg.get("maxnreg"):
-        opts["maxnreg"] = cfg["maxnreg"]
-    k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs), target=TARGET, options=opts)
+    div16 = {n for n in fn.arg_names if n in ptrs or ints.get(n, 1) % 16 == 0}
+    k = compile_kernel(fn, ptrs, consts, div16, num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg") or None)
     per = cfg["TM"] * cfg["TW"] * 8 / (32 * cfg["num_warps"])  # output values per thread
     return k, per, cfg
-
-
-def fast_path(ins):
-    """The straight-line path: conditional branches not taken, unconditional forward ones taken."""
-    idx = {a: i for i, (a, _) in enumerate(ins)}
-    i, path = 0, []
-    while i < len(ins):
-        a, t = ins[i]
-        if t.startswith("EXIT"):
-            path.append(t)
-            break
-        if t.startswith("NOP"):
-            i += 1
-            continue
-        path.append(t)
-        m = re.match(r"BRA (0x[0-9a-f]+)", t)  # unconditional
-        if m and int(m.group(1), 16) > a:
-            i = idx[int(m.group(1), 16)]
-            continue
-        i += 1
-    return path
 
 
 def main():
@@ -94,29 +57,19 @@ def main():
     ob = tuple(int(v) for v in argv[argv.index("--ob") + 1].split(",")) if "--ob" in argv else (1, 128)
     in_packed, out_packed = "--in-packed" in argv, "--out-packed" in argv
     k, per, cfg = compile_variant(over, ob, in_packed, out_packed)
-    path = "/tmp/lossless_sass_k.cubin"
-    with open(path, "wb") as f:
-        f.write(k.asm["cubin"])
-
-    def run(*a):
-        return subprocess.run([os.path.join(BIN, "cuobjdump"), *a, path], capture_output=True, text=True).stdout
-
-    res = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", run("-res-usage")))
-    sass = run("-sass")
+    sass, res = sass_of(k)
     if "--dump" in argv:
         with open(argv[argv.index("--dump") + 1], "w") as f:
             f.write(sass)
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;", ln) for ln in sass.splitlines()) if m]
-    p = fast_path(ins)
-    ops = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0] for t in p)
-    widths = Counter(re.match(r"(?:@!?P\d+ )?((?:LDG|STG)[.A-Z0-9]*)", t).group(1) for t in p
-                     if re.match(r"(?:@!?P\d+ )?(LDG|STG)", t))
+    ins = instructions(sass)
+    p = forward_path(ins)  # the uniform "bad == 0" test jumps to the slow path; the fast block falls through
+    ops = Counter(map(opcode, p))
+    widths = access_widths(p)
     total = sum(1 for _, t in ins if not t.startswith("NOP"))
     print(f"{over} ob={ob} in_packed={in_packed} out_packed={out_packed} [{cfg['TM']} x {cfg['TW']} words, "
-          f"{cfg['num_warps']} warps]: {res}; total {total} instr; fast path {len(p)} = {len(p) / per:.2f}/value "
-          f"({per:g} values/thread); {dict(widths)}; fast-path spills {ops['STL']} STL / {ops['LDL']} LDL")
-    print("  ", sorted(ops.items(), key=lambda x: -x[1])[:16])
+          f"{cfg['num_warps']} warps]: {res_str(res)}; total {total} instr; fast path {len(p)} = {len(p) / per:.2f}/value "
+          f"({per:g} values/thread); {widths}; fast-path spills {ops['STL']} STL / {ops['LDL']} LDL")
+    print("  ", ops.most_common(16))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,12 @@ def histogram(texts: Iterable[str], most: Optional[int] = None) -> List[Tuple[st
     return Counter(opcode(t) for t in texts).most_common(most)
 
 
+def access_widths(texts: Iterable[str]) -> Dict[str, int]:
+    """Counts of the global load / store forms (``LDG.E.128``, ``STG.E``, ...) among ``texts``."""
+    pat = re.compile(r"(?:@!?P\d+ )?((?:LDG|STG)[.A-Z0-9]*)")
+    return dict(Counter(m.group(1) for m in map(pat.match, texts) if m))
+
+
 def forward_path(ins: List[Instr], skip_calls: bool = False) -> List[str]:
     """The straight-line path from the entry to the first ``EXIT``: unconditional forward branches taken, conditional
     ones not taken (the uniform "finite tile" branches of the cast kernels fall through to their fast block), except,
