@@ -19,7 +19,8 @@ from ._per_channel_common import (all_finite, column_amax, column_amax_bf16, per
                                   per_channel_encode_signed, per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
                                   per_channel_scale)
 from .common import sf_info
-from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import _column_max_words, _column_scale, _encode_words
+from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import (_column_max_words, _column_scale, _encode_words,
+                                                                       _word_tile_index)
 from .types import QuantTensor
 
 __all__ = ["per_channel_cast_fused"]
@@ -201,14 +202,7 @@ def _per_channel_cast_words_kernel(
     row).  ``EVEN``: no masks (no map, M % BM == 0, num_words % BKW == 0).  ``VECW``: words per thread run.
     Offsets inside the block are int32 (the launcher checks ``BM * stride < 2^31``)."""
     pdl_enter(PDL)
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = tl.arange(0, BM)
-    c = tl.arange(0, BKW)
-    if VECW > 1:
-        c = tl.max_contiguous(tl.multiple_of(c, VECW), VECW)
-    rows = pid_m * BM + r
-    cw = pid_k * BKW + c
+    pid_m, pid_k, r, c, rows, cw = _word_tile_index(BM, BKW, VECW)
     col_ok = cw < num_words
     out_row_ok = rows < num_rows_out
     if HAS_MAP:

@@ -182,6 +182,20 @@ def _silu_words(lw, rw, clamp_value, HAS_CLAMP: tl.constexpr, FUSED: tl.constexp
 
 
 @triton.jit
+def _word_tile_index(BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr):
+    """Program ``(pid_m, pid_k)``'s ``[BM, BKW]`` tile of int32 words: ``(pid_m, pid_k, r, c, rows, cw)`` with ``r``
+    / ``c`` the in-tile row and word offsets (``c`` marked contiguous in runs of ``VECW`` words when ``VECW > 1``)
+    and ``rows`` / ``cw`` the global ones (int32)."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = tl.arange(0, BM)
+    c = tl.arange(0, BKW)
+    if VECW > 1:
+        c = tl.max_contiguous(tl.multiple_of(c, VECW), VECW)
+    return pid_m, pid_k, r, c, pid_m * BM + r, pid_k * BKW + c
+
+
+@triton.jit
 def _column_max_words(a, PACKED_MAX: tl.constexpr):
     """Column max of the non-negative 16-bit halves of the words ``a [BM, BKW]`` -> ``[1, BKW]`` words."""
     if PACKED_MAX and not EMULATE:
@@ -286,14 +300,7 @@ def _swiglu_channel_words_kernel(
     |x * s| <= 448, so no overflow); inf/NaN x meet s = 0 and give NaN, patched to ``0x7F | sign`` in
     both.  ``EVEN``: no masks (M % NPT == 0 and HW % BKW == 0).  ``VECW``: words per thread run."""
     pdl_enter(PDL)
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = tl.arange(0, NPT)
-    c = tl.arange(0, BKW)
-    if VECW > 1:
-        c = tl.max_contiguous(tl.multiple_of(c, VECW), VECW)
-    rows = pid_m * NPT + r
-    cw = pid_k * BKW + c
+    pid_m, pid_k, r, c, rows, cw = _word_tile_index(NPT, BKW, VECW)
     # a 64-bit base per program, int32 offsets inside the tile (the launcher checks NPT * stride < 2^31)
     x_tile = x_ptr + pid_m.to(tl.int64) * NPT * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
     if EVEN:
