@@ -366,6 +366,16 @@ def test_prefetch_two_ahead(device, ch, p2e, weights, packed, clamp):
                       p2e, weights, packed, clamp)
 
 
+def _exhaustive_case(l, r, clamp, device):
+    """x = [l | r], the starting counts, and the reference's counts, codes and sf at the anchor's flags (npc 128,
+    TMA-aligned packed UE8M0, round_sf)."""
+    x = torch.cat([l, r], dim=1)
+    counts0 = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
+    ref_counts = counts0.clone() if clamp is not None else None
+    ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
+    return x, counts0, ref_counts, ref_out, ref_sf
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in the interpreter
 @pytest.mark.parametrize("clamp", [None, 0.5, 0.3, 0.0, -0.0, 1e-40, 9.2e-41, 10.0, 3.0e38])
 def test_every_bf16(device, clamp):
@@ -377,10 +387,7 @@ def test_every_bf16(device, clamp):
     v = torch.arange(65536, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
     l = v.reshape(-1, hidden)
     r = v[torch.randperm(65536, device=device)].reshape(-1, hidden)
-    x = torch.cat([l, r], dim=1)
-    counts0 = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
-    ref_counts = counts0.clone() if clamp is not None else None
-    ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
+    x, counts0, ref_counts, ref_out, ref_sf = _exhaustive_case(l, r, clamp, device)
     for path in (dict(), dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False)):
         out, sf, counts = _anchor_flags_cast(x, clamp, counts0, path)
         if clamp is not None:
@@ -449,10 +456,7 @@ def test_candidates_all_bf16_gate_values(device, clamp):
         else:
             r = v.reshape(-1, hidden)
             l = v[torch.randperm(65536, device=device)].reshape(-1, hidden)
-        x = torch.cat([l, r], dim=1)
-        counts0 = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
-        ref_counts = counts0.clone() if clamp is not None else None
-        ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, ref_counts, True, True, True)
+        x, counts0, ref_counts, ref_out, ref_sf = _exhaustive_case(l, r, clamp, device)
         out, sf, counts = _anchor_flags_cast(x, clamp, counts0, cfg)
         if clamp is not None:
             assert_equal(counts, ref_counts)
