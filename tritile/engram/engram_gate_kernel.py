@@ -340,12 +340,6 @@ def _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2: tl.constexpr, TOK: tl.constexpr):
     """Pass 1's program: its TOK tokens ``t``, heads ``hh``, masks, the (token, head) offsets ``sc`` into the
     (T, hc) saved tensors and the gates ``[TOK, HC]`` (0 outside)."""
     t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    return _bwd_pass1_at(gate_ptr, t, T, hc, HC_P2)
-
-
-@triton.jit
-def _bwd_pass1_at(gate_ptr, t, T, hc, HC_P2: tl.constexpr):
-    """``_bwd_pass1_tokens`` for the given tokens ``t`` (int64 ``[TOK]``)."""
     hh = tl.arange(0, HC_P2)
     tmask = t < T
     th_mask = tmask[:, None] & (hh < hc)[None, :]
@@ -427,16 +421,6 @@ def _engram_gate_bwd_coef_kernel(
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
     # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
     t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
-    _bwd_coef_sweep(go_ptr, v_ptr, dot_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
-                    t, hh, tmask, th_mask, sc, gate, H, hidden_f, clamp_value, scale, s_g0, s_g1, s_v0, s_gv0,
-                    HC_P2, TOK, BLOCK_D)
-
-
-@triton.jit
-def _bwd_coef_sweep(go_ptr, v_ptr, dot_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
-                    t, hh, tmask, th_mask, sc, gate, H, hidden_f, clamp_value, scale, s_g0, s_g1, s_v0, s_gv0,
-                    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Pass 1 (COEF) for the tokens ``t`` of ``_bwd_pass1_at``: grad_v, then delta, a_x, a_k."""
     gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
                               HC_P2, TOK, BLOCK_D)
     dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
