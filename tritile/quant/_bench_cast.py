@@ -132,28 +132,18 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
     dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
 ]
-# per-token e4m3 -> bf16: default BLOCK_M=1, BLOCK_K=2048, CHUNKS_PER_PROG=4 (whole rows), 8 warps, hardware
-# e4m3 decode, VEC=8 (loads in the stores' layout), PREFETCH (static loop, next chunk's loads first)
+# per-token e4m3 -> bf16: default (session 7) BLOCK_M=1, BLOCK_K=8192, CHUNKS_PER_PROG=1 (the whole row), 16 warps,
+# hardware e4m3 decode, VEC=8 (loads in the stores' layout).  Session-7 sweep (CUPTI, L2 flushed, us; TileKernels
+# 44.07): this default 43.19; the old default (BLOCK_K=2048 x 4 chunks at 8 warps, PREFETCH: the next chunk's loads
+# first) 44.07, with VEC=0 43.98, 8192 x 1 at 8 warps 44.38, 4096 x 2 at 8 warps 44.10, 4 warps 44.90, 2 warps 44.99,
+# PREFETCH=False 45.00, STREAM (evict-first loads, .cs stores) 45.28, CHUNKS_PER_PROG=2 45.21, 1024 x 7 at 4 warps
+# 45.16; lost by 4 % or more and dropped: 1024 x 7 at 2 warps, [2, 1024] x 7, [4, 1024] x 7, STREAM at 4 warps,
+# 1024 x 8 STREAM.  HW_DECODE=False (69.8) stays as the software decode's bit check.
+_CB_OLD = dict(BLOCK_K=2048, CHUNKS_PER_PROG=4, num_warps=8)
 _CAST_BACK_TUNE = [
-    dict(VEC=0, PREFETCH=False),  # the 2026-11-30 default (46.4 us)
-    dict(PREFETCH=False),
-    dict(VEC=0),
-    dict(HW_DECODE=False),
-    dict(num_warps=2),
-    dict(num_warps=4),  # the session-3 default (46.04 us graph)
-    dict(BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=2),
-    dict(BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=4),
-    dict(BLOCK_M=2, BLOCK_K=1024, CHUNKS_PER_PROG=7, num_warps=4),
-    dict(BLOCK_K=4096, CHUNKS_PER_PROG=2, num_warps=8),
-    dict(CHUNKS_PER_PROG=2),
-    dict(BLOCK_M=4, BLOCK_K=1024, CHUNKS_PER_PROG=7, VEC=0, PREFETCH=False),
-    # session 6 (0.99x: 44.48 against 44.07 us; 92.5 % of copy by graph time; Nsight: 32 registers, 83 % achieved
-    # occupancy, DRAM 71 % of peak at base clocks, ~32 KB of loads in flight per SM): STREAM (evict-first byte loads,
-    # .cs stores; a 1 % gain at best, within run-to-run spread for the fp8 transpose), and the whole row's loads in
-    # flight at once (one 8192-column chunk).  Not yet timed: the first version broke the GPU compile (a constexpr
-    # assigned in the unrolled loop); this one passes scripts/compile_check.sh with the 4-chunk test case
-    dict(STREAM=True), dict(STREAM=True, num_warps=4), dict(BLOCK_K=8192, CHUNKS_PER_PROG=1),
-    dict(BLOCK_K=8192, CHUNKS_PER_PROG=1, num_warps=16), dict(BLOCK_K=1024, CHUNKS_PER_PROG=8, num_warps=4, STREAM=True),
+    dict(num_warps=32), dict(VEC=0), dict(STREAM=True), dict(num_warps=8), dict(BLOCK_M=2, num_warps=32),
+    dict(BLOCK_K=4096, CHUNKS_PER_PROG=2, num_warps=16), dict(HW_DECODE=False),
+    _CB_OLD, dict(_CB_OLD, VEC=0), dict(_CB_OLD, PREFETCH=False), dict(_CB_OLD, STREAM=True),
 ]
 
 

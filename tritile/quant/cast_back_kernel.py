@@ -137,15 +137,18 @@ def _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, col0, K, num_xsf_k, 
 
 
 def _config(m: int, k: int):
-    """(BLOCK_M, BLOCK_K, chunks per program, num_warps).  GPU: 1 row x 2048 columns per tile, every
-    chunk of a row in one program; interpreter: big tiles, few programs."""
+    """(BLOCK_M, BLOCK_K, chunks per program, num_warps).  GPU: one row a program, the whole row (up to 8192
+    columns) as one chunk at 16 columns per thread, wider rows in 8192-column chunks; interpreter: big tiles, few
+    programs."""
     if interpreter_configs():
         bm, bk = min(next_power_of_two(m), 64), min(next_power_of_two(k), 2048)
         return bm, bk, ceil_div(k, bk), 4
     # H200 sweeps (8001 x 7168 e4m3 -> bf16): one row x 2048 per chunk, 4 warps: 47.4 us; 4 x 1024: 51.0;
-    # session 4 (CUDA graph): 8 warps 45.40 us, 4 warps 46.04
-    bm, bk = 1, 2048
-    return bm, bk, ceil_div(k, bk), 8
+    # session 4 (CUDA graph): 8 warps 45.40 us, 4 warps 46.04.  Session 7 (CUPTI, L2 flushed): the whole row as one
+    # 8192-column chunk at 16 warps 43.19 us against 44.07 for 4 chunks of 2048 at 8 warps (the default before;
+    # TileKernels 44.07) and 44.38 for 8192 at 8 warps; same bits
+    bm, bk = 1, min(next_power_of_two(k), 8192)
+    return bm, bk, ceil_div(k, bk), max(4, min(16, bk // 512))
 
 
 def cast_back(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int],
