@@ -41,6 +41,12 @@ def compile_variant(over: dict, round_sf: bool, has_map: bool):
         bkw = c["BLOCK_K"] // 2
         consts = dict(HAS_MAP=has_map, ROUND_SF=round_sf, BM=128, BKW=bkw, VECW=c["VEC"] // 2,
                       EVEN=not has_map and (H // 2) % bkw == 0, INT_POW2=c["INT_POW2"], HMUL_ENC=c["HMUL_ENC"])
+        consts.update(SXM=0, SOM=0, FAST_DIV=False)  # the launcher's defaults (candidates off)
+        if c.get("STATIC_STRIDES"):  # the anchor's contiguous x (int32 words) and out (int16 words of two codes)
+            consts.update(SXM=H // 2, SOM=H // 2)
+        for key in ("FAST_DIV",):
+            if c.get(key):
+                consts[key] = True
         if has_map:
             sig = dict(sig, stride_pos="i32")
     else:

@@ -6,13 +6,21 @@ HMUL_ENC and INT_POW2 both ways."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from tritile.language import quant_scale
+from tritile.quant.per_channel_cast_fused_kernel import _column_scale_fast_div
 from tritile.runtime import override_config
 from tritile.testing import assert_equal
 
 _WORDS = [dict(WORDS=True, HMUL_ENC=False), dict(WORDS=True, HMUL_ENC=True), dict(WORDS=True, INT_POW2=False),
           dict(WORDS=True, BLOCK_K=128, VEC=8), dict(WORDS=True, BLOCK_K=64, VEC=8),
-          dict(WORDS=True, BLOCK_K=32, VEC=8, num_warps=1)]
+          dict(WORDS=True, BLOCK_K=32, VEC=8, num_warps=1),
+          # speed-only candidates (same bits): row strides as constexprs, the round_sf-off scales by in-range divisions
+          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True), dict(WORDS=True, HMUL_ENC=True, FAST_DIV=True),
+          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True),
+          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64, VEC=8)]
 
 
 def _data(m, k, device, stride=None):
@@ -111,3 +119,43 @@ def test_per_channel_cast_words_float32_input_ignored(device):
     got = _run("per_channel_cast_fused", dict(WORDS=True), x, False)
     assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
     assert_equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("cfg", [dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True),
+                                 dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64)])
+@pytest.mark.parametrize("rnd", [False, True])
+def test_per_channel_cast_words_static_strides(cfg, rnd, device):
+    """STATIC_STRIDES on strided rows (x row stride 68 elements = 34 words; the output stays contiguous), plain and
+    gathered: the same bits as the element kernel."""
+    x = _data(256, 66, device, stride=68)
+    pos = torch.randint(-1, 256, (144,), device=device, dtype=torch.int32)
+    for name, p, rows in (("per_channel_cast", None, None), ("per_channel_cast_fused", pos, 144)):
+        ref = _run(name, _ELEMENT, x, rnd, p, rows)
+        got = _run(name, cfg, x, rnd, p, rows)
+        assert_equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
+        assert_equal(got[1], ref[1])
+
+
+@triton.jit
+def _scale_fast_div_kernel(m_ptr, sf_ptr, si_ptr, rsf_ptr, rsi_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    m = tl.load(m_ptr + i)
+    sf, si = _column_scale_fast_div(m)
+    rsf, rsi = quant_scale((tl.minimum(m, 0x7F80) << 16).to(tl.float32, bitcast=True), 1e-4, 448.0, False)
+    tl.store(sf_ptr + i, sf)
+    tl.store(si_ptr + i, si)
+    tl.store(rsf_ptr + i, rsf)
+    tl.store(rsi_ptr + i, rsi)
+
+
+def test_column_scale_fast_div_exhaustive(device):
+    """``_column_scale_fast_div`` against ``quant_scale(max(amax, 1e-4), 1e-4, 448, False)`` on every max-magnitude
+    pattern 0..0x7FFF (NaN patterns included).  Under the interpreter this checks the mantissa decomposition (its
+    divisions are div_rn); on the GPU the in-range division sequence too."""
+    n = 32768
+    m = torch.arange(n, dtype=torch.int32, device=device)
+    outs = [torch.full((n,), float("nan"), device=device) for _ in range(4)]
+    _scale_fast_div_kernel[(1,)](m, *outs, N=n)
+    assert_equal(outs[0].view(torch.int32), outs[2].view(torch.int32))
+    assert_equal(outs[1].view(torch.int32), outs[3].view(torch.int32))
+    assert torch.isinf(outs[0][0x7F80:]).all() and (outs[1][0x7F80:] == 0).all()

@@ -41,6 +41,17 @@ _TUNE_CHANNEL = [
     dict(_EL, BLOCK_K=64),  # the first session-4 default (27.0-27.1 us CUPTI)
     dict(_EL, BLOCK_K=128, ROWS_PER_STEP=32), dict(_EL, BLOCK_K=64, num_warps=8),
     dict(HMUL_ENC=False), dict(maxnreg=88), dict(BLOCK_K=64), dict(num_warps=8), dict(BLOCK_K=256, num_warps=8),
+    # session 7 candidates on the WORDS kernel (same bits; sm_90a at the anchor, scripts/per_channel_sass.py: registers,
+    # SASS instructions per element, round_sf off / on; the default 94 / 96, 8.24 / 5.97, 5 blocks per SM):
+    # STATIC_STRIDES (the row strides as constexprs: one base register plus immediate offsets per row, no 64-bit
+    # address arithmetic per load / store; one compile per stride) 95 / 94, 7.22 / 4.96; FAST_DIV (round_sf off: the
+    # two IEEE divisions of each column's scales on a's mantissa, the fast path of div.rn without its range check and
+    # slow-path call) 96, 7.05; both 96 / 94, 6.05 / 4.96; with maxnreg=80 (6 blocks per SM) 80 / 80, 6.24 / 5.01, a
+    # 32-byte / no spill; BLOCK_K=64 56 / 48 registers (9 / 10 blocks of 4 warps per SM), 8.03 / 6.36; 8 warps
+    # 57 / 57, 8.16 / 6.48
+    dict(STATIC_STRIDES=True), dict(FAST_DIV=True), dict(STATIC_STRIDES=True, FAST_DIV=True),
+    dict(STATIC_STRIDES=True, FAST_DIV=True, maxnreg=80), dict(STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64),
+    dict(STATIC_STRIDES=True, FAST_DIV=True, num_warps=8),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),

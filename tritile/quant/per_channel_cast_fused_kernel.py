@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
+from ..language.cast import EMULATE
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
                        custom_op, empty, interpreter_configs, tuned)
@@ -188,7 +189,8 @@ def _per_channel_cast_words_kernel(
         x_ptr, pos_ptr, out_ptr, sf_ptr, num_rows_in, num_rows_out, num_words,
         stride_xm, stride_pos, stride_om, stride_sm,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr,
-        EVEN: tl.constexpr, INT_POW2: tl.constexpr, HMUL_ENC: tl.constexpr, PDL: tl.constexpr = False):
+        EVEN: tl.constexpr, INT_POW2: tl.constexpr, HMUL_ENC: tl.constexpr, PDL: tl.constexpr = False,
+        SXM: tl.constexpr = 0, SOM: tl.constexpr = 0, FAST_DIV: tl.constexpr = False):
     """WORDS path (bf16 x without an input sf): the ``[BM, 2 * BKW]`` block held as int32 words of two bf16
     (adjacent columns, the low column in the low half), half the registers of the int16 tile.  ``x_ptr``
     int32 words (``stride_xm`` in words), ``out_ptr`` int16 words of two codes (``stride_om`` in words),
@@ -200,7 +202,14 @@ def _per_channel_cast_words_kernel(
     product on the bf16 pairs), converts and merges x's signs (SIGNED_ENC=2's NaN handling), stored as
     16-bit words (coalesced).  ``HAS_MAP``: rows gathered through ``pos_ptr`` (-1 or out of range: a zero
     row).  ``EVEN``: no masks (no map, M % BM == 0, num_words % BKW == 0).  ``VECW``: words per thread run.
-    Offsets inside the block are int32 (the launcher checks ``BM * stride < 2^31``)."""
+    Offsets inside the block are int32 (the launcher checks ``BM * stride < 2^31``).
+
+    Speed-only candidates (same bits, off by default): ``SXM`` / ``SOM`` (> 0) are the row strides of x and out
+    (in words) as compile-time constants (STATIC_STRIDES), so each thread's row addresses are one base register plus
+    immediate offsets (no 64-bit address arithmetic per load / store, fewer live registers; one compile per row
+    stride); ``FAST_DIV`` (round_sf
+    off) computes the two IEEE divisions of the scales on the mantissa of ``a`` only (``_column_scale_fast_div``: no
+    range check, no slow-path call)."""
     pdl_enter(PDL)
     pid_m, pid_k, r, c, rows, cw = _word_tile_index(BM, BKW, VECW)
     col_ok = cw < num_words
@@ -208,19 +217,32 @@ def _per_channel_cast_words_kernel(
     if HAS_MAP:
         src = tl.load(pos_ptr + rows.to(tl.int64) * stride_pos, mask=out_row_ok, other=-1).to(tl.int64)
         row_ok = (src >= 0) & (src < num_rows_in)  # -1 = padding row; out-of-range entries read nothing
-        x_tile = x_ptr + pid_k * BKW + src[:, None] * stride_xm + c[None, :]
+        if SXM > 0:
+            x_tile = x_ptr + pid_k * BKW + src[:, None] * SXM + c[None, :]
+        else:
+            x_tile = x_ptr + pid_k * BKW + src[:, None] * stride_xm + c[None, :]
     else:
         row_ok = out_row_ok
-        x_tile = x_ptr + pid_m.to(tl.int64) * BM * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
+        if SXM > 0:  # one 64-bit base, the in-block offsets as int32 (immediates per row on the GPU)
+            x_tile = (x_ptr + pid_m.to(tl.int64) * (BM * SXM) + pid_k * BKW) + (r[:, None] * SXM + c[None, :])
+        else:
+            x_tile = x_ptr + pid_m.to(tl.int64) * BM * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
     if EVEN:
         w = tl.load(x_tile)
     else:
         w = tl.load(x_tile, mask=row_ok[:, None] & col_ok[None, :], other=0)
     mw = _column_max_words(w & 0x7FFF7FFF, True)  # [1, BKW]: the two columns' max |bf16| patterns per word
-    sf_lo, si_lo = _column_scale(mw & 0xFFFF, ROUND_SF, INT_POW2)
-    sf_hi, si_hi = _column_scale(mw >> 16, ROUND_SF, INT_POW2)
+    if FAST_DIV and not ROUND_SF:
+        sf_lo, si_lo = _column_scale_fast_div(mw & 0xFFFF)
+        sf_hi, si_hi = _column_scale_fast_div(mw >> 16)
+    else:
+        sf_lo, si_lo = _column_scale(mw & 0xFFFF, ROUND_SF, INT_POW2)
+        sf_hi, si_hi = _column_scale(mw >> 16, ROUND_SF, INT_POW2)
     codes = _encode_words(w, si_lo, si_hi, HMUL_ENC and ROUND_SF)
-    dst = out_ptr + pid_m.to(tl.int64) * BM * stride_om + pid_k * BKW + r[:, None] * stride_om + c[None, :]
+    if SOM > 0:
+        dst = (out_ptr + pid_m.to(tl.int64) * (BM * SOM) + pid_k * BKW) + (r[:, None] * SOM + c[None, :])
+    else:
+        dst = out_ptr + pid_m.to(tl.int64) * BM * stride_om + pid_k * BKW + r[:, None] * stride_om + c[None, :]
     sf_row = sf_ptr + pid_m.to(tl.int64) * stride_sm + 2 * cw[None, :]
     if EVEN:
         tl.store(dst, codes)
@@ -230,6 +252,43 @@ def _per_channel_cast_words_kernel(
         tl.store(dst, codes, mask=out_row_ok[:, None] & col_ok[None, :])
         tl.store(sf_row, sf_lo, mask=col_ok[None, :])
         tl.store(sf_row + 1, sf_hi, mask=col_ok[None, :])
+
+
+# q = RN(n / d) by the fast path of the compiler's own div.rn.f32 sequence (the SASS it emits: MUFU.RCP, then FFMAs
+# refining the reciprocal and correcting the quotient), without the FCHK range check and its slow-path call: exact
+# (the same bits as div.rn) whenever that check passes, as it does for the operands of _column_scale_fast_div
+# (normal, d and n in [1, 448], quotient in [2^-9, 448]).
+_DIV_FAST = tl.constexpr(
+    "{ .reg .f32 r, e, q, t, nd; rcp.approx.ftz.f32 r, $2; neg.f32 nd, $2; fma.rn.f32 e, nd, r, 0f3F800000; "
+    "fma.rn.f32 r, r, e, r; mul.rn.f32 q, $1, r; fma.rn.f32 t, nd, q, $1; fma.rn.f32 $0, r, t, q; }")
+
+
+@triton.jit
+def _div_rn_in_range(n, d):
+    """``div_rn(n, d)`` for operands where div.rn.f32 takes its fast path (see ``_DIV_FAST``); ``div_rn`` under
+    EMULATE."""
+    if EMULATE:
+        return tl.math.div_rn(n, d)
+    else:
+        return tl.inline_asm_elementwise(_DIV_FAST, "=f,f,f", [n, d], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _column_scale_fast_div(m):
+    """``_column_scale(m, ROUND_SF=False)``: ``(div_rn(a, 448), div_rn(448, a))`` for ``a = max(amax, 1e-4)`` with
+    ``amax`` the column's max ``|bf16|`` pattern ``m`` (int32 0..0x7FFF; patterns above 0x7F80 are NaN and count as
+    inf), by dividing the mantissa ``d = a / 2^k`` in [1, 2) instead of ``a``: ``a / 448 = (d / 448) 2^k`` and
+    ``448 / a = (448 / d) 2^-k`` exactly, and rounding commutes with the power of two as long as the results are normal
+    (``1e-4 <= a < 2^128`` keeps them in [2^-23, 2^121]), so the scaled rounded quotients are the rounded quotients.
+    The quotient's exponent is then adjusted in its bits.  ``inf`` gives ``(inf, 0)`` as before."""
+    ab = tl.maximum(tl.minimum(m, 0x7F80) << 16, 0x38D1B717)  # bits of max(amax, 1e-4f) (both >= 0: int order)
+    k = (ab >> 23) - 127
+    d = ((ab & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    c448 = tl.full(d.shape, 448.0, tl.float32)
+    sf = (_div_rn_in_range(d, c448).to(tl.int32, bitcast=True) + (k << 23)).to(tl.float32, bitcast=True)
+    sf_inv = (_div_rn_in_range(c448, d).to(tl.int32, bitcast=True) - (k << 23)).to(tl.float32, bitcast=True)
+    inf = m >= 0x7F80
+    return tl.where(inf, float("inf"), sf), tl.where(inf, 0.0, sf_inv)
 
 
 def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: torch.Tensor, sf: torch.Tensor,
@@ -254,8 +313,21 @@ def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: to
         out.stride(0) // 2, sf.stride(0),
         HAS_MAP=has_map, ROUND_SF=round_sf, BM=block_m, BKW=bkw, VECW=vecw, EVEN=even,
         INT_POW2=bool(c["INT_POW2"]), HMUL_ENC=bool(c["HMUL_ENC"]), num_warps=c["num_warps"],
+        **_words_candidates(c, x, out),
         **({} if c.get("maxnreg") is None else dict(maxnreg=c["maxnreg"])), **pdl_args(out.device))
     return True
+
+
+def _words_candidates(c: dict, x: torch.Tensor, out: torch.Tensor) -> dict:
+    """The WORDS kernel's speed-only candidate constexprs from the config (absent keys: off; the default launch
+    passes none of them, so its compiled kernel is unchanged): ``STATIC_STRIDES`` (x's and out's row strides as
+    constexprs: one compile per stride pair) and ``FAST_DIV`` (see ``_per_channel_cast_words_kernel``)."""
+    extra = {}
+    if c.get("STATIC_STRIDES", False):
+        extra.update(SXM=x.stride(0) // 2, SOM=out.stride(0) // 2)
+    if c.get("FAST_DIV", False):
+        extra["FAST_DIV"] = True
+    return extra
 
 
 def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_to_token: Optional[torch.Tensor],
@@ -270,7 +342,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     ``ROWS_PER_STEP``, ``FINITE_BRANCH``, ``SIGNED_ENC``, ``num_stages`` do not apply; ``INT_POW2`` does).  Same
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
-    kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  sm_90a figures at 4096 x 7168
+    kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
+    only, off by default, same bits): see ``_words_candidates``.  sm_90a figures at 4096 x 7168
     (scripts/per_channel_sass.py; registers, SASS instructions per element, round_sf off / on), [128, 128] x 4
     warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
     94 / 96, 8.24 / 5.97 (5 blocks per SM instead of 4: 1.25x the bytes in flight); with maxnreg=80: 80
