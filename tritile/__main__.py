@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     t.add_argument("--compile-only", action="store_true", help="run and check each candidate once, no timing")
     t.add_argument("--shard", default="0/1", help="I/N: only every N-th tunable case, from the I-th")
     t.add_argument("--quick", action="store_true", help="only the benchmark's quick cases (one shape per op)")
+    t.add_argument("--case", action="append",
+                   help="only cases whose parameters (as printed) contain this text, e.g. \"'block': (32, 32)\" "
+                        "(repeatable: any)")
     t.add_argument("--cupti", action="store_true",
                    help="rank by CUPTI kernel time with L2 flushed (TileKernels' timer), not CUDA-graph replay")
     args = p.parse_args(argv)
@@ -33,7 +36,7 @@ def main(argv=None) -> int:
 
         i, n = (int(v) for v in args.shard.split("/"))
         tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json, compile_only=args.compile_only,
-             shard=(i, n), cupti=args.cupti, quick=args.quick)
+             shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case)
         return 0
     if args.cmd != "bench":
         p.print_help()
