@@ -15,10 +15,11 @@ one thread, with an opcode histogram.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 
-from sass_tools import access_widths, compile_kernel, forward_path, instructions, opcode, res_str, sass_of
+from sass_tools import access_widths, compile_kernel, forward_path, instructions, loops, opcode, res_str, sass_of
 
 import tritile.quant.per_block_cast_lossless_kernel as L  # noqa: E402
 from tritile.utils import align, ceil_div  # noqa: E402
@@ -30,7 +31,8 @@ BMI, BKI = 1, 32
 def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
     bmo, bko = ob
     tm, tw, nw = L._word_tile(bmo, bko, K)
-    cfg = {"TM": tm, "TW": tw, "num_warps": nw, "PRMT": False, "PAIR64": False, **over}
+    cfg = {"TM": tm, "TW": tw, "num_warps": nw, "PRMT": False, "PAIR64": False, "TILES": 0, "PERSIST": 0,
+           **over}
     ms_in, ks_in = ceil_div(M, BMI), ceil_div(K, BKI)
     ms_out, ks_out = ceil_div(M, bmo), ceil_div(K, bko)
     ks_out_pad = align(ks_out, 4) if out_packed else ks_out
@@ -42,6 +44,12 @@ def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
     ptrs = dict(x_ptr="*i8", sf_in_ptr="*i32" if in_packed else "*fp32", out_ptr="*i32",
                 sf_out_ptr="*i32" if out_packed else "*fp32")
     fn = L._per_block_cast_lossless_words_kernel
+    if cfg["TILES"] or cfg["PERSIST"]:  # the looping kernel (tile counts: the anchor's, a 132-SM grid)
+        fn = L._per_block_cast_lossless_loop_kernel
+        nmt, nkt = ceil_div(M, cfg["TM"]), ceil_div(ks_out_pad * bko, 8 * cfg["TW"])
+        g = min(nmt * nkt, 132 * cfg["PERSIST"]) if cfg["PERSIST"] else ceil_div(nmt * nkt, cfg["TILES"])
+        ints.update(NUM_TILES=nmt * nkt, NKT=nkt, NMT=nmt, T_FIRST=1 if cfg["PERSIST"] else cfg["TILES"],
+                    T_STEP=g if cfg["PERSIST"] else 1, T_SPAN=nmt * nkt if cfg["PERSIST"] else cfg["TILES"])
     consts = dict(IN_PACKED=in_packed, OUT_PACKED=out_packed, BMI=BMI, BKI=BKI, BMO=bmo, BKO=bko, TM=cfg["TM"],
                   TW=cfg["TW"], PRMT=cfg["PRMT"], PAIR64=cfg["PAIR64"], PDL=True)
     consts.update({n: 1 for n, v in ints.items() if v == 1})  # Triton specializes integer arguments equal to 1
@@ -70,6 +78,32 @@ def main():
           f"{cfg['num_warps']} warps]: {res_str(res)}; total {total} instr; fast path {len(p)} = {len(p) / per:.2f}/value "
           f"({per:g} values/thread); {widths}; fast-path spills {ops['STL']} STL / {ops['LDL']} LDL")
     print("  ", ops.most_common(16))
+    if cfg["TILES"] or cfg["PERSIST"]:  # the looping kernel: the fast path's instructions inside the tile loop
+        lp = max(loops(ins), key=lambda r: r[1] - r[0], default=None)
+        if lp is not None:
+            body = [t for a, t in _forward_addrs(ins) if lp[0] <= a <= lp[1]]
+            bops = Counter(map(opcode, body))
+            print(f"   tile loop, fast path: {len(body)} = {len(body) / per:.2f}/value; {access_widths(body)}; "
+                  f"spills {bops['STL']} STL / {bops['LDL']} LDL")
+
+
+def _forward_addrs(ins):
+    """``forward_path``'s walk with addresses; the tile loop's backward branch is not taken (one iteration)."""
+    idx = {a: i for i, (a, _) in enumerate(ins)}
+    i, path = 0, []
+    while i < len(ins):
+        a, t = ins[i]
+        if t.startswith("EXIT"):
+            path.append((a, t))
+            break
+        if not t.startswith("NOP"):
+            path.append((a, t))
+            m = re.match(r"(@!?U?P\d+ )?BRA (0x[0-9a-f]+)", t)
+            if m and int(m.group(2), 16) > a and m.group(1) is None:
+                i = idx[int(m.group(2), 16)]
+                continue
+        i += 1
+    return path
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ from tritile.testing import assert_equal, is_gpu_run
 from tritile.utils import align, ceil_div
 
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed) of the sf, in and out
-CANDIDATES = [dict(PRMT=True), dict(PAIR64=True), dict(PRMT=True, PAIR64=True)]
+# the looping kernel (TILES: chunks of consecutive tiles per program; PERSIST: get_num_sms() * PERSIST programs, 4
+# SMs on the CPU) with its prefetch, on the PRMT and the default fast path
+LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=True), dict(PERSIST=1, PRMT=True),
+                   dict(PERSIST=3, PRMT=True)]
+CANDIDATES = [dict(PRMT=True), dict(PAIR64=True), dict(PRMT=True, PAIR64=True)] + LOOP_CANDIDATES
 
 
 def _prmt_model(a: int, b: int, c: int) -> int:
@@ -133,6 +137,20 @@ def test_lossless_flags_zero_nonfinite_and_slow_path(cand, device):
             _compare(x, (1, 32), ob, cand)
             # GPU-sized tiles, 4 blocks wide: fast and slow tiles side by side, ragged in M and K
             _compare(x, (1, 32), ob, cand, dict(TM=max(4, ob[0]), TW=16, num_warps=1))
+
+
+@pytest.mark.parametrize("cand", LOOP_CANDIDATES, ids=lambda c: "+".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("ob", [(1, 128), (32, 32), (128, 128)])
+def test_lossless_loop_tiles(ob, cand, device):
+    """The looping kernel over GPU-sized tiles (TM = max(4, bm_out) rows x 16 words): more tiles than programs (6-40
+    tiles; 4 or 12 programs with PERSIST, chunks of 5 with TILES), a partial last chunk / uneven grid-stride walks,
+    partial last tiles in M (37 rows) and K (384 values: the packed sf's padded blocks past K), every code x every
+    multiplier offset, both sf layouts in and out."""
+    m, k = 37, 384
+    e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)
+    for in_flags in CONFIGS:
+        x = _codes_input(m, k, e, in_flags[2], in_flags[0], device)
+        _compare(x, (1, 32), ob, cand, dict(TM=max(4, ob[0]), TW=16, num_warps=1))
 
 
 @pytest.mark.parametrize("in_block,ob", [((32, 32), (128, 128)), ((1, 16), (4, 64)), ((1, 8), (2, 64))])

@@ -64,7 +64,16 @@ _TUNE_CAST_BACK = [
 # (128, 128) [128, 16] x 4 warps: default 96 / 6.66; PRMT 95 / 3.58, maxnreg=80: 80 / 3.62; PRMT+PAIR64 128 /
 # 3.59, maxnreg=80: 80 / 3.72 (no gain there).  Expected (issue-bound: SM 74 %, DRAM 46 %): ~2x fewer instructions
 # per value and more warps per scheduler, toward the ~25 us target at 1x128 (28.6 us now); the H200 sweep decides.
+# Looping word kernel (TILES: chunks of consecutive tiles per program, K fastest; PERSIST: get_num_sms() * PERSIST
+# programs, grid-stride; both prefetch the next tile's words and sf before converting the current one: the PRMT
+# [4, 128] x 1 warp program is latency-bound, 41 % fewer instructions gave 4 %).  sm_90a at (1, 128), float32 sf
+# (scripts/lossless_sass.py; instructions per value of the tile loop's fast path): PRMT TILES=1 (only the K-fastest
+# 1-D grid) 96 regs / 4.58; TILES=4 135 / 4.26 (maxnreg=128: 127 / 4.62, no spills: 4 warps per scheduler; 96: 40 B
+# stack, 10 LDL per tile); TILES=4 x 2 warps 95 / 5.39 (8 words per thread); TW=64 x 1 warp 115 / 6.08 (maxnreg=96:
+# 95 / 6.70; maxnreg=80: 80 / 6.80, no spills: 6 warps per scheduler).  PERSIST must not exceed the blocks per SM
+# that fit (1 warp at 128 regs: 16; 2 warps at 96: 10; 1 warp at 80: 24), or the extra programs run after the rest.
 _PRMT_PAIR = dict(PRMT=True, PAIR64=True)
+_LOOP = dict(PRMT=True)
 _TUNE_LOSSLESS = {
     (1, 128): [dict(TM=8), dict(TM=8, num_warps=2), dict(TM=32, num_warps=8), dict(TM=32), dict(TW=64, num_warps=2),
                dict(TW=64, TM=32), dict(TW=64, TM=32, num_warps=8), dict(TM=4, num_warps=1),
@@ -73,14 +82,21 @@ _TUNE_LOSSLESS = {
                dict(WORDS=False), dict(WORDS=False, TM=32, TK=512, num_warps=8),
                dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80),
                dict(_PRMT_PAIR, maxnreg=72), dict(_PRMT_PAIR, TW=64), dict(_PRMT_PAIR, TM=8, num_warps=2),
-               dict(_PRMT_PAIR, TM=8, num_warps=2, maxnreg=80)],
+               dict(_PRMT_PAIR, TM=8, num_warps=2, maxnreg=80),
+               dict(_LOOP, TILES=1), dict(_LOOP, TILES=2), dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=128),
+               dict(_LOOP, TILES=8, maxnreg=128), dict(_LOOP, TILES=4, num_warps=2), dict(_LOOP, TILES=8, num_warps=2),
+               dict(_LOOP, TILES=4, TW=64, maxnreg=80), dict(_LOOP, TILES=8, TW=64, maxnreg=80),
+               dict(_LOOP, TILES=4, TW=64, maxnreg=96), dict(_LOOP, PERSIST=16, maxnreg=128),
+               dict(_LOOP, PERSIST=10, num_warps=2), dict(_LOOP, PERSIST=24, TW=64, maxnreg=80)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
-               dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72)],
+               dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72),
+               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
-                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80)],
+                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80),
+                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
 }
 
 

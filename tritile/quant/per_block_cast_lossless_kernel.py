@@ -21,6 +21,7 @@ from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, empty, interpreter_configs, tuned)
+from ..config import get_num_sms
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
 from ._lossless_ptx import prmt
 from .common import alloc_sf, check_sf_flags, sf_info
@@ -273,6 +274,154 @@ def _per_block_cast_lossless_words_kernel(
                       OUT_PACKED)
 
 
+# ---- looping word kernel (speed-only candidates TILES / PERSIST: the word kernel's bits) ----
+
+@triton.jit
+def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
+                 IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr):
+    """The raw input scales of a tile as int32 bits ([NIM, NIK]: float32 bits, or the packed UE8M0 word holding each
+    block's byte; 0 outside the tensor): loaded ahead of their use, decoded by ``_tile_sf_exponents``."""
+    ib_m = pid_m * NIM + tl.arange(0, NIM).to(tl.int64)
+    ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
+    ib_ok = (ib_m < MS_IN)[:, None] & (ib_k < KS_IN)[None, :]
+    if IN_PACKED:
+        raw = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + (ib_k // 4)[None, :] * stride_sik, mask=ib_ok, other=0)
+    else:
+        raw = tl.load(sf_in_ptr.to(tl.pointer_type(tl.int32)) + ib_m[:, None] * stride_sim + ib_k[None, :] * stride_sik,
+                      mask=ib_ok, other=0)
+    return raw
+
+
+@triton.jit
+def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+                       RM: tl.constexpr, RK: tl.constexpr):
+    """``(d, e_out)`` of ``_block_multiplier_exponents`` from the raw scales of ``_tile_sf_raw`` (the same bits)."""
+    NOM: tl.constexpr = NIM // RM
+    NOK: tl.constexpr = NIK // RK
+    if IN_PACKED:
+        ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
+        e_in = (raw >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
+    else:
+        e_in = (raw >> 23) & 0xFF
+    e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
+    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
+    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
+    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
+    d = tl.reshape(d4, (NIM, NIK))
+    e_out = tl.reshape(e_out4, (NOM, NOK))
+    return d, e_out
+
+
+@triton.jit
+def _tile_rows_words(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
+                     NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
+    """``(rows, wc, wmask)`` of a tile's ``[NIM, BMI, NIK, WPB]`` words: the row (int64), the word column within the
+    tile, the bounds mask (``(K // 32) * 4``: uniform over 4 words, so the loads vectorize)."""
+    rows = (pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64))[:, None, None, None] + \
+        tl.arange(0, BMI)[None, :, None, None]
+    wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
+    wmask = (rows < M) & (pid_k * TW + wc < (K // 32) * 4)
+    return rows, wc, wmask
+
+
+@triton.jit
+def _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
+                NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
+    """A tile's FP4 words ``[NIM, BMI, NIK, WPB]`` (0 outside the tensor)."""
+    rows, wc, wmask = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
+    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
+
+
+@triton.jit
+def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
+                BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
+    """Store a tile's output words (``lo``: values 0..3, ``hi``: 4..7 of each input word; int32 ``[NIM, BMI, NIK,
+    WPB]``), joined and reshaped to ``[NIM, BMI, NIK, 2 * WPB]`` int32 words (as the word kernel does)."""
+    rows, wc, wmask = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
+    oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
+    omask = (rows < M) & (pid_k * (2 * TW) + oc < (K // 32) * 8)
+    tl.store(out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc),
+             tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
+
+
+@triton.jit
+def _per_block_cast_lossless_loop_kernel(
+    x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
+    M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
+    stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
+    NUM_TILES, NKT, NMT, T_FIRST, T_STEP, T_SPAN,
+    IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
+    BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
+):
+    """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) in a loop
+    over several tiles per program, with the next tile's words and input scales loaded (software prefetch) before the
+    current tile is converted and stored: every warp keeps a tile's loads in flight while it computes, instead of
+    load -> wait -> compute -> store -> exit per program (the 1-warp [4, 128] program is latency-bound: ~20 warps per
+    SM at 96 registers, each with 2.5 KB of loads in flight only between its start and its first use).
+
+    Tiles are numbered ``t = pid_m * NKT + pid_k`` (K fastest: consecutive tiles cover a row block left to right);
+    program ``p`` takes tiles ``p * T_FIRST + i * T_STEP`` below ``min(p * T_FIRST + T_SPAN, NUM_TILES)``: chunks of
+    ``TILES`` consecutive tiles (``T_FIRST = T_SPAN = TILES``, ``T_STEP = 1``) or a persistent grid-stride walk over
+    ``G`` programs (``T_FIRST = 1``, ``T_STEP = G``, ``T_SPAN = NUM_TILES``).  A
+    prefetch past the program's last tile loads nothing (its row block is moved to ``NMT``, past the tensor)."""
+    pdl_enter(PDL)
+    TK: tl.constexpr = TW * 8
+    NIM: tl.constexpr = TM // BMI
+    NIK: tl.constexpr = TK // BKI
+    NOM: tl.constexpr = TM // BMO
+    NOK: tl.constexpr = TK // BKO
+    WPB: tl.constexpr = BKI // 8  # words per input block row
+    RM: tl.constexpr = BMO // BMI
+    RK: tl.constexpr = BKO // BKI
+    first = tl.program_id(0) * T_FIRST
+    end = tl.minimum(first + T_SPAN, NUM_TILES)
+    t = first
+    pid_m = (t // NKT).to(tl.int64)
+    pid_k = (t % NKT).to(tl.int64)
+    w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
+    while t < end:
+        # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
+        tn = t + T_STEP
+        pid_mn = tl.where(tn < end, tn // NKT, NMT).to(tl.int64)
+        pid_kn = (tn % NKT).to(tl.int64)
+        d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
+        d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+        bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
+        if bad == 0:
+            # prefetch: the next tile's loads fly while this one is converted (the rare slow path loads after its
+            # conversion, so that the prefetched words do not add to its registers)
+            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
+                                    NIK)
+            if PRMT:
+                lo, hi = _words_e4m3_prmt(w, d4)
+            else:
+                m7 = tl.where(d4 == 0, 0, 0x07070707)
+                b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
+                lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)
+                hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)
+        else:
+            mult = (d4 << 23).to(tl.float32, bitcast=True)
+            lo = tl.zeros_like(w)
+            hi = tl.zeros_like(w)
+            for j in tl.range(0, 4, loop_unroll_factor=1):
+                lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
+                hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
+            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
+                                    NIK)
+        _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
+        _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
+                          OUT_PACKED)
+        w = w_next
+        raw = raw_next
+        t = tn
+        pid_m = pid_mn
+        pid_k = pid_kn
+
+
 def _tile(bmo: int, bko: int):
     """(TM, TK, num_warps) of the value-by-value kernel: whole output blocks, ~8K elements per program on
     GPU, bigger in the interpreter."""
@@ -421,7 +570,10 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
     flags (off by default, same bits): ``PRMT`` (the fast path by byte permutes, ``_words_e4m3_prmt``) and
     ``PAIR64`` (the tile in the store's layout, int64 pair stores: no shuffles); ``maxnreg`` (None: no cap):
-    ptxas' register cap."""
+    ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
+    ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
+    PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
+    computed."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -429,7 +581,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
                                           "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "PAIR64": False, "maxnreg": None})
+                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
     if tm % bmo or tm & (tm - 1) or (words and ((8 * c["TW"]) % bko or c["TW"] & (c["TW"] - 1))) or \
@@ -438,7 +590,29 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
-    if words:
+    loop = words and (c["TILES"] or c["PERSIST"])
+    if loop:
+        if c["PAIR64"]:
+            raise ValueError(f"bad per_block_cast_lossless launch config {c}: PAIR64 is not built into the looping "
+                             "kernel (TILES / PERSIST)")
+        out_w = out.view(torch.uint8).view(torch.int32)
+        nmt, nkt = ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, 8 * c["TW"])
+        num_tiles = nmt * nkt
+        if c["PERSIST"]:  # grid-stride: program p takes tiles p, p + G, ...
+            g = max(1, min(num_tiles, get_num_sms() * int(c["PERSIST"])))
+            first, step, span = 1, g, num_tiles
+        else:  # chunks of TILES consecutive tiles
+            n = int(c["TILES"])
+            g = ceil_div(num_tiles, n)
+            first, step, span = n, 1, n
+        _per_block_cast_lossless_loop_kernel[(g,)](
+            data, sfi.tensor, out_w, out_sf, *common,
+            data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
+            num_tiles, nkt, nmt, first, step, span,
+            IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
+            num_warps=c["num_warps"], **extra, **pdl_args(data.device))
+    elif words:
         out_w = out.view(torch.uint8).view(torch.int32)
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, 8 * c["TW"]))
         _per_block_cast_lossless_words_kernel[grid](
