@@ -19,7 +19,9 @@ CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, pa
 # the looping kernel (TILES: chunks of consecutive tiles per program; PERSIST: get_num_sms() * PERSIST programs, 4
 # SMs on the CPU) with its prefetch, on the PRMT and the default fast path
 LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=True), dict(PERSIST=1, PRMT=True),
-                   dict(PERSIST=3, PRMT=True)]
+                   dict(PERSIST=3, PRMT=True),
+                   # the compiler-pipelined walk (a while loop under the interpreter, tl.range + cp.async on GPUs)
+                   dict(PERSIST=3, PRMT=True, PIPE=3), dict(TILES=5, PIPE=3)]
 CANDIDATES = [dict(PRMT=True), dict(PAIR64=True), dict(PRMT=True, PAIR64=True)] + LOOP_CANDIDATES
 
 

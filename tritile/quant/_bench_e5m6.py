@@ -87,7 +87,15 @@ _TUNE_LOSSLESS = {
                dict(_LOOP, TILES=8, maxnreg=128), dict(_LOOP, TILES=4, num_warps=2), dict(_LOOP, TILES=8, num_warps=2),
                dict(_LOOP, TILES=4, TW=64, maxnreg=80), dict(_LOOP, TILES=8, TW=64, maxnreg=80),
                dict(_LOOP, TILES=4, TW=64, maxnreg=96), dict(_LOOP, PERSIST=16, maxnreg=128),
-               dict(_LOOP, PERSIST=10, num_warps=2), dict(_LOOP, PERSIST=24, TW=64, maxnreg=80)],
+               dict(_LOOP, PERSIST=10, num_warps=2), dict(_LOOP, PERSIST=24, TW=64, maxnreg=80),
+               # session 7: PIPE, the walk as a tl.range loop that Triton software-pipelines (cp.async copies of the
+               # next PIPE - 1 tiles into shared memory: bytes in flight without registers).  sm_90a: PIPE=3 1 warp 127
+               # registers (4 warps per scheduler: PERSIST 16), 5.12 instructions per value in the loop; PIPE=4 162
+               # (3: PERSIST 12); 2 warps [4, 128] 91 (5: PERSIST 10); 2 warps [8, 128] 126 (4: PERSIST 8); caps of
+               # 96 / 80 on the 1-warp tile spill (11 LDL per tile)
+               dict(_LOOP, PERSIST=16, PIPE=3), dict(_LOOP, PERSIST=12, PIPE=4), dict(_LOOP, PERSIST=10, PIPE=3, num_warps=2),
+               dict(_LOOP, PERSIST=8, PIPE=3, TM=8, num_warps=2), dict(_LOOP, PERSIST=10, PIPE=4, num_warps=2),
+               dict(_LOOP, PERSIST=32, PIPE=3), dict(_LOOP, TILES=8, PIPE=3), dict(_LOOP, TILES=16, PIPE=3)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
