@@ -20,7 +20,9 @@ _WORDS = [dict(WORDS=True, HMUL_ENC=False), dict(WORDS=True, HMUL_ENC=True), dic
           # speed-only candidates (same bits): row strides as constexprs, the round_sf-off scales by in-range divisions
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True), dict(WORDS=True, HMUL_ENC=True, FAST_DIV=True),
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True),
-          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64, VEC=8)]
+          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64, VEC=8),
+          # the session-6 GPU default (both off; on by default since session 7)
+          dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=False, FAST_DIV=False)]
 
 
 def _data(m, k, device, stride=None):

@@ -48,10 +48,11 @@ _TUNE_CHANNEL = [
     # two IEEE divisions of each column's scales on a's mantissa, the fast path of div.rn without its range check and
     # slow-path call) 96, 7.05; both 96 / 94, 6.05 / 4.96; with maxnreg=80 (6 blocks per SM) 80 / 80, 6.24 / 5.01, a
     # 32-byte / no spill; BLOCK_K=64 56 / 48 registers (9 / 10 blocks of 4 warps per SM), 8.03 / 6.36; 8 warps
-    # 57 / 57, 8.16 / 6.48
-    dict(STATIC_STRIDES=True), dict(FAST_DIV=True), dict(STATIC_STRIDES=True, FAST_DIV=True),
-    dict(STATIC_STRIDES=True, FAST_DIV=True, maxnreg=80), dict(STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64),
-    dict(STATIC_STRIDES=True, FAST_DIV=True, num_warps=8),
+    # 57 / 57, 8.16 / 6.48.  Session-7 sweep (CUPTI, round_sf off, per_channel_cast / _fused): both 24.99 / 24.96 us
+    # (the new default), STATIC_STRIDES 25.03 / 25.12, FAST_DIV 25.12 / 25.10, neither (the session-6 default) 25.28 /
+    # 25.28, HMUL_ENC=False 25.09 / 25.22, maxnreg=88 25.61 / 25.80
+    dict(STATIC_STRIDES=False, FAST_DIV=False), dict(STATIC_STRIDES=False), dict(FAST_DIV=False),
+    dict(maxnreg=80),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),

@@ -319,9 +319,9 @@ def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: to
 
 
 def _words_candidates(c: dict, x: torch.Tensor, out: torch.Tensor) -> dict:
-    """The WORDS kernel's speed-only candidate constexprs from the config (absent keys: off; the default launch
-    passes none of them, so its compiled kernel is unchanged): ``STATIC_STRIDES`` (x's and out's row strides as
-    constexprs: one compile per stride pair) and ``FAST_DIV`` (see ``_per_channel_cast_words_kernel``)."""
+    """The WORDS kernel's speed-only constexprs from the config (same bits; absent keys: off): ``STATIC_STRIDES``
+    (x's and out's row strides as constexprs: one compile per stride pair) and ``FAST_DIV`` (see
+    ``_per_channel_cast_words_kernel``); both on by default since session 7."""
     extra = {}
     if c.get("STATIC_STRIDES", False):
         extra.update(SXM=x.stride(0) // 2, SOM=out.stride(0) // 2)
@@ -343,7 +343,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
     kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
-    only, off by default, same bits): see ``_words_candidates``.  sm_90a figures at 4096 x 7168
+    only, on with it by default since session 7, same bits): see ``_words_candidates``.  sm_90a figures at 4096 x 7168
     (scripts/per_channel_sass.py; registers, SASS instructions per element, round_sf off / on), [128, 128] x 4
     warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
     94 / 96, 8.24 / 5.97 (5 blocks per SM instead of 4: 1.25x the bytes in flight); with maxnreg=80: 80
@@ -373,11 +373,14 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         one_pass = not has_sf
         cfg = cfg._replace(block_k=128, rows_per_step=128 if one_pass else 32)
     # WORDS + HMUL_ENC (bf16 x without an input sf; the GPU default since session 6): CUPTI at 4096 x 7168, round_sf
-    # off / on, 25.22 / 25.06 us against 26.52 / 26.39 (per_channel_cast_fused: 25.17 against 26.66)
+    # off / on, 25.22 / 25.06 us against 26.52 / 26.39 (per_channel_cast_fused: 25.17 against 26.66).  Session 7:
+    # + STATIC_STRIDES + FAST_DIV, 24.99 / 24.96 us (per_channel_cast / _fused, round_sf off) against 25.28 / 25.28
+    # for WORDS + HMUL_ENC in the same sweep (TileKernels 25.1 / 25.0); same bits (the division's exhaustive GPU test)
+    words = gpu and not has_sf
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
-                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": gpu and not has_sf,
-                     "HMUL_ENC": gpu and not has_sf,
+                     "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": words,
+                     "HMUL_ENC": words, "STATIC_STRIDES": words, "FAST_DIV": words,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
