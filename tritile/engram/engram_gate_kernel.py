@@ -571,14 +571,22 @@ def _gang_post(go_ptr, v_ptr, gate_ptr, gv_ptr, part_ptr, cnt_ptr, t, ok, j, NT,
 
 
 @triton.jit
+def _gang_wait(ptr, target):
+    """Wait until the counter at ``ptr`` reaches ``target``, by acquire loads (Triton lowers an atomic add of 0 to
+    ``ld.acquire.gpu``; an acquire load whose value is unused is dropped, so every poll is one), which order the
+    reads after them; a barrier then holds every thread of the program."""
+    c = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    while c < target:
+        c = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
 def _gang_gamma(part_ptr, cnt_ptr, t, NT, HC_P2: tl.constexpr, NT_P2: tl.constexpr):
     """gamma of token ``t`` ([HC_P2]): waits (GPU) until all NT tiles posted, then sums their partials in a fixed
     order (the same in every program, so every tile of the token uses the same gamma)."""
     if not EMULATE:
-        c = tl.atomic_add(cnt_ptr + t, 0, sem="acquire", scope="gpu")
-        while c < NT:
-            c = tl.atomic_add(cnt_ptr + t, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+        _gang_wait(cnt_ptr + t, NT)
     jj = tl.arange(0, NT_P2)
     hh = tl.arange(0, HC_P2)
     parts = tl.load(part_ptr + (t * NT + jj[:, None]) * HC_P2 + hh[None, :], mask=(jj < NT)[:, None], other=0.0,
@@ -642,10 +650,7 @@ def _engram_gate_bwd_gang_kernel(
         tl.store(gw_tile, acc, mask=mask)
     else:
         if not EMULATE:  # the interpreter has run slice s - 1 already
-            c = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-            while c < sl:
-                c = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-            tl.debug_barrier()
+            _gang_wait(flag, sl)
         tl.store(gw_tile, tl.load(gw_tile, mask=mask, other=0.0, cache_modifier=".cg") + acc, mask=mask)
     if not EMULATE:
         tl.debug_barrier()
