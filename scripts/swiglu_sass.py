@@ -11,6 +11,7 @@ and barriers in it, and the count per element of one thread (per column for the 
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -58,6 +59,10 @@ def compile_variant(op: str, over: dict):
         if k not in LAUNCH_ONLY and k != "WORDS":
             consts[k] = v
     consts["PDL"] = True  # as launched on sm_90+ (tritile.language.pdl)
+    # constexpr parameters left out take their defaults (compile_kernel would make them run-time i32 arguments)
+    for name, par in inspect.signature(fn.fn).parameters.items():
+        if name not in consts and par.default is not inspect.Parameter.empty:
+            consts[name] = par.default
     k = compile_kernel(fn, sig, consts, DIV16, num_warps=cfg["num_warps"], enable_fp_fusion=False,
                        maxnreg=cfg.get("maxnreg") or None)
     return k, per, cfg

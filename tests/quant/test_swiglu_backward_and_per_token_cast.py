@@ -260,7 +260,14 @@ def test_bad_inputs(device):
 _ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
 _CANDIDATE_CASES = [(_ALL_CANDIDATES, 128, False, 0.5, True), (_ALL_CANDIDATES, 32, True, None, True),
                     (_ALL_CANDIDATES, 32, False, 0.0, False), (dict(FUSED_BWD=4), 32, False, 0.5, True),
-                    (dict(INT_SCALE=True), 32, False, 0.5, True)]
+                    (dict(INT_SCALE=True), 32, False, 0.5, True),
+                    # SPLIT_STORE / L2_PREFETCH (session 7): the bf16 stores as each thread's two 16-byte halves;
+                    # bulk L2 prefetches D chunks ahead (a no-op under the interpreter; scripts/compile_check.sh
+                    # compiles it).  CH=128 and BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four
+                    # rows a program, so the chunk loop and the unrolled prefetch loops run twice or more (D=3)
+                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True), 32, False, 0.5, True),
+                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True, L2_PREFETCH=3, CH=128, BLOCK_R=4), 32, False, 0.5, True),
+                    (dict(SPLIT_STORE=True, L2_PREFETCH=1, CH=128, BLOCK_R=4), 32, True, None, False)]
 
 
 @pytest.mark.parametrize("path,npc,packed_sf,clamp,rnd", _CANDIDATE_CASES,
@@ -282,6 +289,28 @@ def test_candidate_paths(device, path, npc, packed_sf, clamp, rnd):
         res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
                                                  num_per_channels=npc, round_sf=rnd, swiglu_clamp_value=clamp)
     _check(res, x, g, w, d, npc, rnd, clamp)
+
+
+@pytest.mark.parametrize("path", [dict(SPLIT_STORE=True), dict(SPLIT_STORE=True, L2_PREFETCH=2)],
+                         ids=["split_store", "split_store-l2_prefetch2"])
+def test_store_prefetch_candidates_same_bits(device, path):
+    """SPLIT_STORE / L2_PREFETCH change where and how the bytes are stored and loaded, never a value: every output,
+    weight_grad included, bitwise equal to the same launch without them (CH=128 on the CPU: two chunks a row)."""
+    from tritile.runtime import override_config
+
+    npc = 32  # rows aligned to 32: few interpreter rows
+    hidden = pick(cpu=256, gpu=2048)
+    d, x, w, g = _data((6, 72, 8), hidden, npc, device)
+    base = dict(CH=128) if device.type == "cpu" else {}
+    outs = []
+    for cfg in (base, dict(base, **path)):
+        with override_config("swiglu_backward_and_per_token_cast", **cfg):
+            out, (dq, dsf), xg, wg = swiglu_backward_and_per_token_cast(
+                x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], num_per_channels=npc, round_sf=True,
+                swiglu_clamp_value=0.5)
+        outs.append((out, dq, dsf, xg, wg))
+    for a, b in zip(*outs):
+        assert_equal(a, b)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
