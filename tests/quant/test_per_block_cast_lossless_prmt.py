@@ -22,7 +22,10 @@ LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=T
                    dict(PERSIST=3, PRMT=True),
                    # the compiler-pipelined walk (a while loop under the interpreter, tl.range + cp.async on GPUs)
                    dict(PERSIST=3, PRMT=True, PIPE=3), dict(TILES=5, PIPE=3)]
-CANDIDATES = [dict(PRMT=True), dict(PAIR64=True), dict(PRMT=True, PAIR64=True)] + LOOP_CANDIDATES
+# TILES=0 / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + TILES=1 since session 7 (PAIR64 is a 2-D grid
+# word-kernel option); dict(PRMT=False, TILES=0) is the default before
+CANDIDATES = [dict(PRMT=True, TILES=0), dict(PAIR64=True, TILES=0), dict(PRMT=True, PAIR64=True, TILES=0),
+              dict(PRMT=False, TILES=0)] + LOOP_CANDIDATES
 
 
 def _prmt_model(a: int, b: int, c: int) -> int:

@@ -74,28 +74,20 @@ _TUNE_CAST_BACK = [
 # that fit (1 warp at 128 regs: 16; 2 warps at 96: 10; 1 warp at 80: 24), or the extra programs run after the rest.
 _PRMT_PAIR = dict(PRMT=True, PAIR64=True)
 _LOOP = dict(PRMT=True)
+# (1, 128): the GPU default is PRMT + TILES=1 since session 7 (``_gpu_defaults``).  Session-7 sweeps (CUPTI, us):
+# PRMT TILES=1 26.88 / 26.87; PRMT PERSIST=16 maxnreg=128 26.93 (prefetch by hand); PRMT on the 2-D grid 27.20 /
+# 27.38; PRMT PERSIST=16 PIPE=3 27.90 (compiler pipelining through shared memory); PRMT PERSIST=24 TW=64 maxnreg=80
+# 28.15; PRMT maxnreg=80 28.23; PRMT PERSIST=32 PIPE=3 28.36; the word kernel without PRMT (the default before)
+# 28.53 / 28.57; PRMT+PAIR64 maxnreg=80 28.74; TILES=8 maxnreg=128 28.88.  Dropped after losing by 4-1000 % in both
+# sweeps: every [8 | 16 | 32 | 64]-row tile, TW=64 and TW=256 tiles, 2-warp loops, TILES 2 / 4, PIPE 4, PIPE at 2
+# warps, PIPE with TILES, PAIR64 without a cap.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
+# the 1-warp [4, 128] program is not latency-bound after all; what bounds it at ~83 % of copy is open (Nsight next).
+_OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
-    (1, 128): [dict(TM=8), dict(TM=8, num_warps=2), dict(TM=32, num_warps=8), dict(TM=32), dict(TW=64, num_warps=2),
-               dict(TW=64, TM=32), dict(TW=64, TM=32, num_warps=8), dict(TM=4, num_warps=1),
-               dict(TM=4, TW=128, num_warps=2), dict(TW=256, TM=8), dict(TW=256, TM=8, num_warps=8),
-               dict(TW=32, TM=64, num_warps=4), dict(TM=16, num_warps=8), dict(TM=64, num_warps=8),
-               dict(WORDS=False), dict(WORDS=False, TM=32, TK=512, num_warps=8),
-               dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80),
-               dict(_PRMT_PAIR, maxnreg=72), dict(_PRMT_PAIR, TW=64), dict(_PRMT_PAIR, TM=8, num_warps=2),
-               dict(_PRMT_PAIR, TM=8, num_warps=2, maxnreg=80),
-               dict(_LOOP, TILES=1), dict(_LOOP, TILES=2), dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=128),
-               dict(_LOOP, TILES=8, maxnreg=128), dict(_LOOP, TILES=4, num_warps=2), dict(_LOOP, TILES=8, num_warps=2),
-               dict(_LOOP, TILES=4, TW=64, maxnreg=80), dict(_LOOP, TILES=8, TW=64, maxnreg=80),
-               dict(_LOOP, TILES=4, TW=64, maxnreg=96), dict(_LOOP, PERSIST=16, maxnreg=128),
-               dict(_LOOP, PERSIST=10, num_warps=2), dict(_LOOP, PERSIST=24, TW=64, maxnreg=80),
-               # session 7: PIPE, the walk as a tl.range loop that Triton software-pipelines (cp.async copies of the
-               # next PIPE - 1 tiles into shared memory: bytes in flight without registers).  sm_90a: PIPE=3 1 warp 127
-               # registers (4 warps per scheduler: PERSIST 16), 5.12 instructions per value in the loop; PIPE=4 162
-               # (3: PERSIST 12); 2 warps [4, 128] 91 (5: PERSIST 10); 2 warps [8, 128] 126 (4: PERSIST 8); caps of
-               # 96 / 80 on the 1-warp tile spill (11 LDL per tile)
-               dict(_LOOP, PERSIST=16, PIPE=3), dict(_LOOP, PERSIST=12, PIPE=4), dict(_LOOP, PERSIST=10, PIPE=3, num_warps=2),
-               dict(_LOOP, PERSIST=8, PIPE=3, TM=8, num_warps=2), dict(_LOOP, PERSIST=10, PIPE=4, num_warps=2),
-               dict(_LOOP, PERSIST=32, PIPE=3), dict(_LOOP, TILES=8, PIPE=3), dict(_LOOP, TILES=16, PIPE=3)],
+    (1, 128): [_OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
+               dict(PERSIST=16, TILES=0, PIPE=3), dict(PERSIST=32, TILES=0, PIPE=3),
+               dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
+               dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
