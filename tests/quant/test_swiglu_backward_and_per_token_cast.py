@@ -261,13 +261,11 @@ _ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
 _CANDIDATE_CASES = [(_ALL_CANDIDATES, 128, False, 0.5, True), (_ALL_CANDIDATES, 32, True, None, True),
                     (_ALL_CANDIDATES, 32, False, 0.0, False), (dict(FUSED_BWD=4), 32, False, 0.5, True),
                     (dict(INT_SCALE=True), 32, False, 0.5, True),
-                    # SPLIT_STORE / L2_PREFETCH (session 7): the bf16 stores as each thread's two 16-byte halves;
-                    # bulk L2 prefetches D chunks ahead (a no-op under the interpreter; scripts/compile_check.sh
-                    # compiles it).  CH=128 and BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four
-                    # rows a program, so the chunk loop and the unrolled prefetch loops run twice or more (D=3)
+                    # SPLIT_STORE (session 7): the bf16 stores as each thread's two 16-byte halves.  CH=128 and
+                    # BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four rows a program
                     (dict(_ALL_CANDIDATES, SPLIT_STORE=True), 32, False, 0.5, True),
-                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True, L2_PREFETCH=3, CH=128, BLOCK_R=4), 32, False, 0.5, True),
-                    (dict(SPLIT_STORE=True, L2_PREFETCH=1, CH=128, BLOCK_R=4), 32, True, None, False)]
+                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, False, 0.5, True),
+                    (dict(SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, True, None, False)]
 
 
 @pytest.mark.parametrize("path,npc,packed_sf,clamp,rnd", _CANDIDATE_CASES,
@@ -291,10 +289,9 @@ def test_candidate_paths(device, path, npc, packed_sf, clamp, rnd):
     _check(res, x, g, w, d, npc, rnd, clamp)
 
 
-@pytest.mark.parametrize("path", [dict(SPLIT_STORE=True), dict(SPLIT_STORE=True, L2_PREFETCH=2)],
-                         ids=["split_store", "split_store-l2_prefetch2"])
+@pytest.mark.parametrize("path", [dict(SPLIT_STORE=True)], ids=["split_store"])
 def test_store_prefetch_candidates_same_bits(device, path):
-    """SPLIT_STORE / L2_PREFETCH change where and how the bytes are stored and loaded, never a value: every output,
+    """SPLIT_STORE changes how the bytes are stored, never a value: every output,
     weight_grad included, bitwise equal to the same launch without them (CH=128 on the CPU: two chunks a row)."""
     from tritile.runtime import override_config
 

@@ -194,15 +194,11 @@ _BWD_TUNE = (
     + [dict(maxnreg=None), dict(maxnreg=96), dict(maxnreg=80)]
     # the 2-warp layout with the cuts (weight_grad order unchanged: same bits)
     + [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]
-    # Session 7 (same bits, untimed): SPLIT_STORE stores the three bf16 tiles as each thread's two 16-byte halves,
-    # without the 24 SHFL.IDX + 48 SEL per chunk of the plain store's lane exchange (the loop's SHFL 37 -> 13): 56.6 ->
-    # 52.1 per column (the chunk loop's fast path, as the 56.6 of the default), 110 registers (108 uncapped; cap 96: 24
-    # bytes of stack, 52.6).  L2_PREFETCH=D bulk-prefetches into L2 (cp.async.bulk.prefetch.L2: one uniform UBLKPF per
-    # region, no registers) the codes and grad_out of chunk c + D at chunk c, and the float32 scale rows at a row's
-    # start: with SPLIT_STORE 53.4 per column, 112 registers (125 at cap 128), no stack; without it 58.4
-    + [dict(SPLIT_STORE=True), dict(SPLIT_STORE=True, maxnreg=None), dict(SPLIT_STORE=True, maxnreg=96)]
-    + [dict(SPLIT_STORE=True, L2_PREFETCH=d) for d in (1, 2, 3)]
-    + [dict(SPLIT_STORE=True, L2_PREFETCH=2, maxnreg=128), dict(L2_PREFETCH=2)]
+    # Session 7 (same bits): SPLIT_STORE stores the three bf16 tiles as each thread's two 16-byte halves, without the
+    # 24 SHFL.IDX + 48 SEL per chunk of the plain store's lane exchange (the loop's SHFL 37 -> 13): 56.6 -> 52.1 sm_90a
+    # instructions per column, 110 registers; CUPTI 899.9 us against 884.4 for the default (uncapped 925.1, cap 96
+    # 955.0).  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2, no registers) lost: 939-1063 us; removed.
+    + [dict(SPLIT_STORE=True)]
 )
 
 

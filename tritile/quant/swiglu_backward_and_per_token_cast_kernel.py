@@ -96,52 +96,6 @@ def _store_bf16_split(ptr, rows, stride, c0, v, row_ok, H: tl.constexpr, BLOCK_R
     tl.store(ptr + rows[None, None, :, None] * stride + cols, vs, mask=m)
 
 
-# lane 0 of the warp, where $1 != 0: a bulk L2 prefetch of $3 bytes at $2 (sm_90; ptxas makes it one uniform UBLKPF)
-_PREFETCH_L2 = tl.constexpr("{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
-                            "setp.ne.and.u32 p, $1, 0, p; @p cp.async.bulk.prefetch.L2.global [$2], $3; "
-                            "mov.u32 $0, 0; }")
-
-
-@triton.jit
-def _prefetch_l2(ok, base, off, nbytes):
-    """A hint: the ``nbytes`` (a multiple of 16) at ``base + off`` into L2 where ``ok`` and ``base`` is 16-byte aligned
-    (the bulk prefetch's requirement, strided views may miss it; ``off`` a multiple of 16 bytes); nothing under
-    EMULATE.  The issuing warp holds no registers for it and does not wait."""
-    if not EMULATE:
-        on = (ok & (base.to(tl.int64) % 16 == 0)).to(tl.int32)
-        tl.inline_asm_elementwise(_PREFETCH_L2, "=r,r,l,r", [on, (base + off).to(tl.int64), nbytes], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_chunk_l2(q_ptr, g_ptr, rb, num_rows, cn, stride_qm, stride_gm, H: tl.constexpr, BLOCK_R: tl.constexpr,
-                       CH: tl.constexpr):
-    """L2 prefetches of the codes (both halves) and grad_out of columns ``[cn, cn + CH)`` of the row block's rows
-    (where ``cn < H``; the launcher asks H % CH == 0, so a chunk never crosses the row end)."""
-    for i in tl.static_range(BLOCK_R):
-        r = rb.to(tl.int64) * BLOCK_R + i
-        ok = (r < num_rows) & (cn < H)
-        qr = q_ptr + r * stride_qm
-        _prefetch_l2(ok, qr, cn, CH)
-        _prefetch_l2(ok, qr, cn + H, CH)
-        _prefetch_l2(ok, g_ptr + r * stride_gm, cn, 2 * CH)
-
-
-@triton.jit
-def _prefetch_row_start_l2(q_ptr, sfx_ptr, g_ptr, rb, num_rows, stride_qm, stride_sfm, stride_sfk, stride_gm,
-                           H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, BLOCK_R: tl.constexpr,
-                           CH: tl.constexpr, D: tl.constexpr):
-    """At a row block's start: chunks 1 .. D-1 (the loop prefetches chunk c + D at chunk c) and, for float32 scales
-    with unit column stride, the rows' whole scale rows (both halves: 2 H / NPC floats), into L2."""
-    for j in tl.static_range(1, D):
-        _prefetch_chunk_l2(q_ptr, g_ptr, rb, num_rows, j * CH, stride_qm, stride_gm, H, BLOCK_R, CH)
-    SF_BYTES: tl.constexpr = 8 * (H // NPC)
-    if not SF_PACKED and SF_BYTES % 16 == 0:
-        for i in tl.static_range(BLOCK_R):
-            r = rb.to(tl.int64) * BLOCK_R + i
-            _prefetch_l2((r < num_rows) & (stride_sfk == 1), sfx_ptr + r * stride_sfm, 0, SF_BYTES)
-
-
 @triton.jit
 def _recip_rn(t):
     """``div_rn(1, t)``: the IEEE reciprocal ``rcp.rn`` on GPUs (correctly rounded, so identical)."""
@@ -365,8 +319,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
         RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr,
         ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
-        INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False,
-        L2_PREFETCH: tl.constexpr = 0, PDL: tl.constexpr = False):
+        INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -387,10 +340,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
     flags as ``set`` masks, grad_out widened in the block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one
     ``min.NaN.xorsign.abs.f32``; INT_SCALE (ROUND_SF) dx's power-of-two scales from amax's bits.  Under the
     interpreter FUSED_BWD runs its element-wise stand-in.  SPLIT_STORE: the bf16 stores (out, both x_grad halves) as
-    ``_store_bf16_split`` (each thread's two 16-byte halves from its own registers; no lane exchange).  L2_PREFETCH=D
-    (GPU; a no-op under the interpreter): bulk L2 prefetches of the codes and grad_out of chunk c + D at chunk c, and
-    at a row block's start of chunks 1 .. D-1 and the float32 scale rows (``_prefetch_row_start_l2``): more bytes in
-    flight without registers; only hints, so the values are unchanged."""
+    ``_store_bf16_split`` (each thread's two 16-byte halves from its own registers; no lane exchange; session 7:
+    899.9 us CUPTI against 884.4 for the default).  Bulk L2 prefetches of the chunks ahead (cp.async.bulk.prefetch.L2)
+    were tried in session 7 and removed: 939-1063 us."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
     HG: tl.constexpr = H // NPC  # k-blocks of one half
@@ -426,9 +378,6 @@ def _swiglu_backward_and_per_token_cast_kernel(
             w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
         w3 = w[:, None, None]
         rowsum = tl.zeros([BLOCK_R], tl.float32)
-        if L2_PREFETCH > 0:
-            _prefetch_row_start_l2(q_ptr, sfx_ptr, g_ptr, rb, num_rows, stride_qm, stride_sfm, stride_sfk, stride_gm,
-                                   H, NPC, SF_PACKED, BLOCK_R, CH, L2_PREFETCH)
         if TILE_ROWSUM:
             rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
         elif ROWSUM_PAIRS:
@@ -439,9 +388,6 @@ def _swiglu_backward_and_per_token_cast_kernel(
             gy = gx + HG
             m = row_ok[:, None] & (cols < H)[None, :]
             gm = row_ok[:, None] & (gx < HG)[None, :]
-            if L2_PREFETCH > 0:  # chunk c0 + L2_PREFETCH * CH of the row block into L2
-                _prefetch_chunk_l2(q_ptr, g_ptr, rb, num_rows, c0 + L2_PREFETCH * CH, stride_qm, stride_gm, H,
-                                   BLOCK_R, CH)
             if PREFETCH:
                 qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
                 # the next chunk of this row block, or after the last one the next row block's first
@@ -600,7 +546,6 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             XORSIGN_CLAMP=bool(cfg.get("XORSIGN_CLAMP", False)),
             INT_SCALE=bool(cfg.get("INT_SCALE", False)) and round_sf,
             SPLIT_STORE=bool(cfg.get("SPLIT_STORE", False)) and cfg["CH"] >= 16,
-            L2_PREFETCH=int(cfg.get("L2_PREFETCH", 0) or 0) if H % cfg["CH"] == 0 and cfg["CH"] % 16 == 0 else 0,
             num_warps=cfg["num_warps"],
             enable_fp_fusion=False,  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
             **extra, **pdl_args(out.device))
