@@ -42,7 +42,8 @@ _GATE_BWD_TUNE = [
 ] + [
     # session 7: the one-pass gang kernel (grad_out read once: 2.52 GB against 2.98; gamma and grad_w_partial summed
     # in another order, so "output differs" in the last bits).  sm_90a registers at hc=4: [4, 512] x 4 warps 146
-    # (3 blocks per SM), x 8 warps 127 (2), [4, 256] x 4 warps 112 (4), [4, 128] x 2 warps 111 (8)
+    # (3 blocks per SM), x 8 warps 127 (2), [4, 256] x 4 warps 112 (4), [4, 128] x 2 warps 111 (8).  First H200
+    # sweep: correct, but every GANG candidate slower than 808 us (the default 747.7; exact figures not kept)
     dict(GANG=True, BLOCK_D2=b, WARPS2=w, TS=ts, **({} if r is None else dict(maxnreg=r)))
     for b, w, r in ((512, 4, None), (512, 4, 128), (256, 4, None), (256, 4, 96), (512, 8, None), (128, 2, None))
     for ts in (8, 16)
