@@ -153,11 +153,7 @@ def test_engram_gate_bwd_gpu_like_blocks(device, monkeypatch, tok, bd1, bd2):
 
 
 @pytest.mark.parametrize("cfg", [dict(COEF=True, PREFETCH=True, SPLIT=2), dict(COEF=True, PREFETCH=False, SPLIT=1),
-                                 dict(COEF=False),
-                                 # the one-pass gang kernel: 4 H tiles (a partial last one), slices of 3 tokens (a
-                                 # 1-token and an empty slice), of 1 token (every slice chained), of 8 (one slice)
-                                 dict(GANG=True, BLOCK_D2=64, TS=3, WARPS2=2), dict(GANG=True, BLOCK_D2=32, TS=1),
-                                 dict(GANG=True, BLOCK_D2=128, TS=8)])
+                                 dict(COEF=False)])
 @pytest.mark.parametrize("num_sms", [2, 5])
 def test_engram_gate_bwd_variants(device, cfg, num_sms):
     # every bwd code path of the two passes; token chunks of 4 with a partial last one (num_sms=2) and of 2 with
@@ -172,16 +168,6 @@ def test_engram_gate_bwd_variants(device, cfg, num_sms):
             _run_and_check(x, k, v, wh, we, grad_out)
     finally:
         set_num_sms(old)
-
-
-@pytest.mark.parametrize("T,hc,H", gate_shapes(min_hidden=2))
-def test_engram_gate_bwd_gang(device, T, hc, H):
-    # the one-pass gang candidate at the test shapes (TileKernels' on the GPU), at its sweep configs
-    x, k, v, wh, we = make_gate_data(T, hc, H, device)
-    grad_out = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
-    with override_config("engram_gate_bwd", GANG=True, BLOCK_D2=min(512, max(16, 1 << (H - 1).bit_length())),
-                         WARPS2=4, TS=8):
-        _run_and_check(x, k, v, wh, we, grad_out)
 
 
 def test_engram_gate_bwd_opcheck(device):

@@ -39,14 +39,6 @@ _GATE_BWD_TUNE = [
     dict(SPLIT=2, PREFETCH=True, WARPS2=8), dict(PREFETCH=True), dict(WARPS2=8),
     dict(BLOCK_D2=256), dict(BLOCK_D2=256, WARPS2=2), dict(BLOCK_D2=1024, WARPS2=8),
     dict(COEF=False), dict(COEF=False, BLOCK_D2=256),
-] + [
-    # session 7: the one-pass gang kernel (grad_out read once: 2.52 GB against 2.98; gamma and grad_w_partial summed
-    # in another order, so "output differs" in the last bits).  sm_90a registers at hc=4: [4, 512] x 4 warps 146
-    # (3 blocks per SM), x 8 warps 127 (2), [4, 256] x 4 warps 112 (4), [4, 128] x 2 warps 111 (8).  First H200
-    # sweep: correct, but every GANG candidate slower than 808 us (the default 747.7; exact figures not kept)
-    dict(GANG=True, BLOCK_D2=b, WARPS2=w, TS=ts, **({} if r is None else dict(maxnreg=r)))
-    for b, w, r in ((512, 4, None), (512, 4, 128), (256, 4, None), (256, 4, 96), (512, 8, None), (128, 2, None))
-    for ts in (8, 16)
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

@@ -26,7 +26,10 @@ token blocks with a gamma phase and an L2-hit second phase (1001 us at best); an
 interleaved across token blocks (1375 us at best; the configurations with enough bytes in flight need ~250
 registers).  A fourth, both passes per launch chunk of tokens so that pass 2 re-reads grad_out from L2 (same bits),
 took 865-1183 us (2026-11-30, session 6: the launches' ramps and tails and the grad_w_partial read-modify-write
-cost more than the L2 hits saved).  benchmarks/NOTES.md has the figures.
+cost more than the L2 hits saved).  A fifth, one pass in "gangs" (session 7: units of 8-16 tokens run by one program
+per H tile, exchanging partial gammas through global memory with release/acquire counters), was correct on the H200
+and took 1429-3666 us (the per-token polling kept the memory pipes busy at 13 % of DRAM throughput).
+benchmarks/NOTES.md has the figures.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import triton.language as tl
 
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
-from ..language.cast import EMULATE
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
@@ -535,128 +537,6 @@ def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_
         j += SPLIT
 
 
-# ---- one-pass "gang" backward (candidate GANG, off by default) ----
-
-@triton.jit
-def _gang_post(go_ptr, v_ptr, gate_ptr, gv_ptr, part_ptr, cnt_ptr, t, ok, j, NT, H, hc, s_g0, s_g1, s_v0, s_gv0,
-               HC_P2: tl.constexpr, NT_P2: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Token ``t`` (where ``ok``) of tile ``j``: grad_v's tile (sum_h g_h G_h), the partial gamma ``sum_d G_d v_d``
-    of the tile's columns stored at ``part[t, j, :]``, then (GPU) a release increment of ``cnt[t]``.  The token's
-    second half loads grad_out's tile again (an L1 / L2 hit, no registers held across).  Under EMULATE (the interpreter runs programs one after
-    another, so no program can wait for a later one) the program posts every tile's partial of the token itself,
-    by the same code, and nothing waits."""
-    hh = tl.arange(0, HC_P2)
-    hmask = (hh < hc) & ok
-    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = hmask[:, None] & (d < H)[None, :]
-    go_b = tl.load(go_ptr + t * s_g0 + hh[:, None] * s_g1 + d[None, :], mask=m, other=0)
-    go = bf16_bits_to_f32(go_b)
-    v = bf16_bits_to_f32(tl.load(v_ptr + t * s_v0 + d, mask=(d < H) & ok, other=0))
-    gate = tl.load(gate_ptr + t * hc + hh, mask=hmask, other=0.0)
-    tl.store(gv_ptr + t * s_gv0 + d, f32_to_bf16_bits(tl.sum(gate[:, None] * go, axis=0)), mask=(d < H) & ok)
-    if EMULATE:
-        jj = 0
-        while jj < NT:
-            dj = jj * BLOCK_D + tl.arange(0, BLOCK_D)
-            mj = hmask[:, None] & (dj < H)[None, :]
-            goj = bf16_bits_to_f32(tl.load(go_ptr + t * s_g0 + hh[:, None] * s_g1 + dj[None, :], mask=mj, other=0))
-            vj = bf16_bits_to_f32(tl.load(v_ptr + t * s_v0 + dj, mask=(dj < H) & ok, other=0))
-            tl.store(part_ptr + (t * NT + jj) * HC_P2 + hh, tl.sum(goj * vj[None, :], axis=1), mask=hmask)
-            jj += 1
-    else:
-        tl.store(part_ptr + (t * NT + j) * HC_P2 + hh, tl.sum(go * v[None, :], axis=1), mask=hmask)
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        if ok:
-            tl.atomic_add(cnt_ptr + t, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _gang_wait(ptr, target):
-    """Wait until the counter at ``ptr`` reaches ``target``, by acquire loads (Triton lowers an atomic add of 0 to
-    ``ld.acquire.gpu``; an acquire load whose value is unused is dropped, so every poll is one), which order the
-    reads after them; a barrier then holds every thread of the program."""
-    c = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    while c < target:
-        c = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _gang_gamma(part_ptr, cnt_ptr, t, NT, HC_P2: tl.constexpr, NT_P2: tl.constexpr):
-    """gamma of token ``t`` ([HC_P2]): waits (GPU) until all NT tiles posted, then sums their partials in a fixed
-    order (the same in every program, so every tile of the token uses the same gamma)."""
-    if not EMULATE:
-        _gang_wait(cnt_ptr + t, NT)
-    jj = tl.arange(0, NT_P2)
-    hh = tl.arange(0, HC_P2)
-    parts = tl.load(part_ptr + (t * NT + jj[:, None]) * HC_P2 + hh[None, :], mask=(jj < NT)[:, None], other=0.0,
-                    cache_modifier=".cg")
-    return tl.sum(parts, axis=0)
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_gang_kernel(
-    go_ptr, x_ptr, k_ptr, v_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr,
-    gx_ptr, gk_ptr, gv_ptr, gw_ptr, part_ptr, cnt_ptr, done_ptr,
-    T, hc, H, hidden_f, tokens_per_chunk, slices, NT, clamp_value, scale,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_v0, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gv0, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, NT_P2: tl.constexpr, BLOCK_D: tl.constexpr, TS: tl.constexpr, PDL: tl.constexpr = False
-):
-    """One pass (grad_out read once).  Unit u = (token chunk p, slice s of TS tokens) is run by NT consecutive
-    programs, one per [HC_P2, BLOCK_D] H tile j.  Per token each program posts its partial gamma (``_gang_post``),
-    posts the next token's before waiting for this one's (lookahead 1), sums the NT partials (``_gang_gamma``), then
-    writes grad_x / grad_k of its tile and accumulates delta * x * k.  Row p of grad_w_partial is built slice after
-    slice: slice 0 stores its sum, slice s adds its sum once slice s - 1 has (``done[p, j]``).  In-order dispatch
-    makes this deadlock-free: a program waits only for programs of its own unit and of an earlier unit."""
-    pdl_enter(PDL)
-    pid = tl.program_id(0)
-    u = pid // NT
-    j = pid % NT
-    p = (u // slices).to(tl.int64)
-    sl = u % slices
-    hh = tl.arange(0, HC_P2)
-    hmask = hh < hc
-    d = j * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = hmask[:, None] & (d < H)[None, :]
-    w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
-    c_end = tl.minimum((p + 1) * tokens_per_chunk, T)
-    t0 = p * tokens_per_chunk + sl * TS
-    t1 = tl.minimum(t0 + TS, c_end)
-    acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
-    _gang_post(go_ptr, v_ptr, gate_ptr, gv_ptr, part_ptr, cnt_ptr, t0, t0 < t1, j, NT, H, hc,
-               s_g0, s_g1, s_v0, s_gv0, HC_P2, NT_P2, BLOCK_D)
-    t = t0
-    while t < t1:
-        _gang_post(go_ptr, v_ptr, gate_ptr, gv_ptr, part_ptr, cnt_ptr, t + 1, t + 1 < t1, j, NT, H, hc,
-                   s_g0, s_g1, s_v0, s_gv0, HC_P2, NT_P2, BLOCK_D)
-        go_b = tl.load(go_ptr + t * s_g0 + hh[:, None] * s_g1 + d[None, :], mask=mask, other=0)
-        gamma = _gang_gamma(part_ptr, cnt_ptr, t, NT, HC_P2, NT_P2)
-        sc = t * hc + hh
-        dot = tl.load(dot_ptr + sc, mask=hmask, other=1.0)  # padded heads: no 0/0
-        g = tl.load(gate_ptr + sc, mask=hmask, other=0.0)
-        rx = tl.load(rstd_x_ptr + sc, mask=hmask, other=0.0)
-        rk = tl.load(rstd_k_ptr + sc, mask=hmask, other=0.0)
-        delta, a_x, a_k = _bwd_coefs(gamma, dot, g, rx, rk, clamp_value, scale, hidden_f)
-        x_b = tl.load(x_ptr + t * s_x0 + hh[:, None] * s_x1 + d[None, :], mask=mask, other=0)
-        k_b = tl.load(k_ptr + t * s_k0 + hh[:, None] * s_k1 + d[None, :], mask=mask, other=0)
-        gx, gk, dw = _bwd_tile_math(go_b, x_b, k_b, w, delta, a_x, a_k)
-        tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
-        tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
-        acc += dw
-        t += 1
-    gw_tile = gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :]
-    flag = done_ptr + p * NT + j
-    if sl == 0:
-        tl.store(gw_tile, acc, mask=mask)
-    else:
-        if not EMULATE:  # the interpreter has run slice s - 1 already
-            _gang_wait(flag, sl)
-        tl.store(gw_tile, tl.load(gw_tile, mask=mask, other=0.0, cache_modifier=".cg") + acc, mask=mask)
-    if not EMULATE:
-        tl.debug_barrier()
-        tl.atomic_add(flag, 1, sem="release", scope="gpu")
-
-
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -682,10 +562,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
     division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
-    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.  GANG (off by default): the one-pass
-    ``_engram_gate_bwd_gang_kernel`` ([HC_P2, BLOCK_D2] tiles at WARPS2 warps, units of TS tokens, ``maxnreg``:
-    ptxas' register cap); gamma and
-    grad_w_partial are summed in another order than the two passes' (last-bit differences)."""
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -696,7 +573,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
         # each streaming half of the tiles with token t + 1's tiles prefetched (the default before); same bits
         split, nw2, prefetch = n_tiles, 4, False
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=prefetch, GANG=False, TS=8))
+                                         COEF=True, SPLIT=split, PREFETCH=prefetch))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
@@ -787,10 +664,6 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
             HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
         )
         return grad_x, grad_k, grad_v, grad_w_partial
-    if cfg["GANG"]:
-        _launch_gang(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value,
-                     grad_x, grad_k, grad_v, grad_w_partial, chunk, cfg)
-        return grad_x, grad_k, grad_v, grad_w_partial
     coef = empty((3, T, hc), torch.float32, dev)  # delta, a_x, a_k
     split = max(1, min(int(cfg["SPLIT"]), ceil_div(H, cfg["BLOCK_D2"])))
     _engram_gate_bwd_coef_kernel[(ceil_div(T, cfg["TOK"]),)](
@@ -810,28 +683,6 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
     )
     return grad_x, grad_k, grad_v, grad_w_partial
-
-
-def _launch_gang(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value,
-                 grad_x, grad_k, grad_v, grad_w_partial, chunk, cfg):
-    T, hc, H = hidden_states.shape
-    bd, ts = int(cfg["BLOCK_D2"]), int(cfg["TS"])
-    if bd < 16 or bd & (bd - 1) or ts < 1:
-        raise ValueError(f"bad engram_gate_bwd GANG config {cfg}: BLOCK_D2 a power of two >= 16, TS >= 1")
-    hc_p2, nt, num_parts = next_power_of_two(hc), ceil_div(H, bd), grad_w_partial.shape[0]
-    slices = ceil_div(chunk, ts)
-    part = empty((T, nt, hc_p2), torch.float32, grad_out.device)  # partial gammas per (token, tile)
-    flags = torch.zeros(T + num_parts * nt, dtype=torch.int32, device=grad_out.device)  # cnt per token, done per tile
-    _engram_gate_bwd_gang_kernel[(num_parts * slices * nt,)](
-        bits16(grad_out), bits16(hidden_states), bits16(k), bits16(v), weight_fused, dot, gate_score, rstd_x, rstd_k,
-        bits16(grad_x), bits16(grad_k), bits16(grad_v), grad_w_partial, part, flags, flags[T:],
-        T, hc, H, float(H), chunk, slices, nt, clamp_value, _scale(H),
-        grad_out.stride(0), grad_out.stride(1), hidden_states.stride(0), hidden_states.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
-        grad_k.stride(0), grad_k.stride(1), grad_v.stride(0), grad_w_partial.stride(0), grad_w_partial.stride(1),
-        HC_P2=hc_p2, NT_P2=next_power_of_two(nt), BLOCK_D=bd, TS=ts, num_warps=int(cfg["WARPS2"]),
-        **({} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))), **pdl_args(grad_out.device),
-    )
 
 
 def _bwd_fake(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
