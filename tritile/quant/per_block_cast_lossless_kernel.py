@@ -57,26 +57,8 @@ def _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_si
                                 RM: tl.constexpr, RK: tl.constexpr):
     """``(d, e_out)``: biased exponent ``d`` of each input block's multiplier ``2**(e_in - E)`` ([NIM, NIK];
     0 = multiplier 0.0) and the output exponent ``E`` of each output block ([NIM // RM, NIK // RK])."""
-    NOM: tl.constexpr = NIM // RM
-    NOK: tl.constexpr = NIK // RK
-    ib_m = pid_m * NIM + tl.arange(0, NIM).to(tl.int64)
-    ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
-    ib_ok = (ib_m < MS_IN)[:, None] & (ib_k < KS_IN)[None, :]
-    if IN_PACKED:
-        w = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + (ib_k // 4)[None, :] * stride_sik, mask=ib_ok, other=0)
-        e_in = (w >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
-    else:
-        s = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + ib_k[None, :] * stride_sik, mask=ib_ok, other=0.0)
-        e_in = (s.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
-    # a layout in which every thread holds the whole tensor)
-    e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
-    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
-    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
-    d = tl.reshape(d4, (NIM, NIK))
-    e_out = tl.reshape(e_out4, (NOM, NOK))
-    return d, e_out
+    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
+    return _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
 
 
 @triton.jit
@@ -296,7 +278,7 @@ def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
 @triton.jit
 def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
                        RM: tl.constexpr, RK: tl.constexpr):
-    """``(d, e_out)`` of ``_block_multiplier_exponents`` from the raw scales of ``_tile_sf_raw`` (the same bits)."""
+    """``(d, e_out)`` (see ``_block_multiplier_exponents``) from the raw scales of ``_tile_sf_raw``."""
     NOM: tl.constexpr = NIM // RM
     NOK: tl.constexpr = NIK // RK
     if IN_PACKED:
@@ -304,6 +286,8 @@ def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, N
         e_in = (raw >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
     else:
         e_in = (raw >> 23) & 0xFF
+    # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
+    # a layout in which every thread holds the whole tensor)
     e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
     emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
     e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
