@@ -32,7 +32,7 @@ def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
     bmo, bko = ob
     tm, tw, nw = L._word_tile(bmo, bko, K)
     cfg = {"TM": tm, "TW": tw, "num_warps": nw, "PRMT": False, "PAIR64": False, "TILES": 0, "PERSIST": 0,
-           "PIPE": 0, **over}
+           **over}
     ms_in, ks_in = ceil_div(M, BMI), ceil_div(K, BKI)
     ms_out, ks_out = ceil_div(M, bmo), ceil_div(K, bko)
     ks_out_pad = align(ks_out, 4) if out_packed else ks_out
@@ -51,7 +51,7 @@ def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
         ints.update(NUM_TILES=nmt * nkt, NKT=nkt, NMT=nmt, T_FIRST=1 if cfg["PERSIST"] else cfg["TILES"],
                     T_STEP=g if cfg["PERSIST"] else 1, T_SPAN=nmt * nkt if cfg["PERSIST"] else cfg["TILES"])
     consts = dict(IN_PACKED=in_packed, OUT_PACKED=out_packed, BMI=BMI, BKI=BKI, BMO=bmo, BKO=bko, TM=cfg["TM"],
-                  TW=cfg["TW"], PRMT=cfg["PRMT"], PAIR64=cfg["PAIR64"], PIPE=cfg["PIPE"], PDL=True)
+                  TW=cfg["TW"], PRMT=cfg["PRMT"], PAIR64=cfg["PAIR64"], PDL=True)
     consts.update({n: 1 for n, v in ints.items() if v == 1})  # Triton specializes integer arguments equal to 1
     div16 = {n for n in fn.arg_names if n in ptrs or ints.get(n, 1) % 16 == 0}
     k = compile_kernel(fn, ptrs, consts, div16, num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg") or None)

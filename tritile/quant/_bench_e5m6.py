@@ -80,12 +80,12 @@ _LOOP = dict(PRMT=True)
 # 28.15; PRMT maxnreg=80 28.23; PRMT PERSIST=32 PIPE=3 28.36; the word kernel without PRMT (the default before)
 # 28.53 / 28.57; PRMT+PAIR64 maxnreg=80 28.74; TILES=8 maxnreg=128 28.88.  Dropped after losing by 4-1000 % in both
 # sweeps: every [8 | 16 | 32 | 64]-row tile, TW=64 and TW=256 tiles, 2-warp loops, TILES 2 / 4, PIPE 4, PIPE at 2
-# warps, PIPE with TILES, PAIR64 without a cap.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
-# the 1-warp [4, 128] program is not latency-bound after all; what bounds it at ~83 % of copy is open (Nsight next).
+# warps, PIPE with TILES, PAIR64 without a cap; then PIPE itself (the walk as a Triton-pipelined tl.range loop,
+# cp.async into shared memory) was removed.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
+# the 1-warp [4, 128] program is not latency-bound; Nsight puts it on MIO (the relayouts through shared memory).
 _OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
     (1, 128): [_OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
-               dict(PERSIST=16, TILES=0, PIPE=3), dict(PERSIST=32, TILES=0, PIPE=3),
                dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
                dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),

@@ -19,7 +19,6 @@ import triton.language as tl
 
 from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
 from ..language.pdl import pdl_args, pdl_enter
-from ..language.cast import EMULATE
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, empty, interpreter_configs, tuned)
 from ..config import get_num_sms
@@ -330,43 +329,6 @@ def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr
 
 
 @triton.jit
-def _lossless_tile(x_ptr, sf_in_ptr, out_ptr, sf_out_ptr, t, NKT, M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
-                   stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
-                   IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr, BMI: tl.constexpr, BKI: tl.constexpr,
-                   BMO: tl.constexpr, BKO: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr):
-    """Tile ``t`` of the looping kernel, loads to stores (its PIPE walk: the compiler places the loads)."""
-    TK: tl.constexpr = TW * 8
-    NIM: tl.constexpr = TM // BMI
-    NIK: tl.constexpr = TK // BKI
-    WPB: tl.constexpr = BKI // 8
-    pid_m = (t // NKT).to(tl.int64)
-    pid_k = (t % NKT).to(tl.int64)
-    w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
-    d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, BMO // BMI, BKO // BKI)
-    d4 = tl.reshape(d, (NIM, 1, NIK, 1))
-    bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
-    if bad == 0:
-        if PRMT:
-            lo, hi = _words_e4m3_prmt(w, d4)
-        else:
-            m7 = tl.where(d4 == 0, 0, 0x07070707)
-            b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
-            lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)
-            hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)
-    else:
-        mult = (d4 << 23).to(tl.float32, bitcast=True)
-        lo = tl.zeros_like(w)
-        hi = tl.zeros_like(w)
-        for j in tl.range(0, 4, loop_unroll_factor=1):
-            lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
-            hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
-    _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
-    _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok,
-                      TM // BMO, TK // BKO, OUT_PACKED)
-
-
-@triton.jit
 def _per_block_cast_lossless_loop_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
@@ -374,8 +336,7 @@ def _per_block_cast_lossless_loop_kernel(
     NUM_TILES, NKT, NMT, T_FIRST, T_STEP, T_SPAN,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PIPE: tl.constexpr = 0,
-    PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) in a loop
     over several tiles per program, with the next tile's words and input scales loaded (software prefetch) before the
@@ -387,12 +348,7 @@ def _per_block_cast_lossless_loop_kernel(
     program ``p`` takes tiles ``p * T_FIRST + i * T_STEP`` below ``min(p * T_FIRST + T_SPAN, NUM_TILES)``: chunks of
     ``TILES`` consecutive tiles (``T_FIRST = T_SPAN = TILES``, ``T_STEP = 1``) or a persistent grid-stride walk over
     ``G`` programs (``T_FIRST = 1``, ``T_STEP = G``, ``T_SPAN = NUM_TILES``).  A
-    prefetch past the program's last tile loads nothing (its row block is moved to ``NMT``, past the tensor).
-
-    ``PIPE`` (> 0): no hand-written prefetch; the walk is a ``tl.range`` loop with ``num_stages=PIPE``, which Triton
-    software-pipelines with asynchronous copies (``cp.async``) of the next ``PIPE - 1`` tiles' words and scales into
-    shared memory: the bytes in flight need no registers.  Under EMULATE (the interpreter, whose ``tl.range`` cannot
-    take run-time bounds) the same walk runs as a while loop."""
+    prefetch past the program's last tile loads nothing (its row block is moved to ``NMT``, past the tensor)."""
     pdl_enter(PDL)
     TK: tl.constexpr = TW * 8
     NIM: tl.constexpr = TM // BMI
@@ -404,20 +360,6 @@ def _per_block_cast_lossless_loop_kernel(
     RK: tl.constexpr = BKO // BKI
     first = tl.program_id(0) * T_FIRST
     end = tl.minimum(first + T_SPAN, NUM_TILES)
-    if PIPE > 0:
-        if EMULATE:
-            t = first
-            while t < end:
-                _lossless_tile(x_ptr, sf_in_ptr, out_ptr, sf_out_ptr, t, NKT, M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
-                               stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok, IN_PACKED,
-                               OUT_PACKED, BMI, BKI, BMO, BKO, TM, TW, PRMT)
-                t += T_STEP
-        else:
-            for i in tl.range(0, (end - first + T_STEP - 1) // T_STEP, num_stages=PIPE):
-                _lossless_tile(x_ptr, sf_in_ptr, out_ptr, sf_out_ptr, first + i * T_STEP, NKT, M, K, MS_IN, KS_IN,
-                               MS_OUT, KS_OUT_PAD, stride_xm, stride_sim, stride_sik, stride_om, stride_som,
-                               stride_sok, IN_PACKED, OUT_PACKED, BMI, BKI, BMO, BKO, TM, TW, PRMT)
-        return
     t = first
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
@@ -625,8 +567,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
     ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
     PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
-    computed by hand, or with ``PIPE`` (> 0) by the compiler's software pipelining (``num_stages=PIPE``: cp.async
-    copies into shared memory)."""
+    computed."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -634,7 +575,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
                                           "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0, "PIPE": 0,
+                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0,
                                           **_gpu_defaults(bmo, words_ok)})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
@@ -664,7 +605,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             num_tiles, nkt, nmt, first, step, span,
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]), PIPE=int(c["PIPE"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     elif words:
         out_w = out.view(torch.uint8).view(torch.int32)
