@@ -83,20 +83,28 @@ _LOOP = dict(PRMT=True)
 # warps, PIPE with TILES, PAIR64 without a cap; then PIPE itself (the walk as a Triton-pipelined tl.range loop,
 # cp.async into shared memory) was removed.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
 # the 1-warp [4, 128] program is not latency-bound; Nsight puts it on MIO (the relayouts through shared memory).
+# SFW (session 8; the scales loaded per word in the words' layout, the output stored through a view in the
+# registers' layout): the TTGIR's full-tile convert_layouts become register renames, the shared-memory traffic of
+# the relayouts goes (sm_90a, PRMT TILES=1 at (1, 128): LDS 28 -> 1, STS 20 -> 1, STSM 8 -> 0, 8 more SHFL for the
+# block max; 96 -> 93 registers; fast path 4.58 -> 3.95 instructions per value; packed sf 4.99 -> 4.12; (32, 32)
+# 4.41 -> 3.95, (128, 128) 3.57 -> 3.49).  Expected: the MIO stalls Nsight found (35 %) go, toward the ~25 us of
+# 90 % of copy.  [4, 64] x 1 warp: 63 registers (8 warps per scheduler), 5.11 per value; [8, 128] x 2 warps: 94 / 4.09.
 _OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
-    (1, 128): [_OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
+    (1, 128): [dict(SFW=True), dict(SFW=True, TW=64), dict(SFW=True, TM=8, num_warps=2), dict(SFW=True, TILES=2),
+               dict(SFW=True, PRMT=False),
+               _OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
                dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
                dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
                dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72),
-               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
+               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96), dict(_LOOP, TILES=1, SFW=True)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
                  dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80),
-                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
+                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96), dict(_LOOP, TILES=1, SFW=True)],
 }
 
 

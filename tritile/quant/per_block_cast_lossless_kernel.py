@@ -275,6 +275,17 @@ def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
 
 
 @triton.jit
+def _exponents_of_blocks(e4):
+    """``(e_out4, d4)`` from the input exponents ``e4`` grouped as ``[NOM, rows of a block, NOK, cols of a block]``:
+    the output exponent ``E`` of each output block (``[NOM, 1, NOK, 1]``: max, minus 6, saturating at 0; 255 stays)
+    and each input element's multiplier exponent (0 for a non-finite output block)."""
+    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
+    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))
+    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
+    return e_out4, d4
+
+
+@triton.jit
 def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
                        RM: tl.constexpr, RK: tl.constexpr):
     """``(d, e_out)`` (see ``_block_multiplier_exponents``) from the raw scales of ``_tile_sf_raw``."""
@@ -288,12 +299,46 @@ def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, N
     # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
     # a layout in which every thread holds the whole tensor)
     e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
-    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
-    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
+    e_out4, d4 = _exponents_of_blocks(e4)
     d = tl.reshape(d4, (NIM, NIK))
     e_out = tl.reshape(e_out4, (NOM, NOK))
     return d, e_out
+
+
+@triton.jit
+def _word_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
+                 TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+                 WPB: tl.constexpr):
+    """``_tile_sf_raw`` per word (``[NIM, BMI, NIK, WPB]``, the words' own layout; SFW): each word loads its
+    block's raw scale (a broadcast load: a block's ``WPB`` words read one address), so that the encode mixes no
+    operand from another register layout.  Decoded by ``_word_sf_exponents``."""
+    rows, wc, _ = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
+    ib_m = rows // BMI
+    ib_k = pid_k * NIK + wc // WPB
+    ok = (ib_m < MS_IN) & (ib_k < KS_IN)
+    if IN_PACKED:
+        raw = tl.load(sf_in_ptr + ib_m * stride_sim + (ib_k // 4) * stride_sik, mask=ok, other=0)
+    else:
+        raw = tl.load(sf_in_ptr.to(tl.pointer_type(tl.int32)) + ib_m * stride_sim + ib_k * stride_sik, mask=ok,
+                      other=0)
+    return raw
+
+
+@triton.jit
+def _word_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
+                       NIK: tl.constexpr, WPB: tl.constexpr, RM: tl.constexpr, RK: tl.constexpr):
+    """``(d, e_out)`` as ``_tile_sf_exponents`` gives them, with ``d`` per word (``[NIM, BMI, NIK, WPB]``) from the
+    raw scales of ``_word_sf_raw``; ``e_out`` ``[NIM // RM, NIK // RK]``."""
+    NOM: tl.constexpr = NIM // RM
+    NOK: tl.constexpr = NIK // RK
+    if IN_PACKED:
+        wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
+        e_in = (raw >> (8 * ((pid_k * NIK + wc // WPB) % 4)).to(tl.int32)) & 0xFF
+    else:
+        e_in = (raw >> 23) & 0xFF
+    e4 = tl.reshape(e_in, (NOM, RM * BMI, NOK, RK * WPB))
+    e_out4, d4 = _exponents_of_blocks(e4)
+    return tl.reshape(d4, (NIM, BMI, NIK, WPB)), tl.reshape(e_out4, (NOM, NOK))
 
 
 @triton.jit
@@ -329,6 +374,42 @@ def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr
 
 
 @triton.jit
+def _tile_store_split(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
+                      BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr,
+                      NL: tl.constexpr):
+    """``_tile_store`` (the same words to the same addresses) through a permuted view in which each thread's run of
+    contiguous words is one half of an input word's output, ``[NIM, BMI, NL, NIK // NL, 2, WPB]``: element
+    ``(i, b, l, r, h, j)`` is output word ``2 * WPB * (NL * r + l) + WPB * h + j`` of row ``pid_m * TM + BMI * i + b``.
+    With ``NL`` the tile's lanes along the blocks (the words' load layout: rows fastest, then blocks), Triton's store
+    coalescing (after the contiguous dimension, lanes along the first dimensions) lays the view out as the registers
+    hold it, so no lane exchange precedes the store (SFW's store)."""
+    NR: tl.constexpr = NIK // NL
+    v = tl.permute(tl.reshape(tl.join(lo, hi), (NIM, BMI, NR, NL, 2, WPB)), (0, 1, 3, 2, 4, 5))
+    i = tl.arange(0, NIM)[:, None, None, None, None, None]
+    b = tl.arange(0, BMI)[None, :, None, None, None, None]
+    ln = tl.arange(0, NL)[None, None, :, None, None, None]
+    r = tl.arange(0, NR)[None, None, None, :, None, None]
+    h = tl.arange(0, 2)[None, None, None, None, :, None]
+    j = tl.arange(0, WPB)[None, None, None, None, None, :]
+    rows = pid_m * TM + (i * BMI).to(tl.int64) + b
+    oc = pid_k * (2 * TW) + (2 * WPB) * (NL * r + ln) + WPB * h + j
+    tl.store(out_ptr + rows * stride_om + oc, v, mask=(rows < M) & (oc < (K // 32) * 8))
+
+
+@triton.jit
+def _loop_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
+                 TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+                 WPB: tl.constexpr, SFW: tl.constexpr):
+    """The looping kernel's raw scales of a tile: per word (``SFW``) or per block."""
+    if SFW:
+        raw = _word_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED,
+                           BMI, NIM, NIK, WPB)
+    else:
+        raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
+    return raw
+
+
+@triton.jit
 def _per_block_cast_lossless_loop_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
@@ -336,7 +417,8 @@ def _per_block_cast_lossless_loop_kernel(
     NUM_TILES, NKT, NMT, T_FIRST, T_STEP, T_SPAN,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, SFW: tl.constexpr = False,
+    PDL: tl.constexpr = False
 ):
     """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) in a loop
     over several tiles per program, with the next tile's words and input scales loaded (software prefetch) before the
@@ -358,27 +440,34 @@ def _per_block_cast_lossless_loop_kernel(
     WPB: tl.constexpr = BKI // 8  # words per input block row
     RM: tl.constexpr = BMO // BMI
     RK: tl.constexpr = BKO // BKI
+    SFW_NL: tl.constexpr = max(1, min(NIK, 32 // (NIM * BMI)))  # lanes along the blocks (one warp's rows first)
     first = tl.program_id(0) * T_FIRST
     end = tl.minimum(first + T_SPAN, NUM_TILES)
     t = first
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
     w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
+    raw = _loop_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED, BMI,
+                       NIM, NIK, WPB, SFW)
     while t < end:
         # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
         tn = t + T_STEP
         pid_mn = tl.where(tn < end, tn // NKT, NMT).to(tl.int64)
         pid_kn = (tn % NKT).to(tl.int64)
-        d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
-        d4 = tl.reshape(d, (NIM, 1, NIK, 1))
-        bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
+        if SFW:
+            d4, e_out = _word_sf_exponents(raw, pid_k, IN_PACKED, BMI, NIM, NIK, WPB, RM, RK)
+            bad = tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0), axis=3),
+                                       axis=2), axis=1), axis=0)
+        else:
+            d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
+            d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+            bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
         if bad == 0:
             # prefetch: the next tile's loads fly while this one is converted (the rare slow path loads after its
             # conversion, so that the prefetched words do not add to its registers)
             w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
-                                    NIK)
+            raw_next = _loop_sf_raw(sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW,
+                                    IN_PACKED, BMI, NIM, NIK, WPB, SFW)
             if PRMT:
                 lo, hi = _words_e4m3_prmt(w, d4)
             else:
@@ -394,9 +483,13 @@ def _per_block_cast_lossless_loop_kernel(
                 lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
                 hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
             w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
-                                    NIK)
-        _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
+            raw_next = _loop_sf_raw(sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW,
+                                    IN_PACKED, BMI, NIM, NIK, WPB, SFW)
+        if SFW:
+            _tile_store_split(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB,
+                              SFW_NL)
+        else:
+            _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
         _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
                           OUT_PACKED)
         w = w_next
@@ -567,7 +660,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
     ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
     PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
-    computed."""
+    computed; ``SFW`` (looping kernel only): the input scales loaded per word in the words' layout and the output
+    stored through a view in the registers' layout (``_word_sf_raw``, ``_tile_store_split``: no relayout of the
+    tile through shared memory)."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -575,7 +670,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
                                           "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0,
+                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0, "SFW": False,
                                           **_gpu_defaults(bmo, words_ok)})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
@@ -586,6 +681,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     loop = words and (c["TILES"] or c["PERSIST"])
+    if c["SFW"] and words and not loop:
+        raise ValueError(f"bad per_block_cast_lossless launch config {c}: SFW is built into the looping kernel only "
+                         "(TILES or PERSIST > 0)")
     if loop:
         if c["PAIR64"]:
             raise ValueError(f"bad per_block_cast_lossless launch config {c}: PAIR64 is not built into the looping "
@@ -605,7 +703,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             num_tiles, nkt, nmt, first, step, span,
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]), SFW=bool(c["SFW"]),
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     elif words:
         out_w = out.view(torch.uint8).view(torch.int32)
