@@ -83,16 +83,18 @@ _LOOP = dict(PRMT=True)
 # warps, PIPE with TILES, PAIR64 without a cap; then PIPE itself (the walk as a Triton-pipelined tl.range loop,
 # cp.async into shared memory) was removed.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
 # the 1-warp [4, 128] program is not latency-bound; Nsight puts it on MIO (the relayouts through shared memory).
-# SFW (session 8; the scales loaded per word in the words' layout, the output stored through a view in the
-# registers' layout): the TTGIR's full-tile convert_layouts become register renames, the shared-memory traffic of
-# the relayouts goes (sm_90a, PRMT TILES=1 at (1, 128): LDS 28 -> 1, STS 20 -> 1, STSM 8 -> 0, 8 more SHFL for the
-# block max; 96 -> 93 registers; fast path 4.58 -> 3.95 instructions per value; packed sf 4.99 -> 4.12; (32, 32)
-# 4.41 -> 3.95, (128, 128) 3.57 -> 3.49).  Expected: the MIO stalls Nsight found (35 %) go, toward the ~25 us of
-# 90 % of copy.  [4, 64] x 1 warp: 63 registers (8 warps per scheduler), 5.11 per value; [8, 128] x 2 warps: 94 / 4.09.
+# SFW (session 8): the tile in one layout for the loads, the per-word input scales and the stores.  First build
+# (the words' [4 rows x 8 blocks]-lane layout, 4 words a thread; scales loaded per word; the output through a split
+# view, each 32-byte sector written in two 16-byte halves by two store instructions): no shared-memory relayouts
+# (sm_90a LDS 28 -> 1, STS 20 -> 1, STSM 8 -> 0), 93 registers, 3.95 instructions per value against 4.58, but on
+# the H200 33.47 us against 26.83 (CUPTI; TW=64 34.68, [8, 128] x 2 warps 38.29, TILES=2 37.85, without PRMT 35.27);
+# Nsight Compute: "Mem Busy" 83 -> 49 %, DRAM 43 -> 41 %, L2 hit rate 63 -> 75 %: the half-sector stores.  Second
+# build (``_hs_index``): each input block's words in two neighbouring lanes (8-byte loads, 16-byte stores covering
+# whole sectors per instruction), still no shared memory at (1, 128) (LDS 0, STS 2), 126 registers, 5.49 per value
+# (TW=64: 62 registers, 6.75; maxnreg=96: 95, 5.91, no spills; [2, 256]: 124, 5.55).
 _OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
-    (1, 128): [dict(SFW=True), dict(SFW=True, TW=64), dict(SFW=True, TM=8, num_warps=2), dict(SFW=True, TILES=2),
-               dict(SFW=True, PRMT=False),
+    (1, 128): [dict(SFW=True), dict(SFW=True, TW=64), dict(SFW=True, maxnreg=96), dict(SFW=True, TM=2, TW=256),
                _OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
                dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
                dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],

@@ -275,14 +275,13 @@ def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
 
 
 @triton.jit
-def _exponents_of_blocks(e4):
-    """``(e_out4, d4)`` from the input exponents ``e4`` grouped as ``[NOM, rows of a block, NOK, cols of a block]``:
-    the output exponent ``E`` of each output block (``[NOM, 1, NOK, 1]``: max, minus 6, saturating at 0; 255 stays)
-    and each input element's multiplier exponent (0 for a non-finite output block)."""
-    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
-    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))
-    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
-    return e_out4, d4
+def _exponents_of_blocks(e, emax):
+    """``(e_out, d)`` from the input exponents ``e`` and their max over each output block ``emax`` (broadcast
+    against ``e``): the output exponent ``E`` of each output block (max, minus 6, saturating at 0; 255 stays) and
+    each input element's multiplier exponent (0 for a non-finite output block)."""
+    e_out = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))
+    d = tl.where(e_out >= 255, 0, tl.minimum(tl.maximum(e - e_out + 127, 0), 254))
+    return e_out, d
 
 
 @triton.jit
@@ -299,22 +298,51 @@ def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, N
     # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
     # a layout in which every thread holds the whole tensor)
     e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    e_out4, d4 = _exponents_of_blocks(e4)
+    e_out4, d4 = _exponents_of_blocks(e4, tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True))
     d = tl.reshape(d4, (NIM, NIK))
     e_out = tl.reshape(e_out4, (NOM, NOK))
     return d, e_out
 
 
 @triton.jit
-def _word_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
-                 TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-                 WPB: tl.constexpr):
-    """``_tile_sf_raw`` per word (``[NIM, BMI, NIK, WPB]``, the words' own layout; SFW): each word loads its
-    block's raw scale (a broadcast load: a block's ``WPB`` words read one address), so that the encode mixes no
-    operand from another register layout.  Decoded by ``_word_sf_exponents``."""
-    rows, wc, _ = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
+def _hs_index(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
+              NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
+    """SFW's view of a tile's words, ``[H2, NIM, BMI, NIK, WPB // H2]``: element ``(h, i, b, k, j)`` is word
+    ``WPB * k + (WPB // H2) * h + j`` of row ``pid_m * TM + BMI * i + b`` (input block ``k`` split in ``H2`` parts).
+    Returns ``(rows, k, wc, wmask)``, broadcastable to the view: the row (int64), the block, the word column within
+    the tile and the bounds mask.  Triton lays a load or store of this view out with its contiguous runs (``WPB //
+    H2`` words: 8 bytes in, 16 bytes out at ``WPB = 4``) along the last dimension and its lanes along the first ones
+    (``H2``, then the rows, then the blocks), so the halves of a block sit in neighbouring lanes: each warp store
+    writes whole 32-byte sectors, and the loads, the per-word scales and the stores share one register layout."""
+    WPT: tl.constexpr = WPB // H2
+    h = tl.arange(0, H2)[:, None, None, None, None]
+    i = tl.arange(0, NIM)[None, :, None, None, None]
+    b = tl.arange(0, BMI)[None, None, :, None, None]
+    k = tl.arange(0, NIK)[None, None, None, :, None]
+    j = tl.arange(0, WPT)[None, None, None, None, :]
+    rows = pid_m * TM + (i * BMI).to(tl.int64) + b
+    wc = k * WPB + h * WPT + j
+    wmask = (rows < M) & (pid_k * TW + wc < (K // 32) * 4)
+    return rows, k, wc, wmask
+
+
+@triton.jit
+def _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
+              NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
+    """A tile's FP4 words in SFW's view (``_hs_index``; 0 outside the tensor)."""
+    rows, k, wc, wmask = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
+    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
+
+
+@triton.jit
+def _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
+               TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+               WPB: tl.constexpr, H2: tl.constexpr):
+    """``_tile_sf_raw`` per word, in SFW's view: each word loads its block's raw scale (a broadcast load: a block's
+    words read one address), so that the encode mixes no operand from another register layout."""
+    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
     ib_m = rows // BMI
-    ib_k = pid_k * NIK + wc // WPB
+    ib_k = pid_k * NIK + wc // WPB  # the block of each word (the full view's shape: the words' layout)
     ok = (ib_m < MS_IN) & (ib_k < KS_IN)
     if IN_PACKED:
         raw = tl.load(sf_in_ptr + ib_m * stride_sim + (ib_k // 4) * stride_sik, mask=ok, other=0)
@@ -325,20 +353,36 @@ def _word_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride
 
 
 @triton.jit
-def _word_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
-                       NIK: tl.constexpr, WPB: tl.constexpr, RM: tl.constexpr, RK: tl.constexpr):
-    """``(d, e_out)`` as ``_tile_sf_exponents`` gives them, with ``d`` per word (``[NIM, BMI, NIK, WPB]``) from the
-    raw scales of ``_word_sf_raw``; ``e_out`` ``[NIM // RM, NIK // RK]``."""
+def _hs_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
+                     WPB: tl.constexpr, H2: tl.constexpr, RM: tl.constexpr, RK: tl.constexpr):
+    """``(d, e_out)`` as ``_tile_sf_exponents`` gives them, with ``d`` per word in SFW's view from the raw scales of
+    ``_hs_sf_raw``; ``e_out`` ``[NIM // RM, NIK // RK]``."""
+    WPT: tl.constexpr = WPB // H2
     NOM: tl.constexpr = NIM // RM
     NOK: tl.constexpr = NIK // RK
     if IN_PACKED:
-        wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
-        e_in = (raw >> (8 * ((pid_k * NIK + wc // WPB) % 4)).to(tl.int32)) & 0xFF
+        k = tl.arange(0, NIK)[None, None, None, :, None]
+        e_in = (raw >> (8 * ((pid_k * NIK + k) % 4)).to(tl.int32)) & 0xFF
     else:
         e_in = (raw >> 23) & 0xFF
-    e4 = tl.reshape(e_in, (NOM, RM * BMI, NOK, RK * WPB))
-    e_out4, d4 = _exponents_of_blocks(e4)
-    return tl.reshape(d4, (NIM, BMI, NIK, WPB)), tl.reshape(e_out4, (NOM, NOK))
+    e5 = tl.reshape(e_in, (H2, NOM, RM * BMI, NOK, RK * WPT))
+    emax = tl.max(tl.max(tl.max(e5, axis=4, keep_dims=True), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    e_out5, d5 = _exponents_of_blocks(e5, emax)
+    return tl.reshape(d5, (H2, NIM, BMI, NIK, WPT)), tl.reshape(e_out5, (NOM, NOK))
+
+
+@triton.jit
+def _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
+              BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
+    """``_tile_store`` (the same words to the same addresses) of output words ``lo`` / ``hi`` in SFW's view: each
+    thread's output words are contiguous (``2 * WPB // H2``), so the store keeps the register layout."""
+    WPT: tl.constexpr = WPB // H2
+    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
+    c = tl.arange(0, 2 * WPT)[None, None, None, None, :]
+    h = tl.arange(0, H2)[:, None, None, None, None]
+    oc = pid_k * (2 * TW) + k * (2 * WPB) + h * (2 * WPT) + c
+    tl.store(out_ptr + rows * stride_om + oc, tl.reshape(tl.join(lo, hi), (H2, NIM, BMI, NIK, 2 * WPT)),
+             mask=(rows < M) & (oc < (K // 32) * 8))
 
 
 @triton.jit
@@ -374,39 +418,19 @@ def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr
 
 
 @triton.jit
-def _tile_store_split(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
-                      BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr,
-                      NL: tl.constexpr):
-    """``_tile_store`` (the same words to the same addresses) through a permuted view in which each thread's run of
-    contiguous words is one half of an input word's output, ``[NIM, BMI, NL, NIK // NL, 2, WPB]``: element
-    ``(i, b, l, r, h, j)`` is output word ``2 * WPB * (NL * r + l) + WPB * h + j`` of row ``pid_m * TM + BMI * i + b``.
-    With ``NL`` the tile's lanes along the blocks (the words' load layout: rows fastest, then blocks), Triton's store
-    coalescing (after the contiguous dimension, lanes along the first dimensions) lays the view out as the registers
-    hold it, so no lane exchange precedes the store (SFW's store)."""
-    NR: tl.constexpr = NIK // NL
-    v = tl.permute(tl.reshape(tl.join(lo, hi), (NIM, BMI, NR, NL, 2, WPB)), (0, 1, 3, 2, 4, 5))
-    i = tl.arange(0, NIM)[:, None, None, None, None, None]
-    b = tl.arange(0, BMI)[None, :, None, None, None, None]
-    ln = tl.arange(0, NL)[None, None, :, None, None, None]
-    r = tl.arange(0, NR)[None, None, None, :, None, None]
-    h = tl.arange(0, 2)[None, None, None, None, :, None]
-    j = tl.arange(0, WPB)[None, None, None, None, None, :]
-    rows = pid_m * TM + (i * BMI).to(tl.int64) + b
-    oc = pid_k * (2 * TW) + (2 * WPB) * (NL * r + ln) + WPB * h + j
-    tl.store(out_ptr + rows * stride_om + oc, v, mask=(rows < M) & (oc < (K // 32) * 8))
-
-
-@triton.jit
-def _loop_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
-                 TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-                 WPB: tl.constexpr, SFW: tl.constexpr):
-    """The looping kernel's raw scales of a tile: per word (``SFW``) or per block."""
+def _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik,
+                TM: tl.constexpr, TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
+                NIK: tl.constexpr, WPB: tl.constexpr, SFW: tl.constexpr, H2: tl.constexpr):
+    """The looping kernel's loads of a tile: its words and raw scales, in SFW's view (``_hs_index``) or as the
+    ``[NIM, BMI, NIK, WPB]`` words and the ``[NIM, NIK]`` per-block scales."""
     if SFW:
-        raw = _word_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED,
-                           BMI, NIM, NIK, WPB)
+        w = _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB, H2)
+        raw = _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED,
+                         BMI, NIM, NIK, WPB, H2)
     else:
+        w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
         raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
-    return raw
+    return w, raw
 
 
 @triton.jit
@@ -440,24 +464,23 @@ def _per_block_cast_lossless_loop_kernel(
     WPB: tl.constexpr = BKI // 8  # words per input block row
     RM: tl.constexpr = BMO // BMI
     RK: tl.constexpr = BKO // BKI
-    SFW_NL: tl.constexpr = max(1, min(NIK, 32 // (NIM * BMI)))  # lanes along the blocks (one warp's rows first)
+    H2: tl.constexpr = 2 if WPB >= 2 else 1  # SFW: parts of an input block's words in neighbouring lanes
     first = tl.program_id(0) * T_FIRST
     end = tl.minimum(first + T_SPAN, NUM_TILES)
     t = first
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
-    w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-    raw = _loop_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED, BMI,
-                       NIM, NIK, WPB, SFW)
+    w, raw = _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik, TM,
+                         TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
     while t < end:
         # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
         tn = t + T_STEP
         pid_mn = tl.where(tn < end, tn // NKT, NMT).to(tl.int64)
         pid_kn = (tn % NKT).to(tl.int64)
         if SFW:
-            d4, e_out = _word_sf_exponents(raw, pid_k, IN_PACKED, BMI, NIM, NIK, WPB, RM, RK)
-            bad = tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0), axis=3),
-                                       axis=2), axis=1), axis=0)
+            d4, e_out = _hs_sf_exponents(raw, pid_k, IN_PACKED, BMI, NIM, NIK, WPB, H2, RM, RK)
+            bad = tl.max(tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0), axis=4),
+                                              axis=3), axis=2), axis=1), axis=0)
         else:
             d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
             d4 = tl.reshape(d, (NIM, 1, NIK, 1))
@@ -465,9 +488,8 @@ def _per_block_cast_lossless_loop_kernel(
         if bad == 0:
             # prefetch: the next tile's loads fly while this one is converted (the rare slow path loads after its
             # conversion, so that the prefetched words do not add to its registers)
-            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-            raw_next = _loop_sf_raw(sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW,
-                                    IN_PACKED, BMI, NIM, NIK, WPB, SFW)
+            w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
+                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
             if PRMT:
                 lo, hi = _words_e4m3_prmt(w, d4)
             else:
@@ -482,12 +504,10 @@ def _per_block_cast_lossless_loop_kernel(
             for j in tl.range(0, 4, loop_unroll_factor=1):
                 lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
                 hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
-            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-            raw_next = _loop_sf_raw(sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW,
-                                    IN_PACKED, BMI, NIM, NIK, WPB, SFW)
+            w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
+                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
         if SFW:
-            _tile_store_split(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB,
-                              SFW_NL)
+            _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB, H2)
         else:
             _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
         _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
@@ -660,9 +680,8 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
     ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
     PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
-    computed; ``SFW`` (looping kernel only): the input scales loaded per word in the words' layout and the output
-    stored through a view in the registers' layout (``_word_sf_raw``, ``_tile_store_split``: no relayout of the
-    tile through shared memory)."""
+    computed; ``SFW`` (looping kernel only): the tile as a view whose layout serves the loads, the per-word input scales
+    and the stores alike (``_hs_index``: no relayout of the tile through shared memory, whole-sector stores)."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
