@@ -39,6 +39,12 @@ _GATE_BWD_TUNE = [
     dict(SPLIT=2, PREFETCH=True, WARPS2=8), dict(PREFETCH=True), dict(WARPS2=8),
     dict(BLOCK_D2=256), dict(BLOCK_D2=256, WARPS2=2), dict(BLOCK_D2=1024, WARPS2=8),
     dict(COEF=False), dict(COEF=False, BLOCK_D2=256),
+    # session 8: pass 2 (one [4, 512] tile a program, 4 warps) has 162 registers (sm_90a): 3 blocks per SM, one token's
+    # 12 KB of loads in flight per block (~36 KB per SM; Nsight: 80 % of peak DRAM against a copy's 88 %).  PIPE: the
+    # token loop software-pipelined by the compiler (cp.async into shared memory; 168 registers at PIPE=2, 231 at 3);
+    # MAXNREG2: a register cap (128: 40 B of stack, 4 blocks per SM).  Expected: more bytes in flight per SM, pass 2
+    # toward the copy's rate (-50 us at best: still short of TileKernels' 644 us)
+    dict(PIPE=2), dict(PIPE=3), dict(MAXNREG2=128), dict(PIPE=3, MAXNREG2=128),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
+from ..language.cast import EMULATE
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
@@ -462,7 +463,8 @@ def _engram_gate_bwd_split_kernel(
     gx_ptr, gk_ptr, gw_ptr,
     T, hc, H, tokens_per_chunk,
     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False
+    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False,
+    PIPE: tl.constexpr = 0
 ):
     pdl_enter(PDL)
     # Program (p, r): token chunk p (its grad_w_partial row), H tiles r, r + SPLIT, ...; tokens inner, so the
@@ -471,15 +473,35 @@ def _engram_gate_bwd_split_kernel(
     _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
                      T, hc, H, tokens_per_chunk,
                      s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2, BLOCK_D, SPLIT, PREFETCH)
+                     HC_P2, BLOCK_D, SPLIT, PREFETCH, PIPE)
+
+
+@triton.jit
+def _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc, hh, hmask, d, mask,
+                     go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0, s_gk1):
+    """Pass 2 for token ``t`` on one ``[HC_P2, BLOCK_D]`` tile: stores grad_x and grad_k, returns its grad_w term."""
+    sc = t * hc + hh
+    delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
+    a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
+    a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
+    c_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=mask, other=0)
+    c_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=mask, other=0)
+    c_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=mask, other=0)
+    gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
+    tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
+    tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
+    return dw
 
 
 @triton.jit
 def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
                      T, hc, H, tokens_per_chunk,
                      s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
-    """Pass 2 of program (p, r): the tokens of chunk p, ascending: grad_x, grad_k and row p of grad_w_partial."""
+                     HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+                     PIPE: tl.constexpr = 0):
+    """Pass 2 of program (p, r): the tokens of chunk p, ascending: grad_x, grad_k and row p of grad_w_partial.
+    PREFETCH: token t + 1's tiles loaded by hand while token t is computed; PIPE (> 0, without PREFETCH): the token
+    loop as a ``tl.range`` with ``num_stages=PIPE`` (GPU; a while loop under the interpreter)."""
     p = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, HC_P2)
     hmask = hh < hc
@@ -519,19 +541,18 @@ def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_
                 tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
                 acc += dw
                 t = tn
-        else:
+        elif PIPE > 0 and not EMULATE:
+            # the compiler's software pipelining: the loads of the next PIPE - 1 tokens go to shared memory by
+            # asynchronous copies (cp.async) while this token is computed: bytes in flight without registers
+            for tt in tl.range(t_begin, t_end, num_stages=PIPE):
+                acc += _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, tt, hc,
+                                        hh, hmask, d, mask, go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0,
+                                        s_gk1)
+        else:  # (PIPE under the interpreter too: its tl.range takes no run-time bounds)
             while t < t_end:
-                sc = t * hc + hh
-                delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
-                a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
-                a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
-                c_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=mask, other=0)
-                c_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=mask, other=0)
-                c_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=mask, other=0)
-                gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
-                tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
-                tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
-                acc += dw
+                acc += _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc,
+                                        hh, hmask, d, mask, go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0,
+                                        s_gk1)
                 t += 1
         tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
         j += SPLIT
@@ -562,7 +583,9 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     computes delta, a_x and a_k (pass 2 reads 3 scalars per (token, head) instead of 5 and does no sqrt or
     division; False: the first version).  SPLIT: pass 2's grid is (num_sms, SPLIT) and program (p, r) takes
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
-    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed."""
+    PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.  PIPE (> 0, without PREFETCH): pass 2's
+    token loop software-pipelined by the compiler with ``num_stages=PIPE`` (cp.async into shared memory; GPU only).
+    MAXNREG2 (None: no cap): ptxas' register cap for pass 2."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -573,7 +596,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
         # each streaming half of the tiles with token t + 1's tiles prefetched (the default before); same bits
         split, nw2, prefetch = n_tiles, 4, False
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=prefetch))
+                                         COEF=True, SPLIT=split, PREFETCH=prefetch, PIPE=0, MAXNREG2=None))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
@@ -672,6 +695,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         grad_out.stride(0), grad_out.stride(1), v.stride(0), grad_v.stride(0),
         HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"], num_warps=cfg["WARPS1"], **pdl_args(grad_out.device),
     )
+    extra2 = {} if cfg["MAXNREG2"] is None else dict(maxnreg=int(cfg["MAXNREG2"]))
     _engram_gate_bwd_split_kernel[(num_parts, split)](
         bits16(grad_out), bits16(hidden_states), bits16(k), weight_fused, coef[0], coef[1], coef[2],
         bits16(grad_x), bits16(grad_k), grad_w_partial,
@@ -680,7 +704,8 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
         k.stride(0), k.stride(1), weight_fused.stride(0), grad_x.stride(0), grad_x.stride(1),
         grad_k.stride(0), grad_k.stride(1), grad_w_partial.stride(0), grad_w_partial.stride(1),
         HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=split, PREFETCH=bool(cfg["PREFETCH"]),
-        num_warps=cfg["WARPS2"], **pdl_args(grad_out.device, launch=False),
+        PIPE=0 if cfg["PREFETCH"] else int(cfg["PIPE"]), num_warps=cfg["WARPS2"], **extra2,
+        **pdl_args(grad_out.device, launch=False),
     )
     return grad_x, grad_k, grad_v, grad_w_partial
 
