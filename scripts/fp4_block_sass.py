@@ -31,7 +31,7 @@ MEM = ("LDS", "STS", "STSM", "LDSM", "SHFL", "BAR", "LDG", "STG")
 
 def compile_variant(over: dict):
     cfg = dict(BLOCK_M=32, BLOCK_K=32, CHUNKS_PER_PROG=4, num_warps=4, FAST=True, PREFETCH=True, PAIRS=True,
-               FINITE=True, WIDE=True, WIDE_VEC=4, INT_SF=False, WORDS=False, WARP_BLOCKS=False, STREAM=False,
+               FINITE=True, WIDE=True, WIDE_VEC=4, INT_SF=False, WORDS=False,
                PDL=True)
     cfg.update(over)
     nw = cfg.pop("num_warps")

@@ -288,55 +288,6 @@ def test_per_block_cast_wide_and_int_sf(in_dtype, device):
                 assert_sf_equal(sf, ref_sf, k, 32)
 
 
-# WARP_BLOCKS (with WIDE: the wide tile held so that each warp owns whole blocks) and STREAM (with WARP_BLOCKS: cache
-# hints), default off; WIDE is off under the interpreter, so the candidates turn it on
-_WB = dict(WIDE=True, WARP_BLOCKS=True)
-_WARP_BLOCKS_CANDS = [
-    dict(_WB, INT_SF=True, WIDE_VEC=4, CHUNKS_PER_PROG=4),
-    dict(_WB, WIDE_VEC=4, CHUNKS_PER_PROG=4, FINITE=False),
-    dict(_WB, INT_SF=True, WIDE_VEC=4, CHUNKS_PER_PROG=4, STREAM=True),
-    dict(_WB, INT_SF=True, WIDE_VEC=4, CHUNKS_PER_PROG=8, num_warps=8),
-    dict(_WB, INT_SF=True, WIDE_VEC=16, CHUNKS_PER_PROG=4),
-    dict(_WB, WIDE_VEC=2, CHUNKS_PER_PROG=2, num_warps=2),
-]
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered")
-@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_per_block_cast_warp_blocks(in_dtype, device):
-    """WARP_BLOCKS (``_warp_blocks_cast``: amax per warp, a per-block clamp instead of the finite-tile branch, the
-    packed sf byte stored by its warp) with INT_SF / STREAM / WIDE_VEC 2, 4, 16 / 2, 4, 8 chunks per program against
-    the reference: the inputs of :func:`test_per_block_cast_wide_and_int_sf` (FP4 ties and saturation, +-inf and
-    +-NaN next to finite blocks, partial row blocks, partial and fully masked k-blocks, the pair view and the plain
-    path) in every sf layout, and blocks of other shapes (16x64, 64x16, 16x16: other row / lane splits and sf byte
-    alignments)."""
-    from tritile.runtime import override_config
-
-    x = hand_picked(64, 128, device, 6.0) * torch.tensor([1.0, 4.0, 2.0**-20, 3.0], device=device).repeat(32)
-    x[40, 70] = float("nan")
-    x[41, 100] = float("-inf")
-    x[2, 3] = float("inf")
-    base = torch.randn(64, 2 * 128 + 2, device=device) * 1e3
-    base[:, :128] = x
-    odd = torch.randn(40, 144, device=device) * torch.tensor([1e-30, 1.0, 1e30], device=device).repeat_interleave(48)
-    odd[33, 140] = -float("nan")
-    odd[5, 10] = -float("inf")
-    inputs = [x, base[:, 2:130], base[:, 1:129], odd, torch.randn(33, 64, device=device)]
-    cases = [(xin, (32, 32), cfg, _WARP_BLOCKS_CANDS) for xin in inputs for cfg in CONFIGS + [(False, False, False)]]
-    cases += [(odd, blk, cfg, _WARP_BLOCKS_CANDS[:2]) for blk in [(16, 64), (64, 16), (16, 16)] for cfg in CONFIGS]
-    for xin, block, cfg, cands in cases:
-        xin = xin.to(in_dtype)
-        k = xin.shape[1]
-        ref_out, ref_sf = _ref(xin, "e2m1", block, cfg)
-        for cand in cands:
-            if cfg[2] and cand["CHUNKS_PER_PROG"] % 4:
-                continue  # packed UE8M0 needs whole words per program
-            with override_config("per_block_cast", **cand):
-                out, sf = per_block_cast(xin, "e2m1", block, *cfg)
-            assert_equal(out, ref_out)
-            assert_sf_equal(sf, ref_sf, k, block[1])
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_per_block_cast_int_sf_e4m3(device):
     """INT_SF on the e4m3 paths (MAX = 448, CLAMP = 1e-4), 32x32 and 128x128 blocks, non-finite blocks too."""

@@ -131,25 +131,11 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     # session 6: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
     # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
     dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
-    # session 8 (offline, scripts/fp4_block_sass.py; registers, instructions per element on a finite program's path):
-    # the default's TTGIR holds one ttg.convert_layout (the 1x1 sf word: no shared memory), no full-tile relayout; its
-    # 2 STS / 2 LDS / 2 BAR and 15 SHFL are the cross-warp amax exchange (its [32, 64] tile puts the 4 warps on rows)
-    # and the finite-tile test (20.56 / 80).  WARP_BLOCKS holds the wide tile as [8, 4, 4, 16] pairs with the warps
-    # on the chunks: each 32x32 block in one warp, amax by 5 SHFL, no shared memory (SHARED 0), no barrier, no
-    # convert_layout, no finite-tile branch (a per-block clamp), the packed sf byte stored by its warp in the tile's
-    # layout.  Expected: more blocks per SM and no warp waiting on another
-    dict(WARP_BLOCKS=True, INT_SF=True),  # 19.09 / 55: 9 blocks of 4 warps per SM (the default 6)
-    dict(WARP_BLOCKS=True, INT_SF=True, maxnreg=48),  # 19.28 / 48 (8 B stack): 10 blocks
-    dict(WARP_BLOCKS=True, INT_SF=True, CHUNKS_PER_PROG=8, num_warps=8),  # 19.09 / 62: 4 blocks of 8 warps
-    dict(WARP_BLOCKS=True, INT_SF=True, STREAM=True),  # evict-first loads, .cs code stores: 19.75 / 55
-    # lanes on the 32 rows (16 pairs = 128 B per thread; amax by one REDUX), 16-byte code stores: 20.03 / 72
-    dict(WARP_BLOCKS=True, INT_SF=True, WIDE_VEC=16),
-    dict(WARP_BLOCKS=True, INT_SF=True, WIDE_VEC=8),  # 19.66 / 70
-    dict(WARP_BLOCKS=True),  # div_rn scales (the slow-path call costs registers): 19.94 / 95, 5 blocks
-    # a block row's FP4 codes are 16 bytes, half a 32-byte sector, and the block beside it sits in another warp
-    # (the lossless SFW lesson, session 8: half-sector stores cost 25 % there); 2 warps over the 4 chunks put two
-    # neighbouring blocks in one warp (still two store instructions)
-    dict(WARP_BLOCKS=True, INT_SF=True, num_warps=2),
+    # session 8: WARP_BLOCKS (the wide tile held so that each warp owns whole 32x32 blocks: amax by 5 SHFL, no shared
+    # memory, no barrier, 55 registers, 19.09 instructions per element against 20.56 / 80; scripts/fp4_block_sass.py
+    # prints these figures) lost on the H200: 74.68 us against 68.15 (8 chunks at 8 warps 70.53, 2 warps 75.38,
+    # WIDE_VEC 16 116.53, STREAM 83.37); a 32x32 block's FP4 row is 16 bytes, half a 32-byte sector, and with the
+    # warps on the blocks every store instruction writes half sectors (the lossless SFW lesson).  Removed.
 ]
 # per-token e4m3 -> bf16: default (session 7) BLOCK_M=1, BLOCK_K=8192, CHUNKS_PER_PROG=1 (the whole row), 16 warps,
 # hardware e4m3 decode, VEC=8 (loads in the stores' layout).  Session-7 sweep (CUPTI, L2 flushed, us; TileKernels

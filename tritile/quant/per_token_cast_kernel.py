@@ -438,89 +438,6 @@ def _wide_pairs_cast(x_ptr, out_ptr, sf_ptr, rows, row_ok, mblk, c0, K, num_ms, 
 
 
 @triton.jit
-def _e2m1_code_capped(v, xs, cap):
-    """:func:`f32_to_e2m1_code_finite` of ``v`` with the clamp ``min(|v|, cap)`` and the sign bit of ``xs`` (the x bit
-    pattern): with ``cap = 6`` (a finite block: v is not NaN and has x's sign) the same code; with ``cap = 0`` (a
-    non-finite block, ``sf_inv = 0``: v is +-0 or NaN, and the clamp's ``min`` returns 0 for NaN) code 0 with x's
-    sign, the reference's code there.  So one encode serves both kinds of blocks, without a branch.  The clamp relies
-    on ``min.f32`` returning the non-NaN operand (PTX; ``tl.minimum``'s default); the interpreter's ``minimum``
-    propagates NaN, so under EMULATE a select gives the GPU's result."""
-    if EMULATE:
-        a = tl.where(v == v, tl.minimum(tl.abs(v), cap), cap)
-    else:
-        a = tl.minimum(tl.abs(v), cap)
-    e = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, 127)
-    mb = (e + 22) << 23
-    y = (a + mb.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
-    return ((xs >> 28) & 0x8) | (y - mb + 2 * (e - 127))
-
-
-@triton.jit
-def _warp_blocks_cast(x_ptr, out_ptr, sf_ptr, pm, M, c0, K, num_ms, num_ks, stride_xm, stride_om, stride_sm,
-                      stride_sk, IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BK: tl.constexpr, NCH: tl.constexpr,
-                      ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
-                      INT_SF: tl.constexpr, VEC: tl.constexpr, STREAM: tl.constexpr):
-    """:func:`_wide_pairs_cast` (``NCH`` blocks of ``(BLOCK_M, BK)``, one per chunk, as one load / encode / store) with
-    the tile held as ``[RL, NCH, RH, BK // 2]`` pairs (row ``RL * rh + rl``): the coalescing order (pairs, then dims
-    0, 1, 2; with 16-divisible row strides, as at the anchor) puts a thread's ``VEC`` pairs and the lanes on one block's rows (``BK // 2 // VEC`` lanes along a row,
-    ``RL`` rows) and the warps on the chunks, so with ``num_warps <= NCH`` each block lives in one warp: its amax is
-    taken by shuffles alone (no shared memory, no barrier), and its scale byte is stored by that warp (packed UE8M0:
-    a byte store into the word; same bytes as the word store).  The encode has no finite-tile branch (that test
-    would be a cross-warp reduction): :func:`_e2m1_code_capped` with a per-block clamp (6, or 0 in a non-finite
-    block) gives the reference codes in both kinds of blocks at no extra cost per element.  STREAM: evict-first
-    loads and streaming (``.cs``) stores."""
-    P: tl.constexpr = BK // 2
-    V: tl.constexpr = VEC if VEC < P else P
-    LP: tl.constexpr = P // V
-    RL0: tl.constexpr = 32 // LP if LP < 32 else 1
-    RL: tl.constexpr = RL0 if RL0 < BLOCK_M else BLOCK_M
-    RH: tl.constexpr = BLOCK_M // RL
-    r = (pm * BLOCK_M + tl.arange(0, RL).to(tl.int64)[:, None, None, None]
-         + RL * tl.arange(0, RH).to(tl.int64)[None, None, :, None])  # [RL, 1, RH, 1]
-    kb = c0 + tl.arange(0, NCH).to(tl.int64)[None, :, None, None]  # [1, NCH, 1, 1]
-    pc = kb * P + tl.arange(0, P).to(tl.int64)[None, None, None, :]  # [1, NCH, 1, P]
-    m = (r < M) & (pc < K // 2)
-    if STREAM:
-        raw = tl.load(x_ptr + r * stride_xm + pc, mask=m, other=0, eviction_policy="evict_first")
-    else:
-        raw = tl.load(x_ptr + r * stride_xm + pc, mask=m, other=0)
-    lo, hi = _split_pairs(raw, IN_KIND)
-    m2 = tl.maximum(lo & 0x7FFFFFFF, hi & 0x7FFFFFFF)
-    # registers first (the RH rows, then the pairs: one value per thread), then the lanes
-    am = tl.max(tl.max(tl.max(m2, axis=2, keep_dims=True), axis=3, keep_dims=True), axis=0, keep_dims=True)
-    am = tl.minimum(am, 0x7F800000)  # [1, NCH, 1, 1]; NaN patterns count as +inf
-    if INT_SF and ROUND_SF:
-        sf, sf_inv = _round_scale_bits(am, CLAMP, MAX)
-    else:
-        sf, sf_inv = quant_scale(am.to(tl.float32, bitcast=True), CLAMP, MAX, ROUND_SF)
-    cap = tl.where(am < 0x7F800000, 6.0, 0.0)
-    clo = _e2m1_code_capped(lo.to(tl.float32, bitcast=True) * sf_inv, lo, cap)
-    chi = _e2m1_code_capped(hi.to(tl.float32, bitcast=True) * sf_inv, hi, cap)
-    optr = out_ptr + r * stride_om + tl.max_contiguous(pc, [1, 1, 1, V])
-    if STREAM:
-        tl.store(optr, (clo | (chi << 4)).to(tl.int8), mask=m, cache_modifier=".cs")
-    else:
-        tl.store(optr, (clo | (chi << 4)).to(tl.int8), mask=m)
-    if PACKED:
-        # this block's UE8M0 byte (0 past num_ks; byte kb % 4 of word kb // 4) stored by the warp that holds it: a
-        # [RL, NCH, 1, P] byte store at an A-aligned address + 0 .. P - 1 with one element unmasked per block; its
-        # pointers look like the codes' store (a run of V bytes per thread along the last dim, V <= A), so it keeps
-        # the tile's layout (a store of the [1, NCH] bytes alone gets a layout of its own, and the values would move
-        # there through shared memory and a barrier)
-        A: tl.constexpr = 16 if P >= 16 else (4 if P >= 4 else 1)
-        e = tl.where(kb < num_ks, sf_to_ue8m0(sf), 0).to(tl.uint8)  # [1, NCH, 1, 1]
-        off = (pm * stride_sm + (kb // 4) * stride_sk) * 4 + kb % 4  # the byte's offset
-        base = (off // A) * A
-        q = tl.max_contiguous(tl.arange(0, P), V)[None, None, None, :]
-        z = tl.arange(0, RL)[:, None, None, None]
-        smask = (z == 0) & (q == off - base) & (pm < num_ms) & (kb // 4 < (num_ks + 3) // 4)
-        sptr = tl.broadcast_to(sf_ptr.to(tl.pointer_type(tl.uint8)) + base + q, (RL, NCH, 1, P))
-        tl.store(sptr, tl.broadcast_to(e, (RL, NCH, 1, P)), mask=smask)
-    else:
-        tl.store(sf_ptr + pm * stride_sm + kb * stride_sk, sf, mask=(pm < num_ms) & (kb < num_ks))
-
-
-@triton.jit
 def _store_pair_codes(optr, om, lo, hi, vlo, vhi):
     """The store of :func:`_store_pairs_e2m1` at given byte pointers and mask."""
     clo = (f32_to_e2m1_code_fast(vlo) & 7) | ((lo >> 28) & 8)
@@ -540,8 +457,7 @@ def _block_cast_kernel(
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
     FINITE: tl.constexpr = False, WIDE: tl.constexpr = False, WIDE_VEC: tl.constexpr = 16, INT_SF: tl.constexpr = False,
-    WORDS: tl.constexpr = False, PDL: tl.constexpr = False, WARP_BLOCKS: tl.constexpr = False,
-    STREAM: tl.constexpr = False
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -562,10 +478,7 @@ def _block_cast_kernel(
     encode and store); INT_SF (with ROUND_SF, computed sf) takes the scales from the amax bits without a division
     (``_round_scale_bits``); WORDS (with FAST: plain bf16 x -> e4m3, computed sf, 2D blocks) keeps the raw tile
     as the loaded words of two bf16 until the encode and encodes four elements per assembly block
-    (``_store_codes_words``: no float32 copy of the tile, no FINITE branch: the sign merge is one ``lop3``);
-    WARP_BLOCKS (with WIDE) holds the wide tile so that each warp owns whole blocks (``_warp_blocks_cast``: amax by
-    shuffles, no shared memory or barrier, no finite-tile branch; FINITE is moot there), STREAM (with WARP_BLOCKS)
-    loads evict-first and stores streaming (``.cs``)."""
+    (``_store_codes_words``: no float32 copy of the tile, no FINITE branch: the sign merge is one ``lop3``)."""
     pdl_enter(PDL)
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
@@ -618,11 +531,7 @@ def _block_cast_kernel(
         # plain x: keep the raw tile, reduce amax on it, convert after the reduction (FAST, computed sf)
         RAW: tl.constexpr = PF or (FAST and IN_KIND < 2)
         c0 = pk * CHUNKS_PER_PROG
-        if WIDE_P and WARP_BLOCKS:
-            _warp_blocks_cast(x_ptr, out_ptr, sf_ptr, pm, M, c0, K, num_ms, num_ks, stride_xm, stride_om, stride_sm,
-                              stride_sk, IN_KIND, BLOCK_M, BK, CHUNKS_PER_PROG, ROUND_SF, PACKED, CLAMP, MAX, INT_SF,
-                              WIDE_VEC, STREAM)
-        elif WIDE_P:
+        if WIDE_P:
             _wide_pairs_cast(x_ptr, out_ptr, sf_ptr, rows, row_ok, mblk, c0, K, num_ms, num_ks, stride_xm, stride_om,
                              stride_sm, stride_sk, IN_KIND, BLOCK_M, BK, CHUNKS_PER_PROG, ROUND_SF, PACKED, CLAMP, MAX,
                              FIN, INT_SF, WIDE_VEC)
@@ -918,13 +827,9 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # WORDS (plain bf16 -> e4m3, computed sf, not npc == K): the raw words stay packed until a per-four-element
         # assembly encode (see _block_cast_kernel); maxnreg (None: no cap): ptxas' register cap
         words, maxnreg = bool(cfg.get("WORDS", False)), cfg.get("maxnreg")
-        # WARP_BLOCKS (with WIDE): the wide tile laid out so that each warp holds whole blocks (no shared memory, no
-        # barrier, no finite-tile branch; see _warp_blocks_cast); STREAM (with WARP_BLOCKS): evict-first loads and
-        # streaming stores
-        warp_blocks, stream = bool(cfg.get("WARP_BLOCKS", False)), bool(cfg.get("STREAM", False))
     else:
         fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
-        words, maxnreg, warp_blocks, stream = False, None, False, False
+        words, maxnreg = False, None
     grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
@@ -953,8 +858,7 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
         PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, WIDE=wide, WIDE_VEC=wide_vec if wide else 16,
-        INT_SF=int_sf, WORDS=words, WARP_BLOCKS=warp_blocks and wide, STREAM=stream and warp_blocks and wide,
-        num_warps=warps, **extra, **pdl_args(xv.device),
+        INT_SF=int_sf, WORDS=words, num_warps=warps, **extra, **pdl_args(xv.device),
     )
     return out, sf
 
