@@ -152,7 +152,7 @@ def test_engram_gate_bwd_gpu_like_blocks(device, monkeypatch, tok, bd1, bd2):
     _run_and_check(x, k, v, wh, we, grad_out)
 
 
-@pytest.mark.parametrize("cfg", [dict(COEF=True, PREFETCH=True, SPLIT=2), dict(COEF=True, PREFETCH=False, SPLIT=1),
+@pytest.mark.parametrize("cfg", [dict(COEF=True, PREFETCH=True, SPLIT=2), dict(COEF=True, PREFETCH=False, SPLIT=1, PIPE=0),
                                  dict(COEF=False), dict(PREFETCH=False, SPLIT=1, PIPE=3, MAXNREG2=128)])
 @pytest.mark.parametrize("num_sms", [2, 5])
 def test_engram_gate_bwd_variants(device, cfg, num_sms):

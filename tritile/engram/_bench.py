@@ -44,7 +44,9 @@ _GATE_BWD_TUNE = [
     # token loop software-pipelined by the compiler (cp.async into shared memory; 168 registers at PIPE=2, 231 at 3);
     # MAXNREG2: a register cap (128: 40 B of stack, 4 blocks per SM).  Expected: more bytes in flight per SM, pass 2
     # toward the copy's rate (-50 us at best: still short of TileKernels' 644 us)
-    dict(PIPE=2), dict(PIPE=3), dict(MAXNREG2=128), dict(PIPE=3, MAXNREG2=128),
+    # Swept (CUPTI, us; default 747.27): PIPE=3 732.25 (the new default), PIPE=3 + MAXNREG2=128 754.44, PIPE=2 773.50,
+    # MAXNREG2=128 783.83.  Relative to the new default:
+    dict(PIPE=0), dict(PIPE=4), dict(BLOCK_D2=256), dict(WARPS2=8),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])
