@@ -6,7 +6,11 @@
 Compiles the kernel as the launcher would at the anchor (forward: H = 3584, bf16 words, clamp 0.5 with
 counts, packed UE8M0 sf; backward: H = 7168, npc = 128, float32 sf, clamp 0.5, round_sf), then prints
 registers, spills, and per backward branch (each loop) its static instruction count, the loads/stores
-and barriers in it, and the count per element of one thread (per column for the backward).
+and barriers in it, and the count per element of one thread (per column for the backward); then the loop's
+fast path ("fast"): the instructions one iteration executes when every conditional forward branch falls through
+and every unconditional one is taken (the fused blocks' rcp / division slow paths and the calls skipped), with its
+MUFU / SHFL counts.  The static counts include those slow paths (e.g. the backward's 64 MUFU per 16 columns are 32
+on the fast path: one ex2 and one rcp per column).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import re
 import sys
 
-from sass_tools import compile_kernel, instructions, loops, res_str, sass_of
+from sass_tools import compile_kernel, instructions, loops, opcode, res_str, sass_of
 
 import tritile.quant.swiglu_backward_and_per_token_cast_kernel as B  # noqa: E402
 import tritile.quant.swiglu_forward_and_per_token_cast_kernel as F  # noqa: E402
@@ -54,7 +58,10 @@ def compile_variant(op: str, over: dict):
         cfg.update(over)
         fn, sig = B._swiglu_backward_and_per_token_cast_kernel, BSIG
         consts = dict(H=H, NPC=128, SF_PACKED=False, HAS_CLAMP=True, ROUND_SF=True)
-        per = cfg["BLOCK_R"] * cfg["CH"] / (32 * cfg["num_warps"])  # columns per thread per chunk
+        stream = int(cfg.pop("STREAM", 0) or 0)  # the launcher's mapping of the STREAM key
+        consts.update(LD_EVICT="evict_first" if stream & 1 else "", ST_CACHE=".cs" if stream & 2 else "")
+        # columns per thread per chunk-loop step (UNROLL=2: two chunks a step)
+        per = cfg["BLOCK_R"] * cfg["CH"] * int(cfg.get("UNROLL", 1) or 1) / (32 * cfg["num_warps"])
     for k, v in cfg.items():
         if k not in LAUNCH_ONLY and k != "WORDS":
             consts[k] = v
@@ -68,6 +75,24 @@ def compile_variant(op: str, over: dict):
     return k, per, cfg
 
 
+def loop_fast_path(ins, lo: int, hi: int):
+    """The instructions of loop ``[lo, hi]`` on its fast path: conditional forward branches not taken, unconditional
+    forward branches taken, up to the loop's backward branch (``NOP`` left out)."""
+    body = [(a, t) for a, t in ins if lo <= a <= hi]
+    idx = {a: i for i, (a, _) in enumerate(body)}
+    i, path = 0, []
+    while i < len(body):
+        a, t = body[i]
+        if not t.startswith("NOP"):
+            path.append(t)
+        m = re.match(r"(@!?U?P\d+ )?BRA (0x[0-9a-f]+)", t)
+        if m and m.group(1) is None and int(m.group(2), 16) > a and int(m.group(2), 16) in idx:
+            i = idx[int(m.group(2), 16)]
+            continue
+        i += 1
+    return path
+
+
 def main():
     op = sys.argv[1]
     over = json.loads(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else {}
@@ -79,12 +104,18 @@ def main():
             f.write(sass)
     print(f"{op} {over}: {res} "
           f"warps {cfg['num_warps']} per-thread elements/step {per:g}")
-    for lo, hi, body in loops(instructions(sass)):
+    ins = instructions(sass)
+    for lo, hi, body in loops(ins):
         def cnt(p):
             return sum(1 for t in body if re.search(p, t))
         print(f"  loop {lo:#x}-{hi:#x}: {len(body)} instr ({len(body) / per:.1f}/elem), "
               f"LDG {cnt(r'LDG')} (128b {cnt(r'LDG.*128')}) STG {cnt(r'STG')} (128b {cnt(r'STG.*128')}) "
               f"LDS {cnt(r'LDS')} STS {cnt(r'STS')} BAR {cnt(r'BAR')} MUFU {cnt(r'MUFU')}")
+        fast = loop_fast_path(ins, lo, hi)
+        ops = [opcode(t) for t in fast]
+        print(f"    fast: {len(fast)} instr ({len(fast) / per:.1f}/elem), MUFU {ops.count('MUFU')} "
+              f"SHFL {ops.count('SHFL')} LDG {ops.count('LDG')} LDGSTS {ops.count('LDGSTS')} LDS {ops.count('LDS')} "
+              f"STG {ops.count('STG')} BAR {ops.count('BAR')} CALL {ops.count('CALL')}")
 
 
 if __name__ == "__main__":

@@ -199,6 +199,25 @@ _BWD_TUNE = (
     # instructions per column, 110 registers; CUPTI 899.9 us against 884.4 for the default (uncapped 925.1, cap 96
     # 955.0).  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2, no registers) lost: 939-1063 us; removed.
     + [dict(SPLIT_STORE=True)]
+    # Session 8 (same bits; tests: test_session8_candidates_same_bits, test_fused_groups_same_bits, the exhaustive
+    # bf16 test for FUSED_BWD=8 / 16).  sm_90a, executed instructions per column on the chunk loop's fast path
+    # (scripts/swiglu_sass.py "fast"; the default 56.6 at 108 registers, 37 SHFL per 16 columns).  MUFU: 2 per column
+    # executed (ex2.approx.ftz in expf; one rcp.approx.ftz shared by s = 1/t and xf/t); the 4 per column of the static
+    # count include the guarded rcp.rn / div.rn slow path, never taken at the anchor.  No same-bits MUFU cut is left.
+    # Memory side (the SASS): each program waits for its row's index, then its weight (kept in a uniform register that
+    # the compiler fills before the chunk loop), before issuing any chunk load (two dependent round trips per row), and
+    # each chunk's loads wait for the previous chunk's arithmetic.  Expected: a few tenths of a % to ~2 % each.
+    + [dict(PEEL=True),                                    # 56.4, 111 registers: first step peeled, its loads before
+       #                                                     the index/weight gathers (which overlap them)
+       dict(UNROLL=2, maxnreg=128),                        # 55.3, 127: two chunks' loads issued per step
+       dict(PEEL=True, UNROLL=2, maxnreg=128),             # 55.3, 128 (8 B stack, outside the loops)
+       dict(PERSIST=True, PEEL=True, programs_per_sm=16),  # 56.5, 112: persistent (16 one-warp programs per SM, 4 per
+       #                                                     scheduler), index two row blocks ahead, weight one ahead
+       dict(FUSED_BWD=8),                                  # 55.9, 112: one |x| guard and branch per 8 elements (ILP)
+       dict(FUSED_BWD=16, maxnreg=128),                    # 55.5, 128 (8 B stack, outside the loops)
+       dict(FUSED_BWD=8, UNROLL=2, maxnreg=128),           # 54.7, 128
+       dict(FUSED_BWD=8, PEEL=True, maxnreg=128),          # 55.7, 124
+       dict(STREAM=2), dict(STREAM=3)]                     # 56.6 / 56.9, 108: .cs stores / also evict-first loads
 )
 
 

@@ -58,7 +58,7 @@ def _load_sf(sf_ptr, rows, gidx, stride_m, stride_k, m, SF_PACKED: tl.constexpr)
 @triton.jit
 def _quant_store(v, rows, cols, m, gidx, gm, q_ptr, stride_qm, sf_ptr, stride_sm,
                  ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr, FAST_MAX: tl.constexpr,
-                 FAST_ENC: tl.constexpr, INT_SCALE: tl.constexpr = False):
+                 FAST_ENC: tl.constexpr, INT_SCALE: tl.constexpr = False, ST_CACHE: tl.constexpr = ""):
     """Per-group (last axis) e4m3 cast of ``v [R, G, NPC]`` (0 where masked): codes at ``cols`` (mask
     ``m``), float32 sf at ``gidx`` (mask ``gm``).  FAST_MAX / FAST_ENC: as in the forward kernel (a
     NaN-propagating group max; the plain encode, whose NaN codes' sign is free).  INT_SCALE (ROUND_SF): the
@@ -76,7 +76,7 @@ def _quant_store(v, rows, cols, m, gidx, gm, q_ptr, stride_qm, sf_ptr, stride_sm
         q = tl.reshape(f32_to_e4m3_bits_satfinite(v * sf_inv[:, :, None]), (BLOCK_R, CH))
     else:
         q = tl.reshape(_encode_e4m3(v, sf_inv[:, :, None]), (BLOCK_R, CH))
-    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=m)
+    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=m, cache_modifier=ST_CACHE)
     tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :], sf, mask=gm)
 
 
@@ -184,7 +184,7 @@ def _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP: tl.constexpr, MASK_
 # Instruction-count candidate FUSED_BWD (with XORSIGN_CLAMP): the per-element backward in one PTX block per four
 # elements of a thread; same bits as the FAST_DIV path (see _swiglu_backward_and_per_token_cast_kernel)
 # ------------------------------------------------------------------------------------------------
-def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
+def _bwd_fused_ptx(clamp: bool, xorsign: bool, n: int = 4) -> str:
     """PTX of the backward of four elements: outputs ``act * w`` ($0-3), dx of the x half ($4-7), dx of the y half
     ($8-11) and ``g * act`` ($12-15, the row-sum terms); inputs the dequantized, unclamped xf ($16-19) and yf
     ($20-23), the grad_out bf16 bits as two words ($24: elements 0 (low half) and 1; $25: 2 and 3), the routing
@@ -206,12 +206,17 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
     (5) (``xorsign``, c >= +0) ``y = min.NaN.xorsign.abs(y, c)``: ``min(|y|, c)`` with y's sign is y for |y| <= c
         (signed zeros kept), +-c beyond (+-inf included), NaN for NaN: the comparisons' values for every y (c = +0:
         +0 for y >= +0, -0 for y <= -0, as ``y > c ? c : y < -c ? -c : y``); else ``max.NaN`` / ``min.NaN``
-        (MINMAX_CLAMP).  x is clamped by ``min.NaN`` (MINMAX_CLAMP; the launcher routes c = -0.0 away)."""
-    n = 4
+        (MINMAX_CLAMP).  x is clamped by ``min.NaN`` (MINMAX_CLAMP; the launcher routes c = -0.0 away).
+
+    ``n`` = 8 or 16 (FUSED_BWD=8 / 16): the same per element for n elements of a thread in one block, with one
+    guard (``max |x|`` over the n, as a tree) and one branch: operands numbered as for four (outputs ``$0 ..
+    $4n-1`` in the four groups of n, then x, y, n/2 grad_out words, w, c), so the compiler may interleave the
+    n elements' expf / reciprocal chains.  The guard's group changes which elements take the slow path, never a
+    value: ``rcp.rn`` / ``div.rn`` are exact everywhere and the fast path equals them where |x| <= 41 (2)."""
     one = "0f3F800000"
     b = ""
     for i in range(n):
-        x, y, c = f"${16 + i}", f"${20 + i}", f"${30 + i}"
+        x, y, c = f"${4 * n + i}", f"${5 * n + i}", f"${7 * n + n // 2 + i}"
         if clamp:
             b += f"min.NaN.f32 x{i}, {x}, {c}; "
             if xorsign:
@@ -221,26 +226,35 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
         else:
             b += f"mov.b32 x{i}, {x}; mov.b32 y{i}, {y}; "
         b += ptx_one_plus_exp_neg(f"x{i}", f"t{i}")
-    guard = ptx_abs_max([f"x{i}" for i in range(n)])
+    if n == 4:
+        guard = ptx_abs_max([f"x{i}" for i in range(n)])
+    else:  # a tree: abs into m<i>, then pairwise max
+        guard = "".join(f"abs.f32 m{i}, x{i}; " for i in range(n))
+        k = n
+        while k > 1:
+            k //= 2
+            guard += "".join(f"max.f32 m{i}, m{i}, m{i + k}; " for i in range(k))
+        guard += "mov.b32 m, m0; "
     fast = "".join(ptx_div_fast(f"x{i}", f"t{i}", f"q{i}", "r", f"s{i}", "r") for i in range(n))
     slow = "".join(f"rcp.rn.f32 s{i}, t{i}; div.rn.f32 q{i}, x{i}, t{i}; " for i in range(n))
     tail = ""
     for i in range(n):
-        gw = "$24" if i < 2 else "$25"
-        w = f"${26 + i}"
+        c = f"${7 * n + n // 2 + i}"
+        gw = f"${6 * n + i // 2}"
+        w = f"${6 * n + n // 2 + i}"
         tail += (f"shl.b32 g, {gw}, 16; " if i % 2 == 0 else f"and.b32 g, {gw}, 0xFFFF0000; ")
         tail += (f"mul.rn.f32 h, g, {w}; mul.rn.f32 h, h, s{i}; "             # gws = (g * w) * s
-                 f"mul.rn.f32 a, q{i}, y{i}; mul.rn.f32 ${i}, a, {w}; mul.rn.f32 ${12 + i}, g, a; "
+                 f"mul.rn.f32 a, q{i}, y{i}; mul.rn.f32 ${i}, a, {w}; mul.rn.f32 ${3 * n + i}, g, a; "
                  f"sub.rn.f32 d, {one}, s{i}; fma.rn.f32 d, x{i}, d, {one}; "
                  f"mul.rn.f32 u, h, y{i}; mul.rn.f32 u, u, d; mul.rn.f32 v, h, x{i}; ")
         if clamp:
             # the flags from the unclamped inputs (still live: no mask registers across the branch)
-            tail += (f"setp.gt.f32 p, ${16 + i}, ${30 + i}; selp.b32 ${4 + i}, 0, u, p; "
-                     f"abs.f32 a, ${20 + i}; setp.gt.f32 p, a, ${30 + i}; selp.b32 ${8 + i}, 0, v, p; ")
+            tail += (f"setp.gt.f32 p, ${4 * n + i}, {c}; selp.b32 ${n + i}, 0, u, p; "
+                     f"abs.f32 a, ${5 * n + i}; setp.gt.f32 p, a, {c}; selp.b32 ${2 * n + i}, 0, v, p; ")
         else:
-            tail += f"mov.b32 ${4 + i}, u; mov.b32 ${8 + i}, v; "
+            tail += f"mov.b32 ${n + i}, u; mov.b32 ${2 * n + i}, v; "
     regs = (f".reg .pred p; .reg .b32 x<{n}>, y<{n}>, t<{n}>, s<{n}>, q<{n}>, "
-            "a, s, j, k, f, e, m, r, z, g, h, d, u, v; ")
+            + ("" if n == 4 else f"m<{n}>, ") + "a, s, j, k, f, e, m, r, z, g, h, d, u, v; ")
     return ("{ " + regs + b + guard + "setp.le.f32 p, m, 0f42240000; @!p bra SLOW; " + fast + "bra.uni DONE; SLOW: "
             + slow + "DONE: " + tail + "}")
 
@@ -251,12 +265,26 @@ _BWD4_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True))
 _BWD4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["f"] * 8 + ["r"] * 2 + ["f"] * 8))
 
 
+def _bwd_constraints(n: int) -> str:
+    return ",".join(["=f"] * (4 * n) + ["f"] * (2 * n) + ["r"] * (n // 2) + ["f"] * (2 * n))
+
+
+_BWD8 = tl.constexpr(_bwd_fused_ptx(False, False, 8))
+_BWD8_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False, 8))
+_BWD8_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True, 8))
+_BWD8_CONSTRAINTS = tl.constexpr(_bwd_constraints(8))
+_BWD16 = tl.constexpr(_bwd_fused_ptx(False, False, 16))
+_BWD16_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False, 16))
+_BWD16_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True, 16))
+_BWD16_CONSTRAINTS = tl.constexpr(_bwd_constraints(16))
+
+
 @triton.jit
-def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constexpr):
+def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constexpr, N: tl.constexpr = 4):
     """``(act * w, dx_x, dx_y, g * act)`` of the unclamped xf / yf, grad_out bits ``gbits`` (int16) and the routing
-    weight ``w`` (all the same shape): one ``_bwd_fused_ptx`` block per four elements on GPUs; under EMULATE the
-    element-wise FAST_DIV path (MASK_FLAGS masks, comparison clamp, ``_rcp_div_fast``'s stand-in), whose values
-    the block reproduces bit for bit."""
+    weight ``w`` (all the same shape): one ``_bwd_fused_ptx`` block per N (4, 8 or 16) elements on GPUs; under
+    EMULATE the element-wise FAST_DIV path (MASK_FLAGS masks, comparison clamp, ``_rcp_div_fast``'s stand-in), whose
+    values the block reproduces bit for bit."""
     if EMULATE:
         g = (gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
         if HAS_CLAMP:
@@ -275,7 +303,27 @@ def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constex
         return act * w, dxx, dxy, g * act
     else:
         cc = tl.full(xf.shape, c, tl.float32)
-        if not HAS_CLAMP:
+        if N == 16:
+            if not HAS_CLAMP:
+                asm: tl.constexpr = _BWD16
+            elif XORSIGN:
+                asm: tl.constexpr = _BWD16_CLAMP_XORSIGN
+            else:
+                asm: tl.constexpr = _BWD16_CLAMP
+            return tl.inline_asm_elementwise(asm, _BWD16_CONSTRAINTS, [xf, yf, gbits, w, cc],
+                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                             pack=16)
+        elif N == 8:
+            if not HAS_CLAMP:
+                asm: tl.constexpr = _BWD8
+            elif XORSIGN:
+                asm: tl.constexpr = _BWD8_CLAMP_XORSIGN
+            else:
+                asm: tl.constexpr = _BWD8_CLAMP
+            return tl.inline_asm_elementwise(asm, _BWD8_CONSTRAINTS, [xf, yf, gbits, w, cc],
+                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                             pack=8)
+        elif not HAS_CLAMP:
             return tl.inline_asm_elementwise(_BWD4, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
                                              dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
                                              pack=4)
@@ -291,20 +339,86 @@ def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constex
 
 @triton.jit
 def _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm, stride_sfm, stride_sfk, stride_gm,
-                     H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, CH: tl.constexpr):
+                     H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, CH: tl.constexpr,
+                     EVICT: tl.constexpr = ""):
     """One chunk's inputs of the rows (masked: 0): the codes of both halves ``[R, CH]``, their scales
-    ``[R, CH/NPC]`` and the grad_out bf16 bits ``[R, CH]``."""
+    ``[R, CH/NPC]`` and the grad_out bf16 bits ``[R, CH]``; ``EVICT`` the codes' and grad_out's eviction policy
+    (read once)."""
     G: tl.constexpr = CH // NPC
     cols = c0 + tl.arange(0, CH)
     gx = c0 // NPC + tl.arange(0, G)
     m = row_ok[:, None] & (cols < H)[None, :]
     gm = row_ok[:, None] & (gx < H // NPC)[None, :]
-    qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0)
-    qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0)
+    qx = tl.load(q_ptr + rows[:, None] * stride_qm + cols[None, :], mask=m, other=0, eviction_policy=EVICT)
+    qy = tl.load(q_ptr + rows[:, None] * stride_qm + (cols[None, :] + H), mask=m, other=0, eviction_policy=EVICT)
     sfx = _load_sf(sfx_ptr, rows, gx, stride_sfm, stride_sfk, gm, SF_PACKED)
     sfy = _load_sf(sfx_ptr, rows, gx + H // NPC, stride_sfm, stride_sfk, gm, SF_PACKED)
-    gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0)
+    gbits = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=m, other=0, eviction_policy=EVICT)
     return qx, qy, sfx, sfy, gbits
+
+
+@triton.jit
+def _bwd_chunk(qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value,
+               out_ptr, dq_ptr, dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm,
+               H: tl.constexpr, NPC: tl.constexpr, HAS_CLAMP: tl.constexpr, ROUND_SF: tl.constexpr,
+               BLOCK_R: tl.constexpr, CH: tl.constexpr, FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr,
+               MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr, RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr,
+               FAST_DIV: tl.constexpr, ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr,
+               XORSIGN_CLAMP: tl.constexpr, INT_SCALE: tl.constexpr, SPLIT_STORE: tl.constexpr,
+               ST_CACHE: tl.constexpr = ""):
+    """One chunk (columns ``[c0, c0 + CH)`` of the row block) from its loaded codes, scales and grad_out bits: the
+    element-wise backward, the stores of out, x_grad, dx's codes and scales, and the row sum's update.  Returns the
+    loop-carried ``(rowsum, pend, rs)`` (``pend``: ROWSUM_PAIRS' last even chunk sum; ``rs``: TILE_ROWSUM's tile;
+    each passed through unchanged where its mode is off).  ``ST_CACHE``: the cache modifier of the plain stores
+    (written once)."""
+    G: tl.constexpr = CH // NPC
+    HG: tl.constexpr = H // NPC  # k-blocks of one half
+    cols = c0 + tl.arange(0, CH)
+    gx = c0 // NPC + tl.arange(0, G)
+    gy = gx + HG
+    m = row_ok[:, None] & (cols < H)[None, :]
+    gm = row_ok[:, None] & (gx < HG)[None, :]
+    xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
+    yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
+    FUSED: tl.constexpr = FUSED_BWD > 0 and FAST_DIV and FAST_ENC and MASK_FLAGS and (
+        MINMAX_CLAMP or not HAS_CLAMP)
+    if FUSED:
+        aw, dxx, dxy, ga = _bwd_fused(xf, yf, tl.reshape(gbits, (BLOCK_R, G, NPC)),
+                                      tl.broadcast_to(w3, (BLOCK_R, G, NPC)), clamp_value, HAS_CLAMP,
+                                      XORSIGN_CLAMP, FUSED_BWD)
+    else:
+        aw, dxx, dxy, ga = _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP, MASK_FLAGS,
+                                         MINMAX_CLAMP, FAST_DIV, FAST_ENC, RCP, BLOCK_R, G, NPC)
+    if TILE_ROWSUM:
+        rs += ga
+    elif ROWSUM_PAIRS:
+        # the chunk sums of an even and the following odd chunk added first, then into the row sum:
+        # the float32 order of one chunk twice as wide split over two warps (the two warps'
+        # partials meet in one commutative add), e.g. CH=512 x 1 warp sums as CH=1024 x 2 warps
+        s_c = tl.sum(tl.sum(ga, axis=2), axis=1)
+        odd = (c0 // CH) % 2 == 1
+        rowsum = tl.where(odd, rowsum + (pend + s_c), rowsum)
+        pend = s_c
+    else:
+        rowsum += tl.sum(tl.sum(ga, axis=2), axis=1)
+    out = tl.reshape(f32_to_bf16_bits(aw), (BLOCK_R, CH))
+    if SPLIT_STORE:
+        _store_bf16_split(out_ptr, rows, stride_om, c0, out, row_ok, H, BLOCK_R, CH)
+        _store_bf16_split(xg_ptr, rows, stride_xgm, c0, tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)),
+                          row_ok, H, BLOCK_R, CH)
+        _store_bf16_split(xg_ptr + H, rows, stride_xgm, c0,
+                          tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), row_ok, H, BLOCK_R, CH)
+    else:
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m, cache_modifier=ST_CACHE)
+        tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
+                 tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m, cache_modifier=ST_CACHE)
+        tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
+                 tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m, cache_modifier=ST_CACHE)
+    _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
+                 FAST_MAX, FAST_ENC, INT_SCALE, ST_CACHE)
+    _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
+                 BLOCK_R, CH, FAST_MAX, FAST_ENC, INT_SCALE, ST_CACHE)
+    return rowsum, pend, rs
 
 
 @triton.jit
@@ -319,7 +433,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
         RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr, PREFETCH: tl.constexpr,
         ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
-        INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, PDL: tl.constexpr = False):
+        INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, UNROLL: tl.constexpr = 1,
+        PERSIST: tl.constexpr = False, PEEL: tl.constexpr = False, LD_EVICT: tl.constexpr = "",
+        ST_CACHE: tl.constexpr = "", PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -342,13 +458,29 @@ def _swiglu_backward_and_per_token_cast_kernel(
     interpreter FUSED_BWD runs its element-wise stand-in.  SPLIT_STORE: the bf16 stores (out, both x_grad halves) as
     ``_store_bf16_split`` (each thread's two 16-byte halves from its own registers; no lane exchange; session 7:
     899.9 us CUPTI against 884.4 for the default).  Bulk L2 prefetches of the chunks ahead (cp.async.bulk.prefetch.L2)
-    were tried in session 7 and removed: 939-1063 us."""
+    were tried in session 7 and removed: 939-1063 us.
+
+    Session-8 candidates (config keys, off by default; same bits: every value, weight_grad's summation order included,
+    is unchanged; sm_90a figures in _bench_swiglu.py's _BWD_TUNE):
+    FUSED_BWD=8 / 16: the fused block over 8 / 16 elements of a thread (one guard and one branch per block, so the
+    compiler can interleave more expf / reciprocal chains; ``_bwd_fused_ptx``).
+    UNROLL=2 (non-PREFETCH, an even chunk count): two chunks a loop step, both chunks' loads issued before the first
+    one's arithmetic (one exposed load round trip per two chunks; ~18 more registers, no loop-carried loads).
+    PEEL (non-PREFETCH): the first loop step peeled off: its chunk loads go out first, then the index load and the
+    weight gather in a run-time branch (which the compiler cannot hoist above the loads).  Without it both dependent
+    round trips (index, then weight: the weight sits in a uniform register, which the compiler fills before the
+    loop) are waited for before any chunk load of the row block is issued.
+    PERSIST (non-PREFETCH): PREFETCH's persistent grid and weight pipeline (index two row blocks ahead, weight one
+    ahead) without its chunk prefetch; with PEEL the next weight's gather goes out after the first step's loads.
+    LD_EVICT / ST_CACHE: the eviction policy of the code and grad_out loads / the cache modifier of the code and
+    bf16 stores (the launcher's STREAM key)."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
-    HG: tl.constexpr = H // NPC  # k-blocks of one half
     rb = tl.program_id(0)
     num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
-    if PREFETCH:
+    WPIPE: tl.constexpr = PREFETCH or PERSIST  # a persistent grid, the weights gathered a row block ahead
+    START: tl.constexpr = CH * UNROLL if PEEL else 0  # the chunk loop's first column
+    if WPIPE:
         nprog = tl.num_programs(0)
         step = nprog * BLOCK_R  # rows from one row block of a program to its next
         rows0 = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -357,37 +489,68 @@ def _swiglu_backward_and_per_token_cast_kernel(
         w_ok0 = ok0 & (idx0 >= 0) & (idx0 < num_weights)
         w_c = tl.where(w_ok0, tl.load(w_ptr + idx0, mask=w_ok0, other=0.0), 0.0)
         idx_c1 = tl.load(ptt_ptr + rows0 + step, mask=rows0 + step < num_rows, other=-1)
-        qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows0, 0, ok0, stride_qm, stride_sfm,
-                                                         stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
+        if PREFETCH:
+            qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows0, 0, ok0, stride_qm,
+                                                             stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
+                                                             LD_EVICT)
     else:
         nprog = num_rb  # one row block per program
     while rb < num_rb:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_ok = rows < num_rows
-        if PREFETCH:
+        if WPIPE:
             idx = idx_c1.to(tl.int64)  # the next row block's index (loaded a row block ago)
             w = w_c
             # the weight of the next row block (its index arrived a row block ago), the index of the one after
             ok1 = row_ok & (rows + step < num_rows)
             w_ok1 = ok1 & (idx >= 0) & (idx < num_weights)
-            w_nx = tl.where(w_ok1, tl.load(w_ptr + idx, mask=w_ok1, other=0.0), 0.0)
+            if not PEEL:
+                w_nx = tl.where(w_ok1, tl.load(w_ptr + idx, mask=w_ok1, other=0.0), 0.0)
             idx_nx2 = tl.load(ptt_ptr + rows + 2 * step, mask=rows + 2 * step < num_rows, other=-1)
-        else:
+        elif not PEEL:
             idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
             w_ok = row_ok & (idx >= 0) & (idx < num_weights)
             w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
-        w3 = w[:, None, None]
         rowsum = tl.zeros([BLOCK_R], tl.float32)
+        pend = tl.zeros([BLOCK_R], tl.float32)  # ROWSUM_PAIRS: the last even chunk's sum
         if TILE_ROWSUM:
             rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
-        elif ROWSUM_PAIRS:
-            pend = tl.zeros([BLOCK_R], tl.float32)  # the last even chunk's sum
-        for c0 in range(0, H, CH):
-            cols = c0 + tl.arange(0, CH)
-            gx = c0 // NPC + tl.arange(0, G)
-            gy = gx + HG
-            m = row_ok[:, None] & (cols < H)[None, :]
-            gm = row_ok[:, None] & (gx < HG)[None, :]
+        else:
+            rs = rowsum  # unused
+        if PEEL:
+            # the first loop step before the loop: its chunk loads go out before the weight's index is loaded and
+            # the weight gathered (w is kept in a uniform register, waited for before the loop that uses it: here
+            # the two dependent round trips overlap the first step's loads)
+            qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, 0, row_ok, stride_qm, stride_sfm,
+                                                       stride_sfk, stride_gm, H, NPC, SF_PACKED, CH, LD_EVICT)
+            if UNROLL == 2:
+                qx2, qy2, sfx2, sfy2, gbits2 = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, CH, row_ok, stride_qm,
+                                                                stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED,
+                                                                CH, LD_EVICT)
+            if WPIPE:
+                w_nx = tl.where(w_ok1, tl.load(w_ptr + idx, mask=w_ok1, other=0.0), 0.0)
+            else:
+                # a run-time branch (w = 0 without weights, as the gather gives): the compiler cannot hoist the
+                # index load above the chunk loads out of it
+                w = tl.zeros([BLOCK_R], tl.float32)
+                if num_weights > 0:
+                    idx = tl.load(ptt_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
+                    w_ok = row_ok & (idx >= 0) & (idx < num_weights)
+                    w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
+            w3 = w[:, None, None]
+            rowsum, pend, rs = _bwd_chunk(
+                qx, qy, sfx, sfy, gbits, 0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF, BLOCK_R,
+                CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS,
+                FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
+            if UNROLL == 2:
+                rowsum, pend, rs = _bwd_chunk(
+                    qx2, qy2, sfx2, sfy2, gbits2, CH, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr,
+                    dq_ptr, dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP,
+                    ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
+                    ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
+        w3 = w[:, None, None]
+        for c0 in range(START, H, CH * UNROLL):
             if PREFETCH:
                 qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
                 # the next chunk of this row block, or after the last one the next row block's first
@@ -395,57 +558,33 @@ def _swiglu_backward_and_per_token_cast_kernel(
                 n_rows = rows + tl.where(last, step, 0)
                 qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(
                     q_ptr, sfx_ptr, g_ptr, n_rows, tl.where(last, 0, c0 + CH), n_rows < num_rows, stride_qm,
-                    stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
+                    stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH, LD_EVICT)
             else:
                 qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
-                                                           stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
-            xf = tl.reshape(_e4m3_to_f32(qx), (BLOCK_R, G, NPC)) * sfx[:, :, None]
-            yf = tl.reshape(_e4m3_to_f32(qy), (BLOCK_R, G, NPC)) * sfy[:, :, None]
-            FUSED: tl.constexpr = FUSED_BWD == 4 and FAST_DIV and FAST_ENC and MASK_FLAGS and (
-                MINMAX_CLAMP or not HAS_CLAMP)
-            if FUSED:
-                aw, dxx, dxy, ga = _bwd_fused(xf, yf, tl.reshape(gbits, (BLOCK_R, G, NPC)),
-                                              tl.broadcast_to(w3, (BLOCK_R, G, NPC)), clamp_value, HAS_CLAMP,
-                                              XORSIGN_CLAMP)
-            else:
-                aw, dxx, dxy, ga = _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP, MASK_FLAGS,
-                                                 MINMAX_CLAMP, FAST_DIV, FAST_ENC, RCP, BLOCK_R, G, NPC)
-            if TILE_ROWSUM:
-                rs += ga
-            elif ROWSUM_PAIRS:
-                # the chunk sums of an even and the following odd chunk added first, then into the row sum:
-                # the float32 order of one chunk twice as wide split over two warps (the two warps'
-                # partials meet in one commutative add), e.g. CH=512 x 1 warp sums as CH=1024 x 2 warps
-                s_c = tl.sum(tl.sum(ga, axis=2), axis=1)
-                odd = (c0 // CH) % 2 == 1
-                rowsum = tl.where(odd, rowsum + (pend + s_c), rowsum)
-                pend = s_c
-            else:
-                rowsum += tl.sum(tl.sum(ga, axis=2), axis=1)
-            out = tl.reshape(f32_to_bf16_bits(aw), (BLOCK_R, CH))
-            if SPLIT_STORE:
-                _store_bf16_split(out_ptr, rows, stride_om, c0, out, row_ok, H, BLOCK_R, CH)
-                _store_bf16_split(xg_ptr, rows, stride_xgm, c0, tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)),
-                                  row_ok, H, BLOCK_R, CH)
-                _store_bf16_split(xg_ptr + H, rows, stride_xgm, c0,
-                                  tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), row_ok, H, BLOCK_R, CH)
-            else:
-                tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=m)
-                tl.store(xg_ptr + rows[:, None] * stride_xgm + cols[None, :],
-                         tl.reshape(f32_to_bf16_bits(dxx), (BLOCK_R, CH)), mask=m)
-                tl.store(xg_ptr + rows[:, None] * stride_xgm + (cols[None, :] + H),
-                         tl.reshape(f32_to_bf16_bits(dxy), (BLOCK_R, CH)), mask=m)
-            _quant_store(dxx, rows, cols, m, gx, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF, BLOCK_R, CH,
-                         FAST_MAX, FAST_ENC, INT_SCALE)
-            _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
-                         BLOCK_R, CH, FAST_MAX, FAST_ENC, INT_SCALE)
+                                                           stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
+                                                           LD_EVICT)
+                if UNROLL == 2:  # the second chunk's loads issued before the first chunk's arithmetic
+                    qx2, qy2, sfx2, sfy2, gbits2 = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0 + CH, row_ok,
+                                                                    stride_qm, stride_sfm, stride_sfk, stride_gm, H,
+                                                                    NPC, SF_PACKED, CH, LD_EVICT)
+            rowsum, pend, rs = _bwd_chunk(
+                qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF, BLOCK_R,
+                CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS,
+                FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
+            if UNROLL == 2:
+                rowsum, pend, rs = _bwd_chunk(
+                    qx2, qy2, sfx2, sfy2, gbits2, c0 + CH, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr,
+                    dq_ptr, dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP,
+                    ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
+                    ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
             if ((H + CH - 1) // CH) % 2 == 1:
                 rowsum += pend  # an odd chunk count: the last chunk has no partner
         tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
-        if PREFETCH:
+        if WPIPE:
             w_c = w_nx
             idx_c1 = idx_nx2
         rb += nprog
@@ -524,9 +663,16 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
         _check_config(cfg, npc)
         block_r = cfg["BLOCK_R"]
         extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
+        fused = int(cfg.get("FUSED_BWD", 0) or 0)
         num_rb = ceil_div(num_rows, block_r)
-        # PREFETCH: a persistent grid (programs_per_sm per SM), its programs walking row blocks
-        grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if cfg["PREFETCH"] else (num_rb,)
+        prefetch = bool(cfg["PREFETCH"])
+        # PREFETCH / PERSIST: a persistent grid (programs_per_sm per SM), its programs walking row blocks
+        persist = prefetch or bool(cfg.get("PERSIST", False))
+        grid = (min(num_rb, config.get_num_sms() * cfg["programs_per_sm"]),) if persist else (num_rb,)
+        # UNROLL=2 (two chunks a loop step) needs an even chunk count and no PREFETCH
+        unroll = 2 if (int(cfg.get("UNROLL", 1) or 1) == 2 and not prefetch and ceil_div(H, cfg["CH"]) % 2 == 0) \
+            else 1
+        stream = int(cfg.get("STREAM", 0) or 0)
         _swiglu_backward_and_per_token_cast_kernel[grid](
             q.view(torch.uint8), sfi.tensor, grad_out.view(torch.int16), ptt, weight,
             out.view(torch.int16), dq.view(torch.uint8), dsf, xg.view(torch.int16), rowsum,
@@ -540,12 +686,18 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             RCP=bool(cfg["RCP"]),
             TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]), PREFETCH=bool(cfg["PREFETCH"]),
             ROWSUM_PAIRS=bool(cfg["ROWSUM_PAIRS"]),
-            # same-bits instruction cuts (config keys, off by default): the fused PTX backward needs 4 elements per
-            # thread in a row (CH / (32 * num_warps) >= 4) and, with a clamp, the min/max clamp (not c = -0.0)
-            FUSED_BWD=4 if int(cfg.get("FUSED_BWD", 0) or 0) == 4 and cfg["CH"] >= 128 * cfg["num_warps"] else 0,
+            # same-bits instruction cuts (config keys, off by default): the fused PTX backward over FUSED_BWD = 4, 8 or
+            # 16 elements needs that many per thread in a row (CH / (32 * num_warps) >= FUSED_BWD) and, with a clamp,
+            # the min/max clamp (not c = -0.0)
+            FUSED_BWD=fused if fused in (4, 8, 16) and cfg["CH"] >= 32 * fused * cfg["num_warps"] else 0,
             XORSIGN_CLAMP=bool(cfg.get("XORSIGN_CLAMP", False)),
             INT_SCALE=bool(cfg.get("INT_SCALE", False)) and round_sf,
             SPLIT_STORE=bool(cfg.get("SPLIT_STORE", False)) and cfg["CH"] >= 16,
+            # memory-side candidates (config keys, off by default; same bits): UNROLL, PERSIST, PEEL (see the
+            # kernel); STREAM bit 1: evict-first loads of the codes and grad_out, bit 2: streaming (.cs) stores
+            UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=bool(cfg.get("PEEL", False)) and not prefetch,
+            LD_EVICT="evict_first" if stream & 1 else "",
+            ST_CACHE=".cs" if stream & 2 else "",
             num_warps=cfg["num_warps"],
             enable_fp_fusion=False,  # no FMA contraction of 1 + exp(-x); tl.fma stays fused
             **extra, **pdl_args(out.device))
