@@ -62,6 +62,8 @@ def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW")):
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
                        options=dict(num_warps=num_warps))
     ops = sorted(set(re.findall(r"(?:ld|st)\.global[.\w]*", k.asm["ptx"])))
+    if re.search(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", k.asm["ptx"]):
+        ops.append("cp.async.16")  # 16-byte asynchronous copies (a tl.range loop pipelined by the compiler)
     print(f"{fn.__name__} {consts} num_warps={num_warps}: {' '.join(ops)}")
     return ops
 
@@ -87,10 +89,12 @@ def main():
     ops = compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF,
                          dict(HC_P2=hc_p2, TOK=cfg["TOK"], BLOCK_D=cfg["BLOCK_D1"]), cfg["WARPS1"])
     assert "ld.global.v4.b32" in ops, "the bwd coef kernel's loads do not vectorise"
-    ops = compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT,
-                         dict(HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=cfg["SPLIT"], PREFETCH=cfg["PREFETCH"]),
-                         cfg["WARPS2"])
-    assert "ld.global.v4.b32" in ops, "the bwd split kernel's loads do not vectorise"
+    for pipe in sorted({0, cfg["PIPE"]}):  # the GPU default (PIPE: the loads as 16-byte cp.async) and plain loads
+        ops = compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT,
+                             dict(HC_P2=hc_p2, BLOCK_D=cfg["BLOCK_D2"], SPLIT=cfg["SPLIT"], PREFETCH=cfg["PREFETCH"],
+                                  PIPE=pipe), cfg["WARPS2"])
+        want = "ld.global.v4.b32" if pipe == 0 else "cp.async.16"
+        assert any(o.startswith(want) for o in ops), f"the bwd split kernel's loads do not vectorise (PIPE={pipe})"
     rows, bd, nw, early, swap, tail = rk._config(132, H)
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=rows, BLOCK_D=bd, EARLY=early, SWAP=swap, TAIL=tail),
                    nw)
@@ -109,8 +113,9 @@ def main():
     compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
     compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
     compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
-    compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT, dict(HC_P2=1, BLOCK_D=1, SPLIT=1, PREFETCH=True, hc=1,
-                                                                 H=1, s_gw1=1), 4)
+    for pipe in (0, 3):
+        compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT, dict(HC_P2=1, BLOCK_D=1, SPLIT=1, PREFETCH=pipe == 0,
+                                                                     PIPE=pipe, hc=1, H=1, s_gw1=1), 4)
     compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
                    dict(SAVE=True, BLOCK_H=1, PREFETCH=True, H=1, hc=1, s_x1=1, s_o1=1), 4)
     print("ok")

@@ -95,10 +95,13 @@ _LOOP = dict(PRMT=True)
 # 26.98): SFW 28.32, maxnreg=96 27.20, [2, 256] 28.21, TW=64 34.72.  Nsight Compute at base clocks: SFW 30.43 us
 # against 33.41 for the default (DRAM 48 % against 43 %, SM 57 %, 21.7 % achieved occupancy): faster at base clocks,
 # slower at boost, i.e. bound by latency at its occupancy (126 registers), where the default is bound by issue/MIO
-# and scales with the clock.  Next: caps 88 / 80 (3 spills on the fast path; 22 / 24 warps per SM).
+# and scales with the clock.  Caps (third call): maxnreg=96 26.76 us against 27.00, 80 27.38, 88 27.81.  Third
+# build (``_hs_index`` with an output block's RK input blocks in one thread's registers): the block max in-thread plus
+# one shuffle (SHFL 29 -> 9 per tile), no shared memory at all (the sf store's relayout went too), 124 registers,
+# 5.04 per value; maxnreg=96: 96 registers without spills, 5.16 per value (the second build's 5.91).
 _OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
-    (1, 128): [dict(SFW=True, maxnreg=96), dict(SFW=True, maxnreg=88), dict(SFW=True, maxnreg=80),
+    (1, 128): [dict(SFW=True, maxnreg=96), dict(SFW=True), dict(SFW=True, TM=2, TW=256, maxnreg=96),
                _OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
                dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
                dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],

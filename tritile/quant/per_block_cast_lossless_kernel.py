@@ -306,21 +306,27 @@ def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, N
 
 @triton.jit
 def _hs_index(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
-              NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
-    """SFW's view of a tile's words, ``[H2, NIM, BMI, NIK, WPB // H2]``: element ``(h, i, b, k, j)`` is word
-    ``WPB * k + (WPB // H2) * h + j`` of row ``pid_m * TM + BMI * i + b`` (input block ``k`` split in ``H2`` parts).
-    Returns ``(rows, k, wc, wmask)``, broadcastable to the view: the row (int64), the block, the word column within
-    the tile and the bounds mask.  Triton lays a load or store of this view out with its contiguous runs (``WPB //
-    H2`` words: 8 bytes in, 16 bytes out at ``WPB = 4``) along the last dimension and its lanes along the first ones
-    (``H2``, then the rows, then the blocks), so the halves of a block sit in neighbouring lanes: each warp store
-    writes whole 32-byte sectors, and the loads, the per-word scales and the stores share one register layout."""
+              NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
+    """SFW's view of a tile's words, ``[H2, NIM, BMI, NIK // RK, RK, WPB // H2]``: element ``(h, i, b, o, r, j)`` is
+    word ``WPB * (RK * o + r) + (WPB // H2) * h + j`` of row ``pid_m * TM + BMI * i + b`` (input block ``RK * o + r``,
+    the ``r``-th of output block ``o``, split in ``H2`` parts).  Returns ``(rows, k, wc, wmask)``, broadcastable to
+    the view: the row (int64), the input block, the word column within the tile and the bounds mask.
+
+    Triton lays a load or store of this view out with its contiguous runs (``WPB // H2`` words: 8 bytes in, 16 bytes
+    out at ``WPB = 4``) along the last dimension and its lanes along the first ones (``H2``, the rows, the output
+    blocks): the ``H2`` parts of an input block sit in neighbouring lanes, so each store instruction writes whole
+    32-byte sectors; an output block's ``RK`` input blocks sit in one thread's registers, so its max needs one
+    shuffle (over ``H2``); and the loads, the per-word scales and the stores share one register layout."""
     WPT: tl.constexpr = WPB // H2
-    h = tl.arange(0, H2)[:, None, None, None, None]
-    i = tl.arange(0, NIM)[None, :, None, None, None]
-    b = tl.arange(0, BMI)[None, None, :, None, None]
-    k = tl.arange(0, NIK)[None, None, None, :, None]
-    j = tl.arange(0, WPT)[None, None, None, None, :]
+    NOK: tl.constexpr = NIK // RK
+    h = tl.arange(0, H2)[:, None, None, None, None, None]
+    i = tl.arange(0, NIM)[None, :, None, None, None, None]
+    b = tl.arange(0, BMI)[None, None, :, None, None, None]
+    o = tl.arange(0, NOK)[None, None, None, :, None, None]
+    r = tl.arange(0, RK)[None, None, None, None, :, None]
+    j = tl.arange(0, WPT)[None, None, None, None, None, :]
     rows = pid_m * TM + (i * BMI).to(tl.int64) + b
+    k = o * RK + r
     wc = k * WPB + h * WPT + j
     wmask = (rows < M) & (pid_k * TW + wc < (K // 32) * 4)
     return rows, k, wc, wmask
@@ -328,19 +334,19 @@ def _hs_index(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.co
 
 @triton.jit
 def _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
-              NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
+              NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
     """A tile's FP4 words in SFW's view (``_hs_index``; 0 outside the tensor)."""
-    rows, k, wc, wmask = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
+    rows, k, wc, wmask = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
     return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
 
 
 @triton.jit
 def _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
                TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-               WPB: tl.constexpr, H2: tl.constexpr):
+               WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
     """``_tile_sf_raw`` per word, in SFW's view: each word loads its block's raw scale (a broadcast load: a block's
     words read one address), so that the encode mixes no operand from another register layout."""
-    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
+    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
     ib_m = rows // BMI
     ib_k = pid_k * NIK + wc // WPB  # the block of each word (the full view's shape: the words' layout)
     ok = (ib_m < MS_IN) & (ib_k < KS_IN)
@@ -361,27 +367,30 @@ def _hs_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM
     NOM: tl.constexpr = NIM // RM
     NOK: tl.constexpr = NIK // RK
     if IN_PACKED:
-        k = tl.arange(0, NIK)[None, None, None, :, None]
-        e_in = (raw >> (8 * ((pid_k * NIK + k) % 4)).to(tl.int32)) & 0xFF
+        o = tl.arange(0, NOK)[None, None, None, :, None, None]
+        r = tl.arange(0, RK)[None, None, None, None, :, None]
+        e_in = (raw >> (8 * ((pid_k * NIK + o * RK + r) % 4)).to(tl.int32)) & 0xFF
     else:
         e_in = (raw >> 23) & 0xFF
     e5 = tl.reshape(e_in, (H2, NOM, RM * BMI, NOK, RK * WPT))
     emax = tl.max(tl.max(tl.max(e5, axis=4, keep_dims=True), axis=2, keep_dims=True), axis=0, keep_dims=True)
     e_out5, d5 = _exponents_of_blocks(e5, emax)
-    return tl.reshape(d5, (H2, NIM, BMI, NIK, WPT)), tl.reshape(e_out5, (NOM, NOK))
+    return tl.reshape(d5, (H2, NIM, BMI, NOK, RK, WPT)), tl.reshape(e_out5, (NOM, NOK))
 
 
 @triton.jit
 def _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
-              BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr):
+              BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr,
+              RK: tl.constexpr):
     """``_tile_store`` (the same words to the same addresses) of output words ``lo`` / ``hi`` in SFW's view: each
     thread's output words are contiguous (``2 * WPB // H2``), so the store keeps the register layout."""
     WPT: tl.constexpr = WPB // H2
-    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2)
-    c = tl.arange(0, 2 * WPT)[None, None, None, None, :]
-    h = tl.arange(0, H2)[:, None, None, None, None]
+    NOK: tl.constexpr = NIK // RK
+    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
+    c = tl.arange(0, 2 * WPT)[None, None, None, None, None, :]
+    h = tl.arange(0, H2)[:, None, None, None, None, None]
     oc = pid_k * (2 * TW) + k * (2 * WPB) + h * (2 * WPT) + c
-    tl.store(out_ptr + rows * stride_om + oc, tl.reshape(tl.join(lo, hi), (H2, NIM, BMI, NIK, 2 * WPT)),
+    tl.store(out_ptr + rows * stride_om + oc, tl.reshape(tl.join(lo, hi), (H2, NIM, BMI, NOK, RK, 2 * WPT)),
              mask=(rows < M) & (oc < (K // 32) * 8))
 
 
@@ -420,13 +429,13 @@ def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr
 @triton.jit
 def _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik,
                 TM: tl.constexpr, TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
-                NIK: tl.constexpr, WPB: tl.constexpr, SFW: tl.constexpr, H2: tl.constexpr):
+                NIK: tl.constexpr, WPB: tl.constexpr, SFW: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
     """The looping kernel's loads of a tile: its words and raw scales, in SFW's view (``_hs_index``) or as the
     ``[NIM, BMI, NIK, WPB]`` words and the ``[NIM, NIK]`` per-block scales."""
     if SFW:
-        w = _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB, H2)
+        w = _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
         raw = _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED,
-                         BMI, NIM, NIK, WPB, H2)
+                         BMI, NIM, NIK, WPB, H2, RK)
     else:
         w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
         raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
@@ -471,7 +480,7 @@ def _per_block_cast_lossless_loop_kernel(
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
     w, raw = _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik, TM,
-                         TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
+                         TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2, RK)
     while t < end:
         # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
         tn = t + T_STEP
@@ -479,8 +488,8 @@ def _per_block_cast_lossless_loop_kernel(
         pid_kn = (tn % NKT).to(tl.int64)
         if SFW:
             d4, e_out = _hs_sf_exponents(raw, pid_k, IN_PACKED, BMI, NIM, NIK, WPB, H2, RM, RK)
-            bad = tl.max(tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0), axis=4),
-                                              axis=3), axis=2), axis=1), axis=0)
+            bad = tl.max(tl.max(tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0),
+                                                            axis=5), axis=4), axis=3), axis=2), axis=1), axis=0)
         else:
             d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
             d4 = tl.reshape(d, (NIM, 1, NIK, 1))
@@ -489,7 +498,8 @@ def _per_block_cast_lossless_loop_kernel(
             # prefetch: the next tile's loads fly while this one is converted (the rare slow path loads after its
             # conversion, so that the prefetched words do not add to its registers)
             w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
-                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
+                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2,
+                                           RK)
             if PRMT:
                 lo, hi = _words_e4m3_prmt(w, d4)
             else:
@@ -505,9 +515,10 @@ def _per_block_cast_lossless_loop_kernel(
                 lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
                 hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
             w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
-                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2)
+                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2,
+                                           RK)
         if SFW:
-            _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB, H2)
+            _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
         else:
             _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
         _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
