@@ -52,8 +52,6 @@ def compile_variant(over: dict, ob, in_packed: bool, out_packed: bool):
                     T_STEP=g if cfg["PERSIST"] else 1, T_SPAN=nmt * nkt if cfg["PERSIST"] else cfg["TILES"])
     consts = dict(IN_PACKED=in_packed, OUT_PACKED=out_packed, BMI=BMI, BKI=BKI, BMO=bmo, BKO=bko, TM=cfg["TM"],
                   TW=cfg["TW"], PRMT=cfg["PRMT"], PAIR64=cfg["PAIR64"], PDL=True)
-    if fn is L._per_block_cast_lossless_loop_kernel:
-        consts["SFW"] = bool(cfg.get("SFW"))
     consts.update({n: 1 for n, v in ints.items() if v == 1})  # Triton specializes integer arguments equal to 1
     div16 = {n for n in fn.arg_names if n in ptrs or ints.get(n, 1) % 16 == 0}
     k = compile_kernel(fn, ptrs, consts, div16, num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg") or None)

@@ -18,10 +18,8 @@ from tritile.utils import align, ceil_div
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed) of the sf, in and out
 # the looping kernel (TILES: chunks of consecutive tiles per program; PERSIST: get_num_sms() * PERSIST programs, 4
 # SMs on the CPU) with its prefetch, on the PRMT and the default fast path
-# SFW (session 8): the scales loaded per word, the store through a view in the registers' layout
 LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=True), dict(PERSIST=1, PRMT=True),
-                   dict(PERSIST=3, PRMT=True), dict(TILES=1, PRMT=True, SFW=True), dict(TILES=5, SFW=True),
-                   dict(PERSIST=3, PRMT=True, SFW=True)]
+                   dict(PERSIST=3, PRMT=True)]
 # TILES=0 / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + TILES=1 since session 7 (PAIR64 is a 2-D grid
 # word-kernel option); dict(PRMT=False, TILES=0) is the default before
 CANDIDATES = [dict(PRMT=True, TILES=0), dict(PAIR64=True, TILES=0), dict(PRMT=True, PAIR64=True, TILES=0),
@@ -178,7 +176,7 @@ def test_lossless_flags_exhaustive_gpu(ob, device):
 
     m, k = 1031, 7168
     e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)
-    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("PRMT") or c.get("PAIR64") or c.get("SFW")] + CANDIDATES
+    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("PRMT") or c.get("PAIR64")] + CANDIDATES
     for in_flags in CONFIGS:
         x = _codes_input(m, k, e, in_flags[2], in_flags[0], device)
         for cand in cands:

@@ -83,37 +83,27 @@ _LOOP = dict(PRMT=True)
 # warps, PIPE with TILES, PAIR64 without a cap; then PIPE itself (the walk as a Triton-pipelined tl.range loop,
 # cp.async into shared memory) was removed.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
 # the 1-warp [4, 128] program is not latency-bound; Nsight puts it on MIO (the relayouts through shared memory).
-# SFW (session 8): the tile in one layout for the loads, the per-word input scales and the stores.  First build
-# (the words' [4 rows x 8 blocks]-lane layout, 4 words a thread; scales loaded per word; the output through a split
-# view, each 32-byte sector written in two 16-byte halves by two store instructions): no shared-memory relayouts
-# (sm_90a LDS 28 -> 1, STS 20 -> 1, STSM 8 -> 0), 93 registers, 3.95 instructions per value against 4.58, but on
-# the H200 33.47 us against 26.83 (CUPTI; TW=64 34.68, [8, 128] x 2 warps 38.29, TILES=2 37.85, without PRMT 35.27);
-# Nsight Compute: "Mem Busy" 83 -> 49 %, DRAM 43 -> 41 %, L2 hit rate 63 -> 75 %: the half-sector stores.  Second
-# build (``_hs_index``): each input block's words in two neighbouring lanes (8-byte loads, 16-byte stores covering
-# whole sectors per instruction), still no shared memory at (1, 128) (LDS 0, STS 2), 126 registers, 5.49 per value
-# (TW=64: 62 registers, 6.75; maxnreg=96: 95, 5.91, no spills; [2, 256]: 124, 5.55).  H200 (CUPTI, us; default
-# 26.98): SFW 28.32, maxnreg=96 27.20, [2, 256] 28.21, TW=64 34.72.  Nsight Compute at base clocks: SFW 30.43 us
-# against 33.41 for the default (DRAM 48 % against 43 %, SM 57 %, 21.7 % achieved occupancy): faster at base clocks,
-# slower at boost, i.e. bound by latency at its occupancy (126 registers), where the default is bound by issue/MIO
-# and scales with the clock.  Caps (third call): maxnreg=96 26.76 us against 27.00, 80 27.38, 88 27.81.  Third
-# build (``_hs_index`` with an output block's RK input blocks in one thread's registers): the block max in-thread plus
-# one shuffle (SHFL 29 -> 9 per tile), no shared memory at all (the sf store's relayout went too), 124 registers,
-# 5.04 per value; maxnreg=96: 96 registers without spills, 5.16 per value (the second build's 5.91).
+# SFW (session 8; built in three layouts, swept on the H200, removed; NOTES.md has the figures): the tile in one
+# register layout for the loads, the per-word input scales and the stores, with no relayout through shared memory.
+# (1) the words' layout with a split-view store: 33.47 us against 26.83 (every 32-byte output sector written in two
+# 16-byte halves by two store instructions); (2) a block's words in two neighbouring lanes (whole-sector stores):
+# 26.76-28.32 against 26.98-27.00 (126 registers; faster than the default at base clocks, slower at boost);
+# (3) an output block's input blocks in one thread (SHFL 29 -> 9): 29.24-30.00 against 26.91 (8-byte loads at a
+# 16-byte stride: half sectors per load instruction).
 _OLD_1x128 = dict(PRMT=False, TILES=0)
 _TUNE_LOSSLESS = {
-    (1, 128): [dict(SFW=True, maxnreg=96), dict(SFW=True), dict(SFW=True, TM=2, TW=256, maxnreg=96),
-               _OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
+    (1, 128): [_OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
                dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
                dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
                dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72),
-               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96), dict(_LOOP, TILES=1, SFW=True)],
+               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
                  dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80),
-                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96), dict(_LOOP, TILES=1, SFW=True)],
+                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
 }
 
 

@@ -275,16 +275,6 @@ def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
 
 
 @triton.jit
-def _exponents_of_blocks(e, emax):
-    """``(e_out, d)`` from the input exponents ``e`` and their max over each output block ``emax`` (broadcast
-    against ``e``): the output exponent ``E`` of each output block (max, minus 6, saturating at 0; 255 stays) and
-    each input element's multiplier exponent (0 for a non-finite output block)."""
-    e_out = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))
-    d = tl.where(e_out >= 255, 0, tl.minimum(tl.maximum(e - e_out + 127, 0), 254))
-    return e_out, d
-
-
-@triton.jit
 def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
                        RM: tl.constexpr, RK: tl.constexpr):
     """``(d, e_out)`` (see ``_block_multiplier_exponents``) from the raw scales of ``_tile_sf_raw``."""
@@ -298,100 +288,12 @@ def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, N
     # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
     # a layout in which every thread holds the whole tensor)
     e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    e_out4, d4 = _exponents_of_blocks(e4, tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True))
+    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
+    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
+    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
     d = tl.reshape(d4, (NIM, NIK))
     e_out = tl.reshape(e_out4, (NOM, NOK))
     return d, e_out
-
-
-@triton.jit
-def _hs_index(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
-              NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
-    """SFW's view of a tile's words, ``[H2, NIM, BMI, NIK // RK, RK, WPB // H2]``: element ``(h, i, b, o, r, j)`` is
-    word ``WPB * (RK * o + r) + (WPB // H2) * h + j`` of row ``pid_m * TM + BMI * i + b`` (input block ``RK * o + r``,
-    the ``r``-th of output block ``o``, split in ``H2`` parts).  Returns ``(rows, k, wc, wmask)``, broadcastable to
-    the view: the row (int64), the input block, the word column within the tile and the bounds mask.
-
-    Triton lays a load or store of this view out with its contiguous runs (``WPB // H2`` words: 8 bytes in, 16 bytes
-    out at ``WPB = 4``) along the last dimension and its lanes along the first ones (``H2``, the rows, the output
-    blocks): the ``H2`` parts of an input block sit in neighbouring lanes, so each store instruction writes whole
-    32-byte sectors; an output block's ``RK`` input blocks sit in one thread's registers, so its max needs one
-    shuffle (over ``H2``); and the loads, the per-word scales and the stores share one register layout."""
-    WPT: tl.constexpr = WPB // H2
-    NOK: tl.constexpr = NIK // RK
-    h = tl.arange(0, H2)[:, None, None, None, None, None]
-    i = tl.arange(0, NIM)[None, :, None, None, None, None]
-    b = tl.arange(0, BMI)[None, None, :, None, None, None]
-    o = tl.arange(0, NOK)[None, None, None, :, None, None]
-    r = tl.arange(0, RK)[None, None, None, None, :, None]
-    j = tl.arange(0, WPT)[None, None, None, None, None, :]
-    rows = pid_m * TM + (i * BMI).to(tl.int64) + b
-    k = o * RK + r
-    wc = k * WPB + h * WPT + j
-    wmask = (rows < M) & (pid_k * TW + wc < (K // 32) * 4)
-    return rows, k, wc, wmask
-
-
-@triton.jit
-def _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
-              NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
-    """A tile's FP4 words in SFW's view (``_hs_index``; 0 outside the tensor)."""
-    rows, k, wc, wmask = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
-    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
-
-
-@triton.jit
-def _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM: tl.constexpr,
-               TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-               WPB: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
-    """``_tile_sf_raw`` per word, in SFW's view: each word loads its block's raw scale (a broadcast load: a block's
-    words read one address), so that the encode mixes no operand from another register layout."""
-    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
-    ib_m = rows // BMI
-    ib_k = pid_k * NIK + wc // WPB  # the block of each word (the full view's shape: the words' layout)
-    ok = (ib_m < MS_IN) & (ib_k < KS_IN)
-    if IN_PACKED:
-        raw = tl.load(sf_in_ptr + ib_m * stride_sim + (ib_k // 4) * stride_sik, mask=ok, other=0)
-    else:
-        raw = tl.load(sf_in_ptr.to(tl.pointer_type(tl.int32)) + ib_m * stride_sim + ib_k * stride_sik, mask=ok,
-                      other=0)
-    return raw
-
-
-@triton.jit
-def _hs_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-                     WPB: tl.constexpr, H2: tl.constexpr, RM: tl.constexpr, RK: tl.constexpr):
-    """``(d, e_out)`` as ``_tile_sf_exponents`` gives them, with ``d`` per word in SFW's view from the raw scales of
-    ``_hs_sf_raw``; ``e_out`` ``[NIM // RM, NIK // RK]``."""
-    WPT: tl.constexpr = WPB // H2
-    NOM: tl.constexpr = NIM // RM
-    NOK: tl.constexpr = NIK // RK
-    if IN_PACKED:
-        o = tl.arange(0, NOK)[None, None, None, :, None, None]
-        r = tl.arange(0, RK)[None, None, None, None, :, None]
-        e_in = (raw >> (8 * ((pid_k * NIK + o * RK + r) % 4)).to(tl.int32)) & 0xFF
-    else:
-        e_in = (raw >> 23) & 0xFF
-    e5 = tl.reshape(e_in, (H2, NOM, RM * BMI, NOK, RK * WPT))
-    emax = tl.max(tl.max(tl.max(e5, axis=4, keep_dims=True), axis=2, keep_dims=True), axis=0, keep_dims=True)
-    e_out5, d5 = _exponents_of_blocks(e5, emax)
-    return tl.reshape(d5, (H2, NIM, BMI, NOK, RK, WPT)), tl.reshape(e_out5, (NOM, NOK))
-
-
-@triton.jit
-def _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
-              BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr, H2: tl.constexpr,
-              RK: tl.constexpr):
-    """``_tile_store`` (the same words to the same addresses) of output words ``lo`` / ``hi`` in SFW's view: each
-    thread's output words are contiguous (``2 * WPB // H2``), so the store keeps the register layout."""
-    WPT: tl.constexpr = WPB // H2
-    NOK: tl.constexpr = NIK // RK
-    rows, k, wc, _ = _hs_index(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
-    c = tl.arange(0, 2 * WPT)[None, None, None, None, None, :]
-    h = tl.arange(0, H2)[:, None, None, None, None, None]
-    oc = pid_k * (2 * TW) + k * (2 * WPB) + h * (2 * WPT) + c
-    tl.store(out_ptr + rows * stride_om + oc, tl.reshape(tl.join(lo, hi), (H2, NIM, BMI, NOK, RK, 2 * WPT)),
-             mask=(rows < M) & (oc < (K // 32) * 8))
 
 
 @triton.jit
@@ -427,22 +329,6 @@ def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr
 
 
 @triton.jit
-def _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik,
-                TM: tl.constexpr, TW: tl.constexpr, IN_PACKED: tl.constexpr, BMI: tl.constexpr, NIM: tl.constexpr,
-                NIK: tl.constexpr, WPB: tl.constexpr, SFW: tl.constexpr, H2: tl.constexpr, RK: tl.constexpr):
-    """The looping kernel's loads of a tile: its words and raw scales, in SFW's view (``_hs_index``) or as the
-    ``[NIM, BMI, NIK, WPB]`` words and the ``[NIM, NIK]`` per-block scales."""
-    if SFW:
-        w = _hs_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
-        raw = _hs_sf_raw(sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_sim, stride_sik, TM, TW, IN_PACKED,
-                         BMI, NIM, NIK, WPB, H2, RK)
-    else:
-        w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
-        raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
-    return w, raw
-
-
-@triton.jit
 def _per_block_cast_lossless_loop_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
@@ -450,8 +336,7 @@ def _per_block_cast_lossless_loop_kernel(
     NUM_TILES, NKT, NMT, T_FIRST, T_STEP, T_SPAN,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, SFW: tl.constexpr = False,
-    PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) in a loop
     over several tiles per program, with the next tile's words and input scales loaded (software prefetch) before the
@@ -473,33 +358,27 @@ def _per_block_cast_lossless_loop_kernel(
     WPB: tl.constexpr = BKI // 8  # words per input block row
     RM: tl.constexpr = BMO // BMI
     RK: tl.constexpr = BKO // BKI
-    H2: tl.constexpr = 2 if WPB >= 2 else 1  # SFW: parts of an input block's words in neighbouring lanes
     first = tl.program_id(0) * T_FIRST
     end = tl.minimum(first + T_SPAN, NUM_TILES)
     t = first
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
-    w, raw = _loop_loads(x_ptr, sf_in_ptr, pid_m, pid_k, M, K, MS_IN, KS_IN, stride_xm, stride_sim, stride_sik, TM,
-                         TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2, RK)
+    w = _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
     while t < end:
         # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
         tn = t + T_STEP
         pid_mn = tl.where(tn < end, tn // NKT, NMT).to(tl.int64)
         pid_kn = (tn % NKT).to(tl.int64)
-        if SFW:
-            d4, e_out = _hs_sf_exponents(raw, pid_k, IN_PACKED, BMI, NIM, NIK, WPB, H2, RM, RK)
-            bad = tl.max(tl.max(tl.max(tl.max(tl.max(tl.max(tl.where((d4 != 0) & ((d4 < 122) | (d4 > 133)), 1, 0),
-                                                            axis=5), axis=4), axis=3), axis=2), axis=1), axis=0)
-        else:
-            d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
-            d4 = tl.reshape(d, (NIM, 1, NIK, 1))
-            bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
+        d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
+        d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+        bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
         if bad == 0:
             # prefetch: the next tile's loads fly while this one is converted (the rare slow path loads after its
             # conversion, so that the prefetched words do not add to its registers)
-            w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
-                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2,
-                                           RK)
+            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
+                                    NIK)
             if PRMT:
                 lo, hi = _words_e4m3_prmt(w, d4)
             else:
@@ -514,13 +393,10 @@ def _per_block_cast_lossless_loop_kernel(
             for j in tl.range(0, 4, loop_unroll_factor=1):
                 lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
                 hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
-            w_next, raw_next = _loop_loads(x_ptr, sf_in_ptr, pid_mn, pid_kn, M, K, MS_IN, KS_IN, stride_xm,
-                                           stride_sim, stride_sik, TM, TW, IN_PACKED, BMI, NIM, NIK, WPB, SFW, H2,
-                                           RK)
-        if SFW:
-            _hs_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB, H2, RK)
-        else:
-            _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
+            w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
+            raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
+                                    NIK)
+        _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM, TW, BMI, NIM, NIK, WPB)
         _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
                           OUT_PACKED)
         w = w_next
@@ -691,8 +567,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
     ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
     PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
-    computed; ``SFW`` (looping kernel only): the tile as a view whose layout serves the loads, the per-word input scales
-    and the stores alike (``_hs_index``: no relayout of the tile through shared memory, whole-sector stores)."""
+    computed."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -700,7 +575,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
                                           "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0, "SFW": False,
+                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0,
                                           **_gpu_defaults(bmo, words_ok)})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
@@ -711,9 +586,6 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     loop = words and (c["TILES"] or c["PERSIST"])
-    if c["SFW"] and words and not loop:
-        raise ValueError(f"bad per_block_cast_lossless launch config {c}: SFW is built into the looping kernel only "
-                         "(TILES or PERSIST > 0)")
     if loop:
         if c["PAIR64"]:
             raise ValueError(f"bad per_block_cast_lossless launch config {c}: PAIR64 is not built into the looping "
@@ -733,7 +605,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             num_tiles, nkt, nmt, first, step, span,
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]), SFW=bool(c["SFW"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     elif words:
         out_w = out.view(torch.uint8).view(torch.int32)
