@@ -259,15 +259,15 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool, n: int = 4) -> str:
             + slow + "DONE: " + tail + "}")
 
 
+def _bwd_constraints(n: int) -> str:
+    """The inline-asm constraints of ``_bwd_fused_ptx(..., n)``: 4n float outputs, then x, y, n/2 grad_out words, w, c."""
+    return ",".join(["=f"] * (4 * n) + ["f"] * (2 * n) + ["r"] * (n // 2) + ["f"] * (2 * n))
+
+
 _BWD4 = tl.constexpr(_bwd_fused_ptx(False, False))
 _BWD4_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False))
 _BWD4_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True))
-_BWD4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["f"] * 8 + ["r"] * 2 + ["f"] * 8))
-
-
-def _bwd_constraints(n: int) -> str:
-    return ",".join(["=f"] * (4 * n) + ["f"] * (2 * n) + ["r"] * (n // 2) + ["f"] * (2 * n))
-
+_BWD4_CONSTRAINTS = tl.constexpr(_bwd_constraints(4))
 
 _BWD8 = tl.constexpr(_bwd_fused_ptx(False, False, 8))
 _BWD8_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False, 8))
@@ -303,38 +303,34 @@ def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constex
         return act * w, dxx, dxy, g * act
     else:
         cc = tl.full(xf.shape, c, tl.float32)
+        # the PTX block for N elements (4, 8 or 16) and the clamp mode
         if N == 16:
+            cons: tl.constexpr = _BWD16_CONSTRAINTS
             if not HAS_CLAMP:
                 asm: tl.constexpr = _BWD16
             elif XORSIGN:
                 asm: tl.constexpr = _BWD16_CLAMP_XORSIGN
             else:
                 asm: tl.constexpr = _BWD16_CLAMP
-            return tl.inline_asm_elementwise(asm, _BWD16_CONSTRAINTS, [xf, yf, gbits, w, cc],
-                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                             pack=16)
         elif N == 8:
+            cons: tl.constexpr = _BWD8_CONSTRAINTS
             if not HAS_CLAMP:
                 asm: tl.constexpr = _BWD8
             elif XORSIGN:
                 asm: tl.constexpr = _BWD8_CLAMP_XORSIGN
             else:
                 asm: tl.constexpr = _BWD8_CLAMP
-            return tl.inline_asm_elementwise(asm, _BWD8_CONSTRAINTS, [xf, yf, gbits, w, cc],
-                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                             pack=8)
-        elif not HAS_CLAMP:
-            return tl.inline_asm_elementwise(_BWD4, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
-                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                             pack=4)
-        elif XORSIGN:
-            return tl.inline_asm_elementwise(_BWD4_CLAMP_XORSIGN, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
-                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                             pack=4)
         else:
-            return tl.inline_asm_elementwise(_BWD4_CLAMP, _BWD4_CONSTRAINTS, [xf, yf, gbits, w, cc],
-                                             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                             pack=4)
+            cons: tl.constexpr = _BWD4_CONSTRAINTS
+            if not HAS_CLAMP:
+                asm: tl.constexpr = _BWD4
+            elif XORSIGN:
+                asm: tl.constexpr = _BWD4_CLAMP_XORSIGN
+            else:
+                asm: tl.constexpr = _BWD4_CLAMP
+        return tl.inline_asm_elementwise(asm, cons, [xf, yf, gbits, w, cc],
+                                         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                                         pack=N)
 
 
 @triton.jit
