@@ -149,6 +149,28 @@ def _words_e4m3_prmt(w, d):
 
 
 @triton.jit
+def _words_e4m3_lanes(w, d4):
+    """The fast path without PRMT: the two e4m3 output words (values 0..3, 4..7) of FP4 words ``w`` by exponent
+    arithmetic on the byte lanes (``_lanes_e4m3``), ``d4`` as in ``_words_e4m3_prmt``."""
+    m7 = tl.where(d4 == 0, 0, 0x07070707)
+    b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
+    return _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b), _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)
+
+
+@triton.jit
+def _words_e4m3_slow(w, d4):
+    """The slow path (any multiplier exponent ``d4``): each value scaled in float32 and rounded to e4m3; a rolled loop,
+    as the path is rare and must not raise the fast path's register count."""
+    mult = (d4 << 23).to(tl.float32, bitcast=True)
+    lo = tl.zeros_like(w)
+    hi = tl.zeros_like(w)
+    for j in tl.range(0, 4, loop_unroll_factor=1):
+        lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
+        hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
+    return lo, hi
+
+
+@triton.jit
 def _store_pairs(ptrs, lo, hi, mask):
     """Store output words ``lo`` / ``hi`` (int32) as the low / high halves of the int64s at ``ptrs``."""
     tl.store(ptrs, (hi.to(tl.int64) << 32) | lo.to(tl.uint32, bitcast=True).to(tl.int64), mask=mask)
@@ -233,20 +255,11 @@ def _per_block_cast_lossless_words_kernel(
         if PRMT:
             lo, hi = _words_e4m3_prmt(w, d4)
         else:
-            m7 = tl.where(d4 == 0, 0, 0x07070707)
-            b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
-            lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)  # values 0..3 of the word
-            hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)  # values 4..7
+            lo, hi = _words_e4m3_lanes(w, d4)  # values 0..3 / 4..7 of the word
         if PAIR64:
             _store_pairs(optrs, lo, hi, wmask)
     else:
-        mult = (d4 << 23).to(tl.float32, bitcast=True)
-        lo = tl.zeros_like(w)
-        hi = tl.zeros_like(w)
-        # a rolled loop: this path is rare, so it must not raise the fast path's register count
-        for j in tl.range(0, 4, loop_unroll_factor=1):
-            lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
-            hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
+        lo, hi = _words_e4m3_slow(w, d4)
         if PAIR64:
             _store_pairs(optrs, lo, hi, wmask)
     if not PAIR64:
@@ -382,17 +395,9 @@ def _per_block_cast_lossless_loop_kernel(
             if PRMT:
                 lo, hi = _words_e4m3_prmt(w, d4)
             else:
-                m7 = tl.where(d4 == 0, 0, 0x07070707)
-                b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
-                lo = _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b)
-                hi = _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)
+                lo, hi = _words_e4m3_lanes(w, d4)
         else:
-            mult = (d4 << 23).to(tl.float32, bitcast=True)
-            lo = tl.zeros_like(w)
-            hi = tl.zeros_like(w)
-            for j in tl.range(0, 4, loop_unroll_factor=1):
-                lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
-                hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
+            lo, hi = _words_e4m3_slow(w, d4)
             w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
             raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
                                     NIK)
