@@ -118,7 +118,34 @@ def main():
                                                                      PIPE=pipe, hc=1, H=1, s_gw1=1), 4)
     compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
                    dict(SAVE=True, BLOCK_H=1, PREFETCH=True, H=1, hc=1, s_x1=1, s_o1=1), 4)
+    compile_onepass()
     print("ok")
+
+
+def compile_onepass():
+    """The one-pass Gluon backward (when this Triton has the Gluon API it targets): TMA loads, no register spills,
+    shared memory within the H200's 227 KB a block."""
+    from tritile.engram import _engram_bwd_gluon as onepass
+
+    if onepass._gluon() is None:
+        print("one-pass Gluon kernel: skipped (no Gluon 3.6 API)")
+        return
+    import subprocess
+    import tempfile
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for hc, H in ((4, 7168), (4, 8192), (4, 2560), (2, 4096), (1, 1024), (4, 256)):
+        k = onepass.compile_offline(H, hc)
+        assert "cp.async.bulk.tensor" in k.asm["ptx"], "the one-pass kernel issues no TMA loads"
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        use = {a: int(b) for a, b in re.findall(r"(REG|STACK|LOCAL):(\d+)", res)}
+        smem = k.metadata.shared
+        print(f"one-pass hc={hc} H={H}: {use} shared={smem}")
+        assert use["STACK"] == 0 and use["LOCAL"] == 0, "the one-pass kernel spills registers"
+        assert smem <= 227 * 1024, "the one-pass kernel needs more shared memory than a block may have"
 
 
 if __name__ == "__main__":

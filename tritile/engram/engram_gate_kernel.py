@@ -47,6 +47,7 @@ from ..language.cast import EMULATE
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
+from . import _engram_bwd_gluon as onepass
 from ._utils import bits16, check_float, check_rows, empty_like, interp
 
 
@@ -585,7 +586,9 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     the H tiles r, r + SPLIT, ... of token chunk p (SPLIT >= the number of tiles: one tile per program).
     PREFETCH: pass 2 loads token t + 1's tiles while token t is computed.  PIPE (> 0, without PREFETCH): pass 2's
     token loop software-pipelined by the compiler with ``num_stages=PIPE`` (cp.async into shared memory; GPU only).
-    MAXNREG2 (None: no cap): ptxas' register cap for pass 2."""
+    MAXNREG2 (None: no cap): ptxas' register cap for pass 2.  ONEPASS: on Hopper GPUs with Triton's Gluon, the
+    one-pass kernel of ``_engram_bwd_gluon`` where it covers the shape (NSLOT: its ring of x / k / w tiles); the
+    two passes otherwise."""
     hc_p2, tok, bd1, bd2, nw = _bwd_config(H, hc)
     n_tiles = ceil_div(H, bd2)
     if interp():
@@ -599,7 +602,8 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     # two tokens' tiles into shared memory) 732.25 us against 747.27 without (same bits)
     pipe = 0 if interp() else 3
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
-                                         COEF=True, SPLIT=split, PREFETCH=prefetch, PIPE=pipe, MAXNREG2=None))
+                                         COEF=True, SPLIT=split, PREFETCH=prefetch, PIPE=pipe, MAXNREG2=None,
+                                         ONEPASS=True, NSLOT=4))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
@@ -673,6 +677,11 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
     cfg = _bwd_launch_config(H, hc)
     hc_p2 = next_power_of_two(hc)
     chunk = ceil_div(T, num_parts)
+    if (cfg["ONEPASS"] and not interp() and onepass.available(dev)
+            and onepass.supports(grad_out, hidden_states, k, v, weight_fused)):
+        onepass.launch(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value,
+                       _scale(H), grad_x, grad_k, grad_v, grad_w_partial, chunk, int(cfg["NSLOT"]))
+        return grad_x, grad_k, grad_v, grad_w_partial
     if not cfg["COEF"]:  # the first version: pass 2 recomputes delta from gamma and the saved tensors
         gamma = empty((T, hc), torch.float32, dev)
         _engram_gate_bwd_gamma_kernel[(ceil_div(T, cfg["TOK"]),)](
