@@ -32,7 +32,7 @@ def main():
         print(f"{name}: max |diff| {d.max().item():.3e}  bitwise equal {torch.equal(a, b)}  "
               f"max |ref| {b.float().abs().max().item():.3e}")
     flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
-    for label, over in (("one-pass", {}), ("two-pass", dict(ONEPASS=False))):
+    for label, over in (("one-pass", {}), ("one-pass NSLOT=2", dict(NSLOT=2)), ("two-pass", dict(ONEPASS=False))):
         ts = []
         with override_config("engram_gate_bwd", **over):
             for i in range(23):
@@ -46,6 +46,39 @@ def main():
                     ts.append(s.elapsed_time(e) * 1e3)
         ts.sort()
         print(f"{label}: median {ts[len(ts) // 2]:.1f} us  min {ts[0]:.1f} us")
+    if T >= 50 * 132:
+        for nslot in (3, 2, 4):
+            profile(args, onepass.config(H, hc)["NT"], nslot)
+
+
+def profile(args, nt, nslot=3):
+    """Per-phase times (us) of programs 0-3 from the kernel's global-timer marks (PROF), tokens 2-49 averaged."""
+    import tritile.engram.engram_gate_kernel as gk
+    from tritile.config import get_num_sms
+    from tritile.utils import ceil_div
+
+    go, x, k, v, wf, dot, gate, rx, rk, clamp = args
+    T, hc, H = x.shape
+    kp = 2 + 2 * nt
+    prof = torch.zeros(4, 64, kp, dtype=torch.int64, device=x.device)
+    outs = [torch.empty_like(x), torch.empty_like(k), torch.empty_like(v),
+            torch.empty(get_num_sms(), hc, H, dtype=torch.float32, device=x.device)]
+    for _ in range(2):
+        onepass.launch(go, x, k, v, wf, dot, gate, rx, rk, clamp, gk._scale(H), *outs,
+                       ceil_div(T, get_num_sms()), nslot, prof=prof)
+    torch.cuda.synchronize()
+    p = prof.double() / 1e3
+    tok = (p[:, 3:50, 0] - p[:, 2:49, 0]).mean().item()
+    a = (p[:, 2:49, 1] - p[:, 2:49, 0]).mean().item()
+    waits, comps = [], []
+    prev = p[:, 2:49, 1]
+    for i in range(nt):
+        waits.append((p[:, 2:49, 2 + i] - prev).mean().item())
+        comps.append((p[:, 2:49, 2 + nt + i] - p[:, 2:49, 2 + i]).mean().item())
+        prev = p[:, 2:49, 2 + nt + i]
+    tail = (p[:, 3:50, 0] - prev).mean().item()
+    print(f"nslot={nslot}: token {tok:.2f} us = phase A {a:.2f} + B waits "
+          f"{' '.join(f'{w:.2f}' for w in waits)} + B tiles {' '.join(f'{c:.2f}' for c in comps)} + loop {tail:.2f}")
 
 
 if __name__ == "__main__":

@@ -14,14 +14,22 @@ from tritile.engram import engram_gate_bwd
 from tritile.runtime import override_config
 from tritile.testing import assert_equal, calc_diff, is_gpu_run
 
-from engram_testlib import CLAMP, make_gate_data
+from engram_testlib import make_gate_data
 from test_engram_gate_bwd import _reference, _run_and_check
 
 
 def test_onepass_config_rules():
     # tiles of [hc, 1024]: H a multiple of 256 up to 8192, hc in {1, 2, 4}
     cfg = onepass.config(7168, 4)
-    assert cfg["NT"] == 7 and cfg["NSLOT"] == 4
+    assert cfg["NT"] == 7 and cfg["NSLOT"] == 3 and cfg["NR"] == 4  # 3 accumulator tiles in shared memory
+    assert onepass.config(7168, 4, 2)["NR"] == 2
+    assert onepass.config(8192, 4)["NSLOT"] == 2  # a shallower ring leaves room for the accumulator
+    # the shared memory the rule plans stays within the block's limit
+    for H in range(256, 8193, 256):
+        c = onepass.config(H, 4)
+        tile = 4 * 1024
+        used = c["NT"] * (tile + 1024) * 2 + c["NSLOT"] * tile * 8 + (c["NT"] - c["NR"]) * tile * 4
+        assert c["NR"] <= 4 and used + onepass.SMEM_SCRATCH <= onepass.SMEM_LIMIT
     assert cfg["A1"] * cfg["A2"] == onepass.NUM_WARPS and 4 * cfg["B1"] * cfg["B2"] == onepass.NUM_WARPS
     assert 32 * cfg["B2"] * cfg["VB"] == onepass.CHUNK
     assert onepass.config(2560, 4)["NT"] == 3 and onepass.config(8192, 4)["NT"] == 8

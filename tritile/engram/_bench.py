@@ -50,9 +50,10 @@ _GATE_BWD_TUNE = [
 ]
 # Session 9: the one-pass Gluon kernel (``_engram_bwd_gluon``: TMA rings, grad_out's row in shared memory, grad_w
 # read-modified-written in L2) is the GPU default where it covers the shape; the two-pass candidates above run with
-# ONEPASS=False.  NSLOT: its ring of x / k / w tiles (32 KB a slot at hc=4; 5 slots exceed the shared memory).
+# ONEPASS=False.  NSLOT: its ring of x / k / w tiles (32 KB a slot at hc=4); the shared memory left holds grad_w
+# accumulator tiles (the others stay in registers), so fewer slots mean fewer register tiles.
 _GATE_BWD_TUNE = [dict(ONEPASS=False, **c) for c in _GATE_BWD_TUNE] + [
-    dict(ONEPASS=False), dict(NSLOT=2), dict(NSLOT=3),
+    dict(ONEPASS=False), dict(NSLOT=2),
 ]
 _HASH_TUNE = ([dict(BLOCK_T=b, WARPS=w) for b in (32, 64, 128, 256) for w in (1, 2, 4) if b * 8 // (32 * w) >= 1]
               + [dict(BLOCK_T=b, WARPS=w, FAST_MOD=False) for b, w in ((128, 4), (64, 2), (32, 1))])

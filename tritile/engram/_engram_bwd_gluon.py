@@ -69,16 +69,31 @@ def available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def config(H: int, hc: int, nslot: int = 4):
-    """The constexprs of the one-pass kernel for hidden size H and hc heads (NT tiles of [hc, 1024], NSLOT ring
-    slots, the warp grids A1 x A2 and hc x B1 x B2 of the two phases' layouts, VB columns a thread in phase B), or
-    None when it does not cover the shape (hc not in {1, 2, 4}, H not a multiple of 256, or H > 8192)."""
+SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
+SMEM_SCRATCH = 2048  # the compiler's own scratch (reductions, layout conversions) and the mbarriers, with margin
+
+
+def config(H: int, hc: int, nslot: int = 3):
+    """The constexprs of the one-pass kernel for hidden size H and hc heads, or None when it does not cover the shape
+    (hc not in {1, 2, 4}, H not a multiple of 256, H > 8192, or no room on chip for the grad_w accumulator).
+
+    NT tiles of [hc, 1024] columns; NSLOT slots in the ring of x / k / w tiles; the warp grids A1 x A2 and
+    hc x B1 x B2 of the two phases' layouts, VB columns a thread in phase B; NR accumulator tiles in registers (the
+    other NT - NR in shared memory, which holds grad_out's and v's rows and the ring first)."""
     if hc not in (1, 2, 4) or H <= 0 or H % CHUNK or H > MAX_TILES * NCH * CHUNK:
+        return None
+    nt = -(-H // (NCH * CHUNK))
+    tile = hc * NCH * CHUNK  # elements of a tile
+    for nslot in range(max(nslot, 2), 1, -1):  # a shallower ring where the accumulator needs the room
+        fixed = nt * (tile + NCH * CHUNK) * 2 + nslot * tile * (2 + 2 + 4)  # grad_out / v rows, the ring
+        nr = nt - min(nt, max(0, (SMEM_LIMIT - SMEM_SCRATCH - fixed) // (tile * 4)))
+        if nr <= 4:
+            break
+    else:
         return None
     b1 = min(NCH, NUM_WARPS // hc)
     b2 = NUM_WARPS // (hc * b1)
-    return dict(NT=-(-H // (NCH * CHUNK)), NSLOT=nslot, A1=NCH, A2=NUM_WARPS // NCH, B1=b1, B2=b2,
-                VB=CHUNK // (32 * b2))
+    return dict(NT=nt, NSLOT=nslot, A1=NCH, A2=NUM_WARPS // NCH, B1=b1, B2=b2, VB=CHUNK // (32 * b2), NR=nr)
 
 
 def _aligned(t: torch.Tensor, strides) -> bool:
@@ -86,10 +101,10 @@ def _aligned(t: torch.Tensor, strides) -> bool:
     return t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in strides)
 
 
-def supports(grad_out, hidden_states, k, v, weight_fused) -> bool:
+def supports(grad_out, hidden_states, k, v, weight_fused, nslot: int = 3) -> bool:
     """TMA's rules: 16-byte aligned bases and strides (and the shapes ``config`` covers)."""
     T, hc, H = hidden_states.shape
-    if config(H, hc) is None:
+    if config(H, hc, nslot) is None:
         return False
     return (_aligned(grad_out, grad_out.stride()[:2]) and _aligned(hidden_states, hidden_states.stride()[:2])
             and _aligned(k, k.stride()[:2]) and _aligned(v, v.stride()[:1])
@@ -105,7 +120,7 @@ def layouts():
 
 
 def launch(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, scale,
-           grad_x, grad_k, grad_v, grad_w_partial, tokens_per_chunk: int, nslot: int = 4):
+           grad_x, grad_k, grad_v, grad_w_partial, tokens_per_chunk: int, nslot: int = 3, prof=None):
     """Run the one-pass kernel (``supports`` must hold): one program per grad_w_partial row."""
     TensorDescriptor = _gluon()[5]
     T, hc, H = hidden_states.shape
@@ -128,11 +143,12 @@ def launch(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x,
         grad_x.stride(0), grad_x.stride(1), grad_k.stride(0), grad_k.stride(1), grad_v.stride(0),
         grad_w_partial.stride(0), grad_w_partial.stride(1),
         H=H, HC=hc, NCH_=NCH, CH=CHUNK, **cfg,
+        prof_ptr=prof if prof is not None else grad_w_partial, PROF=prof is not None,
         num_warps=NUM_WARPS,
     )
 
 
-def compile_offline(H: int, hc: int, nslot: int = 4, arch: int = 90):
+def compile_offline(H: int, hc: int, nslot: int = 3, arch: int = 90):
     """Compile the kernel for ``sm_<arch>`` without a GPU, specialised as a launch with 16-byte aligned pointers and
     strides would be (for the compile tests and the SASS tools).  Returns Triton's CompiledKernel."""
     import inspect
@@ -154,7 +170,7 @@ def compile_offline(H: int, hc: int, nslot: int = 4, arch: int = 90):
     sig.update({n: desc("bf16", [1, hc, NCH, CHUNK], l4) for n in ("g_desc", "x_desc", "k_desc")})
     sig["v_desc"] = desc("bf16", [1, NCH, CHUNK], l3)
     sig["w_desc"] = desc("fp32", [hc, NCH, CHUNK], l3f)
-    sig.update({n: "*fp32" for n in ("dot_ptr", "gate_ptr", "rx_ptr", "rk_ptr", "gw_ptr")})
+    sig.update({n: "*fp32" for n in ("dot_ptr", "gate_ptr", "rx_ptr", "rk_ptr", "gw_ptr", "prof_ptr")})
     sig.update({n: "*bf16" for n in ("gx_ptr", "gk_ptr", "gv_ptr")})
     sig.update({n: "fp32" for n in ("hidden_f", "clamp_value", "scale")})
     sig = {n: sig.get(n, "i32") for n in names}

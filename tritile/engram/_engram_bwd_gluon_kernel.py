@@ -52,6 +52,49 @@ def _token_scalars(dot_ptr, gate_ptr, rx_ptr, rk_ptr, t, T, HC: gl.constexpr, L3
 
 
 @gluon.jit
+def _pin(x):
+    """x through an opaque, side-effecting register move: the compiler cannot sink x's computation past this point
+    (without it, a loop-carried accumulator's update sinks to the end of the loop body and keeps its operands,
+    ~70 registers a tile, alive through the whole token)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _add_reg_tile(acc0, acc1, acc2, acc3, dw, i: gl.constexpr):
+    """acc_i += dw for the constexpr register tile i < 4 (pinned where it is computed)."""
+    if i == 0:
+        acc0 = _pin(acc0 + dw)
+    if i == 1:
+        acc1 = _pin(acc1 + dw)
+    if i == 2:
+        acc2 = _pin(acc2 + dw)
+    if i == 3:
+        acc3 = _pin(acc3 + dw)
+    return acc0, acc1, acc2, acc3
+
+
+@gluon.jit
+def _pick_reg_tile(acc0, acc1, acc2, acc3, i: gl.constexpr):
+    r = acc0
+    if i == 1:
+        r = acc1
+    if i == 2:
+        r = acc2
+    if i == 3:
+        r = acc3
+    return r
+
+
+@gluon.jit
+def _prof_mark(prof_ptr, p, j, slot: gl.constexpr, KP: gl.constexpr):
+    """PROF: the global timer (ns) at this point of program p < 4, local token j < 64, into prof[p, j, slot]."""
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    z = gl.zeros([1], gl.int32, L1)
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [z], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(prof_ptr + (p * 64 + j) * KP + slot + z, now, mask=(z + p < 4) & (z + j < 64))
+
+
+@gluon.jit
 def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
                                     dot_ptr, gate_ptr, rx_ptr, rk_ptr,
                                     gx_ptr, gk_ptr, gv_ptr, gw_ptr,
@@ -60,14 +103,14 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
                                     H: gl.constexpr, HC: gl.constexpr, NCH_: gl.constexpr, CH: gl.constexpr,
                                     NT: gl.constexpr, NSLOT: gl.constexpr,
                                     A1: gl.constexpr, A2: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr,
-                                    VB: gl.constexpr):
+                                    VB: gl.constexpr, NR: gl.constexpr, prof_ptr=None,
+                                    PROF: gl.constexpr = False):
     # Phase A's layout: a thread holds all HC heads of 4 adjacent columns, so grad_v's head sum stays in the thread.
     # Phase B's layout: a warp owns one head's row (VB adjacent columns a thread, 16-byte reads and stores): the
     # per-head coefficients cost a register each, not HC, which leaves the registers to the grad_w accumulators.
     LA: gl.constexpr = gl.BlockedLayout([HC, 1, 4], [1, 1, 32], [1, A1, A2], [2, 1, 0])
     LB: gl.constexpr = gl.BlockedLayout([1, 1, VB], [1, 1, 32], [HC, B1, B2], [2, 1, 0])
     LV: gl.constexpr = gl.SliceLayout(0, LA)
-    LHA: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LA))
     LHB: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LB))
     BD: gl.constexpr = NCH_ * CH
     p = gl.program_id(0)
@@ -99,14 +142,24 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
     _, _, cv0 = _tile_coords(HC, NCH_, CH, LA)
     h3, col, _ = _tile_coords(HC, NCH_, CH, LB)
     zero_a = gl.zeros([HC, NCH_, CH], gl.float32, LA)
-    # grad_w_partial[p] is the accumulator: read-modified-written once per token and tile, by the thread that owns
-    # the element (L2-resident: 114 KB a program at hc=4, H=7168), the next tile's read issued a tile early
-    gw_row = gw_ptr + p.to(gl.int64) * s_gw0 + h3 * s_gw1 + col
-    m_b = (col < H) & (h3 < HC)
-    acc_n = gl.zeros([HC, NCH_, CH], gl.float32, LB)
+    # the grad_w accumulator stays on chip: tiles 0 .. NR-1 in registers, the others in shared memory (each element
+    # read-modified-written by the thread that owns it).  (Read-modify-writing grad_w_partial in L2 instead cost
+    # ~0.5-1.6 us a tile on the H200: L2 hits queue behind the TMA stream's DRAM misses.)
+    zero = gl.zeros([HC, NCH_, CH], gl.float32, LB)
+    acc_s = gl.allocate_shared_memory(gl.float32, [NT - NR, HC, NCH_, CH],
+                                      gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    for i in gl.static_range(NT - NR):
+        acc_s.index(i).store(zero)
+    acc0 = zero
+    acc1 = zero
+    acc2 = zero
+    acc3 = zero
     n_b = t_begin * 0  # phase-B items consumed so far (a run-time int32)
     dot, gate, rx, rk = _token_scalars(dot_ptr, gate_ptr, rx_ptr, rk_ptr, t_begin, t_end, HC, LA)
+    KP: gl.constexpr = 2 + 2 * NT
     for t in range(t_begin, t_end):
+        if PROF:
+            _prof_mark(prof_ptr, p, t - t_begin, 0, KP)
         tphase = (t - t_begin) & 1
         t64 = t.to(gl.int64)
         gate3 = gl.expand_dims(gl.expand_dims(gate, 1), 2)
@@ -131,20 +184,18 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
         d3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(delta, LHB), 1), 2)
         ax3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(a_x, LHB), 1), 2)
         ak3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(a_k, LHB), 1), 2)
+        if PROF:
+            _prof_mark(prof_ptr, p, t - t_begin, 1, KP)
         # the next token's saved scalars, in flight during phase B
         dot, gate, rx, rk = _token_scalars(dot_ptr, gate_ptr, rx_ptr, rk_ptr, t + 1, t_end, HC, LA)
         gx_row = gx_ptr + t64 * s_gx0 + h3 * s_gx1 + col
         gk_row = gk_ptr + t64 * s_gk0 + h3 * s_gk1 + col
         # ---- phase B: grad_x, grad_k, grad_w
         for i in gl.static_range(NT):
-            acc = acc_n
-            if i + 1 < NT:  # this token's next tile (0 for the chunk's first token)
-                acc_n = gl.load(gw_row + (i + 1) * BD, mask=(((i + 1) * BD + col) < H) & (h3 < HC) & (t > t_begin),
-                                other=0.0)
-            else:  # the next token's first tile
-                acc_n = gl.load(gw_row, mask=m_b & (t + 1 < t_end), other=0.0)
             slot = n_b % NSLOT
             mbarrier.wait(bar_xkw.index(slot), (n_b // NSLOT) & 1)
+            if PROF:
+                _prof_mark(prof_ptr, p, t - t_begin, 2 + i, KP)
             g = g_s.index(i).reshape([HC, NCH_, CH]).load(LB).to(gl.float32)
             x = x_s.index(slot).reshape([HC, NCH_, CH]).load(LB).to(gl.float32)
             k = k_s.index(slot).reshape([HC, NCH_, CH]).load(LB).to(gl.float32)
@@ -154,7 +205,12 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
             m = ((i * BD + col) < H) & (h3 < HC)
             gl.store(gx_row + i * BD, gx.to(gl.bfloat16), mask=m)
             gl.store(gk_row + i * BD, gk.to(gl.bfloat16), mask=m)
-            gl.store(gw_row + i * BD, acc + d3 * (x * k), mask=m)
+            dw = d3 * (x * k)
+            if i < NR:
+                acc0, acc1, acc2, acc3 = _add_reg_tile(acc0, acc1, acc2, acc3, dw, i)
+            else:
+                a_s = acc_s.index(i - NR)
+                a_s.store(a_s.load(LB) + dw)
             # every warp is done with this slot and with G tile i: refill them (async proxy after generic reads)
             gl.thread_barrier()
             fence_async_shared()
@@ -165,11 +221,17 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
             if t + 1 < t_end:
                 _issue_gv(g_desc, v_desc, g_s, v_s, bar_gv, t + 1, i, NCH_)
             n_b += 1
+            if PROF:
+                _prof_mark(prof_ptr, p, t - t_begin, 2 + NT + i, KP)
 
     for i in gl.static_range(NT):
         mbarrier.invalidate(bar_gv.index(i))
     for s in gl.static_range(NSLOT):
         mbarrier.invalidate(bar_xkw.index(s))
-    if n_tok == 0:  # a row without tokens is zero
-        for i in gl.static_range(NT):
-            gl.store(gw_row + i * BD, acc_n, mask=(((i * BD) + col) < H) & (h3 < HC))
+    gw_row = gw_ptr + p.to(gl.int64) * s_gw0 + h3 * s_gw1 + col
+    for i in gl.static_range(NT):
+        if i < NR:
+            acc = _pick_reg_tile(acc0, acc1, acc2, acc3, i)
+        else:
+            acc = acc_s.index(i - NR).load(LB)
+        gl.store(gw_row + i * BD, acc, mask=(((i * BD) + col) < H) & (h3 < HC))

@@ -603,7 +603,7 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     pipe = 0 if interp() else 3
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
                                          COEF=True, SPLIT=split, PREFETCH=prefetch, PIPE=pipe, MAXNREG2=None,
-                                         ONEPASS=True, NSLOT=4))
+                                         ONEPASS=True, NSLOT=3))
 
 
 def _bwd_num_parts(H: int, hc: int) -> int:
@@ -678,7 +678,7 @@ def _engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_scor
     hc_p2 = next_power_of_two(hc)
     chunk = ceil_div(T, num_parts)
     if (cfg["ONEPASS"] and not interp() and onepass.available(dev)
-            and onepass.supports(grad_out, hidden_states, k, v, weight_fused)):
+            and onepass.supports(grad_out, hidden_states, k, v, weight_fused, int(cfg["NSLOT"]))):
         onepass.launch(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value,
                        _scale(H), grad_x, grad_k, grad_v, grad_w_partial, chunk, int(cfg["NSLOT"]))
         return grad_x, grad_k, grad_v, grad_w_partial
