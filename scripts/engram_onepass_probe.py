@@ -46,8 +46,19 @@ def main():
                     ts.append(s.elapsed_time(e) * 1e3)
         ts.sort()
         print(f"{label}: median {ts[len(ts) // 2]:.1f} us  min {ts[0]:.1f} us")
+    from tritile.testing.bench import time_graph, time_host, time_kernels
+    for label, over in (("one-pass", {}), ("two-pass", dict(ONEPASS=False))):
+        with override_config("engram_gate_bwd", **over):
+            f = lambda: engram_gate_bwd(*args)  # noqa: E731
+            print(f"{label}: CUPTI {time_kernels(f):.1f} us, graph x1 {time_graph(f, 1, 10):.1f}, "
+                  f"graph x3 {time_graph(f, 3, 5):.1f}, graph x3 with L2 flush between calls "
+                  f"{time_graph(lambda: (flush.zero_(), f()), 3, 5):.1f} (flush included)")
+    small = tuple(a[:132] if a.dim() and a.shape[0] == T else a for a in args[:9]) + (args[9],)
+    for label, over in (("one-pass", {}), ("two-pass", dict(ONEPASS=False))):
+        with override_config("engram_gate_bwd", **over):
+            print(f"{label}: host {time_host(lambda: engram_gate_bwd(*small), 100):.1f} us a call at T=132")
     if T >= 50 * 132:
-        for nslot in (3, 2, 4):
+        for nslot in (3, 2):
             profile(args, onepass.config(H, hc)["NT"], nslot)
 
 

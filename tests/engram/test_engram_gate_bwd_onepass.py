@@ -95,16 +95,25 @@ def test_onepass_against_two_passes(device, calls, T, hc, H, num_sms):
         set_num_sms(num_sms)
     try:
         one, two = _both(x, k, v, wh, we, grad_out, calls)
+        # deterministic: a second run is bitwise the same
+        again = _run_and_check(x, k, v, wh, we, grad_out)
     finally:
         set_num_sms(old)
-    # grad_v = sum_h g_h G_h in head order in both; grad_x / grad_k differ only through gamma's summation order
-    for name, a, b in zip(("grad_x", "grad_k", "grad_v"), one[:3], two[:3]):
-        assert calc_diff(a, b) < 1e-12, name
-    torch.testing.assert_close(one[3].sum(0), two[3].sum(0), rtol=1e-4, atol=1e-3)
-    # deterministic: a second run is bitwise the same
-    again = _run_and_check(x, k, v, wh, we, grad_out)
     for a, b in zip(one, again):
         assert_equal(a, b)
+    _close(one, two)
+
+
+def _close(one, two):
+    """The one-pass and two-pass results agree as well as each agrees with autograd (checked at 1e-8 above).
+
+    grad_v (sum_h g_h G_h in head order in both) is bitwise the same.  grad_x and grad_k are not: gamma = G . v is
+    summed over H in another order, and gamma cancels (random signs over 7168 terms), so delta's relative
+    difference reaches ~1e-4 on a few tokens (measured on the H200: calc_diff up to 6e-9 for grad_k)."""
+    assert_equal(one[2], two[2])
+    for name, a, b in zip(("grad_x", "grad_k"), one[:2], two[:2]):
+        assert calc_diff(a, b) < 1e-7, name
+    torch.testing.assert_close(one[3].sum(0), two[3].sum(0), rtol=1e-4, atol=1e-3)
 
 
 @gpu_only
@@ -118,8 +127,7 @@ def test_onepass_strided(device, calls):
     we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
     grad_out = torch.randn(T, hc, H + 256, dtype=torch.bfloat16, device=device)[:, :, 256:]
     one, two = _both(x, k, v, wh, we, grad_out, calls)
-    for a, b in zip(one[:3], two[:3]):
-        assert calc_diff(a, b) < 1e-12
+    _close(one, two)
 
 
 @gpu_only

@@ -66,7 +66,12 @@ def available(device: torch.device) -> bool:
         return False
     if device.type != "cuda" or _gluon() is None:
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
@@ -111,6 +116,7 @@ def supports(grad_out, hidden_states, k, v, weight_fused, nslot: int = 3) -> boo
             and _aligned(weight_fused, weight_fused.stride()[:1]))
 
 
+@functools.lru_cache(maxsize=None)
 def layouts():
     """(bf16 4-d, bf16 3-d, fp32 3-d) shared layouts of the TMA boxes: row-major, no swizzle."""
     gl = _gluon()[1]

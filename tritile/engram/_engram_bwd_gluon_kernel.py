@@ -146,6 +146,7 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
     # read-modified-written by the thread that owns it).  (Read-modify-writing grad_w_partial in L2 instead cost
     # ~0.5-1.6 us a tile on the H200: L2 hits queue behind the TMA stream's DRAM misses.)
     zero = gl.zeros([HC, NCH_, CH], gl.float32, LB)
+    gw_row = gw_ptr + p.to(gl.int64) * s_gw0 + h3 * s_gw1 + col
     acc_s = gl.allocate_shared_memory(gl.float32, [NT - NR, HC, NCH_, CH],
                                       gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
     for i in gl.static_range(NT - NR):
@@ -208,9 +209,13 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
             dw = d3 * (x * k)
             if i < NR:
                 acc0, acc1, acc2, acc3 = _add_reg_tile(acc0, acc1, acc2, acc3, dw, i)
+                acc = _pick_reg_tile(acc0, acc1, acc2, acc3, i)
             else:
                 a_s = acc_s.index(i - NR)
-                a_s.store(a_s.load(LB) + dw)
+                acc = a_s.load(LB) + dw
+                a_s.store(acc)
+            if t + 1 == t_end:  # the chunk's last token: this tile of grad_w_partial[p] is final, stored now
+                gl.store(gw_row + i * BD, acc, mask=m)
             # every warp is done with this slot and with G tile i: refill them (async proxy after generic reads)
             gl.thread_barrier()
             fence_async_shared()
@@ -228,10 +233,6 @@ def _engram_gate_bwd_onepass_kernel(g_desc, x_desc, k_desc, v_desc, w_desc,
         mbarrier.invalidate(bar_gv.index(i))
     for s in gl.static_range(NSLOT):
         mbarrier.invalidate(bar_xkw.index(s))
-    gw_row = gw_ptr + p.to(gl.int64) * s_gw0 + h3 * s_gw1 + col
-    for i in gl.static_range(NT):
-        if i < NR:
-            acc = _pick_reg_tile(acc0, acc1, acc2, acc3, i)
-        else:
-            acc = acc_s.index(i - NR).load(LB)
-        gl.store(gw_row + i * BD, acc, mask=(((i * BD) + col) < H) & (h3 < HC))
+    if n_tok == 0:  # a row without tokens is zero
+        for i in gl.static_range(NT):
+            gl.store(gw_row + i * BD, zero, mask=(((i * BD) + col) < H) & (h3 < HC))
