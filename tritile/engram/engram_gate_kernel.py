@@ -11,7 +11,11 @@ Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w
 The forward's default is ``_engram_gate_fwd_persist_kernel`` (program = one head of a token chunk, w[h] in
 registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.
 
-The backward is two passes:
+The backward, on Hopper GPUs with Triton 3.6's Gluon, is one pass: ``_engram_bwd_gluon`` (TMA rings, grad_out's row
+in shared memory, the grad_w accumulator on chip), 636-638 us on the H200 at T=8001, hc=4, H=7168 (TileKernels 644
+us; 2026-11-30, session 9).  Everywhere else (other GPUs, other Tritons, shapes it does not cover: hc not in
+{1, 2, 4}, H not a multiple of 256 or above 8192, strides TMA cannot describe; and the interpreter) it is two
+passes, 731-737 us there:
 
 1. ``_engram_gate_bwd_coef_kernel`` (or ``_engram_gate_bwd_gamma_kernel``), one program per token:
    ``gamma[t, h] = sum_d G_d v_d`` (dL/dg) and ``grad_v[t] = sum_h g_h G_h``.
@@ -28,7 +32,8 @@ registers).  A fourth, both passes per launch chunk of tokens so that pass 2 re-
 took 865-1183 us (2026-11-30, session 6: the launches' ramps and tails and the grad_w_partial read-modify-write
 cost more than the L2 hits saved).  A fifth, one pass in "gangs" (session 7: units of 8-16 tokens run by one program
 per H tile, exchanging partial gammas through global memory with release/acquire counters), was correct on the H200
-and took 1429-3666 us (the per-token polling kept the memory pipes busy at 13 % of DRAM throughput).
+and took 1429-3666 us (the per-token polling kept the memory pipes busy at 13 % of DRAM throughput).  The Triton
+designs were bound by the register file; the Gluon kernel keeps its rows in shared memory instead.
 benchmarks/NOTES.md has the figures.
 """
 
