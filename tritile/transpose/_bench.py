@@ -11,14 +11,7 @@ _DT = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32
 
 
 def _tune(dt: str, batched: bool):
-    """Launch-config candidates for ``python -m tritile tune`` (name "transpose"): the TMA kernel's ring depth and
-    programs per SM (the Hopper default since session 9), then the Triton kernels (TMA=False)."""
-    tma = [dict(STAGES=s, PER_SM=p) for s, p in ((2, 1), (3, 1), (6, 1), (8, 1), (2, 2), (4, 2))]
-    return tma + [dict(TMA=False)] + [dict(TMA=False, **c) for c in _tune_triton(dt, batched)]
-
-
-def _tune_triton(dt: str, batched: bool):
-    """The Triton kernels' candidates."""
+    """Launch-config candidates for ``python -m tritile tune`` (name "transpose")."""
     if dt == "fp8":
         cands = [dict(BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w) for bm in (32, 64) for bn in (16, 32, 64) for w in (4, 8)]
         cands += [dict(PERSIST=p, BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w)

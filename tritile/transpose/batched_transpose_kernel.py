@@ -7,10 +7,6 @@ under the interpreter too.
 
 1-byte tensors whose rows are 4-byte aligned take a word path: four input rows are transposed 4x4
 bytes at a time inside 32-bit words, so both loads and stores move 4-byte (and wider) vectors.
-
-On Hopper GPUs with Triton 3.6, tensors TMA can describe (1/2/4-byte elements, 16-byte aligned base and strides)
-take a persistent TMA kernel written in Gluon instead (``_transpose_gluon``); ``TRITILE_TRANSPOSE_GLUON=0`` or the
-config key ``TMA=False`` keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from ..config import get_num_sms
 from ..language.pdl import pdl_enter, use_pdl
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
-from . import _transpose_gluon as _tma
 
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -170,11 +165,6 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
-    if ((config is None or config.get("TMA", True)) and not interpreter_configs() and _tma.available(x.device)
-            and _tma.supports(x)):
-        # Hopper with Triton 3.6: the persistent TMA kernel (Gluon)
-        _tma.launch(x, out, int((config or {}).get("STAGES", 4)), int((config or {}).get("PER_SM", 1)))
-        return
     pdl = use_pdl(x.device) and bool((config or {}).get("PDL", True))  # PDL: on where supported (sm_90+)
     pdl_kw = dict(launch_pdl=True) if pdl else {}
     stream = bool(config.get("STREAM", False)) if config else False
@@ -267,7 +257,6 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
     """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
     ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PERSIST`` (word path on a persistent grid of PERSIST programs
-    per SM), ``TMA`` (False: the Triton kernels on Hopper too), ``STAGES`` / ``PER_SM`` (the TMA kernel's ring
-    depth and programs per SM)."""
+    per SM)."""
     _check(x, 3)
     return _batched_transpose_impl(x, config)
