@@ -22,9 +22,6 @@ _GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, RO
                    dict(PERSIST=False, ROWS=2, WARPS=16)]
                   + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
                      dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
-# Session 9: the Gluon TMA kernel (ONEPASS) is the Hopper default; the Triton candidates above run with ONEPASS=False.
-# Session 9 sweep of the Triton kernels (CUPTI, us): default 393.99 (save) / 388.58 (no save), WARPS=8 387.24 / 400.23.
-_GATE_FWD_TUNE = [dict(ONEPASS=False, **c) for c in _GATE_FWD_TUNE] + [dict(ONEPASS=False), dict(NSLOT=2)]
 # Default: the two passes, pass 1 at 4 warps (8 warps, the default before session 4: 1169 us CUPTI on the H200), pass 2
 # one [4, 512] tile a program at 4 warps (session 6: 746 us).
 # Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH) never change a bit; the pass-1 tile and warps sum gamma in

@@ -9,9 +9,7 @@ Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w
     out = bf16(x + g * v)
 
 The forward's default is ``_engram_gate_fwd_persist_kernel`` (program = one head of a token chunk, w[h] in
-registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.  On Hopper GPUs with
-Triton 3.6's Gluon it is ``_engram_fwd_gluon`` (TMA: x / v rows double-buffered in shared memory, k / w through a
-ring) where that covers the shape.
+registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.
 
 The backward, on Hopper GPUs with Triton 3.6's Gluon, is one pass: ``_engram_bwd_gluon`` (TMA rings, grad_out's row
 in shared memory, the grad_w accumulator on chip), 636-638 us on the H200 at T=8001, hc=4, H=7168 (TileKernels 644
@@ -55,7 +53,6 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
 from . import _engram_bwd_gluon as onepass
-from . import _engram_fwd_gluon as fwd_onepass
 from ._utils import bits16, check_float, check_rows, empty_like, interp
 
 
@@ -63,15 +60,16 @@ from ._utils import bits16, check_float, check_rows, empty_like, interp
 # forward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _gate_scalars(sum_xx, sum_kk, dot, hf, eps, clamp_value, scale):
-    """(dot, g, rstd_x, rstd_k) from the row sums sum x^2, sum k^2 and sum (x w) k (any shape, element-wise; also
-    called from the Gluon forward, ``_engram_fwd_gluon_kernel``)."""
+def _gate_row_math(x, k, w, v, hf, eps, clamp_value, scale):
+    """The gate of ``[ROWS, BLOCK_H]`` fp32 tiles (masked lanes 0): returns (out fp32, dot, g, rstd_x, rstd_k)."""
+    sum_xx = tl.sum(x * x, axis=1)
+    sum_kk = tl.sum(k * k, axis=1)
+    dot = tl.sum((x * w) * k, axis=1)
     # a sum of signed zeros is +0 (as torch's sum and TileKernels' zero-initialised reduction give), whatever
     # order the backend's tree reduction adds them in
     dot = tl.where(dot == 0.0, 0.0, dot)
-    one = tl.where(dot == dot, 1.0, 1.0)  # ones of the sums' shape (and layout, under Gluon)
-    rstd_x = tl.math.div_rn(one, tl.sqrt_rn(tl.math.div_rn(sum_xx, hf) + eps))
-    rstd_k = tl.math.div_rn(one, tl.sqrt_rn(tl.math.div_rn(sum_kk, hf) + eps))
+    rstd_x = tl.math.div_rn(tl.full(sum_xx.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_xx, hf) + eps))
+    rstd_k = tl.math.div_rn(tl.full(sum_kk.shape, 1.0, tl.float32), tl.sqrt_rn(tl.math.div_rn(sum_kk, hf) + eps))
     s = dot * rstd_x * rstd_k * scale
     a = tl.abs(s)
     a = tl.where(a < clamp_value, clamp_value, a)  # NaN stays NaN
@@ -79,15 +77,7 @@ def _gate_scalars(sum_xx, sum_kk, dot, hf, eps, clamp_value, scale):
     q = tl.sqrt_rn(a).to(tl.int32, bitcast=True)
     sign = (s.to(tl.int32, bitcast=True) >> 31) << 31
     u = ((q & 0x7FFFFFFF) | sign).to(tl.float32, bitcast=True)
-    g = tl.math.div_rn(one, 1.0 + exp_f32(-u))
-    return dot, g, rstd_x, rstd_k
-
-
-@triton.jit
-def _gate_row_math(x, k, w, v, hf, eps, clamp_value, scale):
-    """The gate of ``[ROWS, BLOCK_H]`` fp32 tiles (masked lanes 0): returns (out fp32, dot, g, rstd_x, rstd_k)."""
-    dot, g, rstd_x, rstd_k = _gate_scalars(tl.sum(x * x, axis=1), tl.sum(k * k, axis=1), tl.sum((x * w) * k, axis=1),
-                                           hf, eps, clamp_value, scale)
+    g = tl.math.div_rn(tl.full(u.shape, 1.0, tl.float32), 1.0 + exp_f32(-u))
     out = x + g[:, None] * v
     return out, dot, g, rstd_x, rstd_k
 
@@ -199,9 +189,7 @@ def _fwd_launch_config(H: int) -> dict:
     token's rows prefetched when PREFETCH); False: the row kernel (ROWS (token, head) rows per program, which
     re-reads w and v from L2 for every row: 519 us at T=8001, hc=4, H=7168 on the H200, 2026-11-30).
     WARPS: warps per program of either kernel.  WAVES: the persistent grid is about WAVES * num_sms programs
-    (the programs per SM that fit: ~100 registers per thread at 16 fp32 elements per thread and tensor).
-    ONEPASS (GPU): on Hopper with Triton 3.6's Gluon, the TMA kernel of ``_engram_fwd_gluon`` where it covers the
-    shape (NSLOT: its ring of k / w tiles); the Triton kernels otherwise."""
+    (the programs per SM that fit: ~100 registers per thread at 16 fp32 elements per thread and tensor)."""
     block_h, rows, num_warps = _fwd_config(H)
     if interp():
         return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps, PERSIST=True,
@@ -210,7 +198,7 @@ def _fwd_launch_config(H: int) -> dict:
     # w[h] in 4 LDG.E.128 once per program, out in 2 STG.E.128; no spills
     warps = min(16, max(4, block_h // 512))
     return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=warps, PERSIST=True,
-                                         WAVES=max(1, 16 // warps), PREFETCH=True, ONEPASS=True, NSLOT=3))
+                                         WAVES=max(1, 16 // warps), PREFETCH=True))
 
 
 def _check_gate_inputs(hidden_states, k, v, weight_fused):
@@ -237,11 +225,6 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
     # BLOCK_H, ROWS, WARPS, PERSIST change the reduction layout (so the last bits of dot / rstd, hence of the
     # output); save_for_backward never does (same config, same code, stores only added)
     cfg = _fwd_launch_config(H)
-    if (cfg.get("ONEPASS") and not interp() and fwd_onepass.available(dev)
-            and fwd_onepass.supports(hidden_states, k, v, weight_fused, int(cfg["NSLOT"]))):
-        fwd_onepass.launch(hidden_states, k, v, weight_fused, eps, clamp_value, _scale(H), out,
-                           saved if save_for_backward else None, get_num_sms(), int(cfg["NSLOT"]))
-        return (out, *saved)
     block_h, num_warps = max(cfg["BLOCK_H"], next_power_of_two(H)), cfg["WARPS"]
     dummy = out
     ptrs = (bits16(hidden_states), bits16(k), bits16(v), weight_fused, bits16(out),
