@@ -73,10 +73,14 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
-_PER_TOKEN_E2M1_TUNE = [
+# Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default; the general
+# kernel's candidates run with FP4_REQUANT=False.  Its tile: BLOCK_M rows x 512 columns, num_warps.
+_PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
     dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
-]
+]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=4, num_warps=4),
+      dict(BLOCK_M=16, num_warps=4), dict(BLOCK_M=16, num_warps=8), dict(BLOCK_M=8, num_warps=8),
+      dict(BLOCK_M=32, num_warps=8)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

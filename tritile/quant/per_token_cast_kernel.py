@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..language import (
     bf16_bits_to_f32,
+    e2m1_code_to_f32,
     e4m3_bits_to_f32,
     f32_to_e2m1_code,
     f32_to_e4m3_bits,
@@ -54,6 +55,7 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
+from ._fp4_requant import _lut_select, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
@@ -621,6 +623,58 @@ def _block_cast_kernel(
                                       FASTQ)
 
 
+@triton.jit
+def _fp4_requant_kernel(
+    xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr,
+    M, K, num_xsf_k, num_ks,
+    stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
+    XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
+    PDL: tl.constexpr = False
+):
+    """Per-token FP4 -> FP4 requantization of a ``[BLOCK_M, BLOCK_K]`` tile (``tritile/quant/_fp4_requant.py``): x as
+    int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general path,
+    which a tile with an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: every tile, for the tests);
+    the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK columns, XBK and BK
+    multiples of 8."""
+    pdl_enter(PDL)
+    NW: tl.constexpr = BLOCK_K // 8
+    G: tl.constexpr = BLOCK_K // BK
+    WPG: tl.constexpr = BK // 8
+    pm = tl.program_id(0).to(tl.int64)
+    pk = tl.program_id(1).to(tl.int64)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < M
+    col0 = pk * BLOCK_K
+    wj = col0 // 8 + tl.arange(0, NW).to(tl.int64)
+    wmask = row_ok[:, None] & (wj < K // 8)[None, :]
+    w = tl.load(xw_ptr + rows[:, None] * stride_xw + wj[None, :], mask=wmask, other=0)
+    # each word's input scale byte (a word lies in one input block)
+    kb = (wj * 8) // XBK
+    sw = tl.load(xsf_ptr + (rows // XBM)[:, None] * stride_xsf_m + (kb // 4)[None, :] * stride_xsf_k,
+                 mask=wmask & (kb < num_xsf_k)[None, :], other=0)
+    e_in = (sw >> ((kb % 4) * 8).to(tl.int32)[None, :]) & 0xFF
+    if tl.max(tl.max(e_in, 1), 0) <= FAST_LIMIT:
+        # exact: amax per group from each word's largest magnitude, the scales as the general path computes them
+        wamax = e2m1_code_to_f32(_word_max_code(w)) * ue8m0_to_f32(e_in)
+        amax = tl.max(tl.reshape(wamax, (BLOCK_M, G, WPG)), axis=2)
+        sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+        _store_sf(sf_ptr, sf, rows, pk * G, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+        # k = (e_in - 127) - e_out per word; a zero byte (scale 0.0) zeroes the block
+        e_out = tl.reshape(tl.broadcast_to(sf_to_ue8m0(sf)[:, :, None], (BLOCK_M, G, WPG)), (BLOCK_M, NW))
+        k = tl.where(e_in == 0, -128, e_in - e_out)
+        lo, hi = _lut_select(k)
+        tl.store(outw_ptr + rows[:, None] * stride_ow + wj[None, :], _requant_words(w, lo, hi), mask=wmask)
+    else:
+        x = _load_tile(xb_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xb, stride_xsf_m, stride_xsf_k, num_xsf_k,
+                       BLOCK_M, BLOCK_K, 3, XBM, XBK, True)
+        amax = _amax_of(x, BLOCK_M, 1, G, BK, True)
+        sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+        _store_sf(sf_ptr, sf, rows, pk * G, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+        _encode_store(outb_ptr, x, _scale_tile(x, sf_inv, BLOCK_M, 1, G, BK), rows, row_ok, col0, K, stride_ob,
+                      BLOCK_M, BLOCK_K, True, True)
+
+
 # ------------------------------------------------------------------------------------------------
 # Host side (shared with per_block_cast_kernel / cast_back_kernel)
 # ------------------------------------------------------------------------------------------------
@@ -781,6 +835,14 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         sf = torch.empty((0,), dtype=torch.float32, device=device)
     if m == 0 or k == 0:
         return out, sf
+    if (in_kind == IN_E2M1 and out_e2m1 and sf_mode == SF_QUANT and round_sf and not row_group and bm == 1
+            and x_sf is not None and x_sf.dtype == torch.int32 and xbk % 8 == 0 and bk % 8 == 0 and k % 8 == 0
+            and bk & (bk - 1) == 0 and bk <= 128 and block_m is None and block_k is None and chunks_per_prog is None):
+        fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
+                                            BLOCK_M=min(next_power_of_two(m), 16) if interpreter_configs() else 8,
+                                            num_warps=4))
+        if fcfg["FP4_REQUANT"] and _fp4_requant_launch(data, x_sf, out, sf, m, k, xbm, xbk, bk, packed, fcfg):
+            return out, sf
     BLOCK_M, BLOCK_K, BK, num_chunks, cpp, warps = _config(m, k, bm, bk, row_group, packed, block_m, block_k,
                                                            quant_input=in_kind in (IN_E4M3, IN_E2M1))
     if chunks_per_prog is not None and not row_group:
@@ -861,6 +923,25 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         INT_SF=int_sf, WORDS=words, num_warps=warps, **extra, **pdl_args(xv.device),
     )
     return out, sf
+
+
+def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int, bk: int, packed: bool,
+                        cfg: dict) -> bool:
+    """Launch ``_fp4_requant_kernel`` (x and the output as words of eight nibbles); False when x's rows cannot be
+    viewed as int32 words (an odd start or row stride), for the general kernel to take over."""
+    try:
+        xw, ow = data.view(torch.int32), out.view(torch.int32)
+    except RuntimeError:
+        return False
+    block_k, block_m = 512, int(cfg["BLOCK_M"])
+    grid = (ceil_div(m, block_m), ceil_div(k, block_k))
+    _fp4_requant_kernel[grid](
+        xw, data, x_sf, ow, out, sf, m, k, ceil_div(k, xbk), ceil_div(k, bk),
+        xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
+        sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
+        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
+        num_warps=int(cfg["num_warps"]), **pdl_args(data.device))
+    return True
 
 
 def _block_cast_fake(data, x_sf, psf, fmt, xbm, xbk, bm, bk, row_group, sf_mode, round_sf, col_major, packed):

@@ -1,0 +1,131 @@
+"""The FP4 -> FP4 per-token requantization by byte permutes (``tritile/quant/_fp4_requant.py``): the same codes and
+scales as the general kernel for every code and every input scale byte, on the CPU and on the GPU."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tritile.quant import per_token_cast
+from tritile.quant._fp4_requant import K_MAX, K_MIN, _lut_select, _lut_words
+from tritile.runtime import override_config
+from tritile.testing import assert_equal, pick
+from tritile.torch import cast
+
+
+@triton.jit
+def _lut_probe(out_ptr, N: tl.constexpr):
+    k = tl.arange(0, N) - 8
+    lo, hi = _lut_select(k)
+    tl.store(out_ptr + tl.arange(0, N), lo)
+    tl.store(out_ptr + N + tl.arange(0, N), hi)
+
+
+def test_lut_constants(device):
+    # the kernel's where-chain holds the maps _lut_words computes exactly (Fractions, ties to even)
+    out = torch.empty(32, dtype=torch.int32, device=device)
+    _lut_probe[(1,)](out, N=16)
+    got = out.cpu().tolist()
+    for i, k in enumerate(range(-8, 8)):
+        kk = min(max(k, K_MIN - 1), K_MAX)
+        want = (0, 0) if kk < K_MIN else _lut_words(kk)
+        assert (got[i] & 0xFFFFFFFF, got[16 + i] & 0xFFFFFFFF) == want, k
+    # k = 2 maps 0.5 -> 2 (code 4), 6 -> 24 saturates (code 7); k = -1 maps 0.5 -> 0.25 (a tie: code 0)
+    assert _lut_words(2)[0] & 0xFF00 == 0x0400 and _lut_words(-1)[0] & 0xFF00 == 0
+
+
+def _random_fp4(m, k, xbs, device, gen, byte_lo=0, byte_hi=255):
+    """A QuantTensor with random FP4 codes and random UE8M0 scale bytes in [byte_lo, byte_hi] (packed, column-major:
+    the layout from the reference cast)."""
+    data, sf = cast(torch.randn(m, k, device=device).bfloat16(), "e2m1", xbs, round_sf=True,
+                    use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    data.view(torch.uint8).copy_(torch.randint(0, 256, data.shape, generator=gen).to(torch.uint8))
+    sf.copy_(_words(torch.randint(byte_lo, byte_hi + 1, tuple(sf.shape) + (4,), generator=gen)).to(device))
+    return data, sf
+
+
+def _words(b):
+    """int32 words from their four bytes (last dimension, byte 0 lowest)."""
+    w = (b.to(torch.int64) << (8 * torch.arange(4))).sum(-1)
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+# the output's scale flags (col-major, round_sf, packed): the fast path needs round_sf
+OUT_FLAGS = [(True, True, True), (True, True, False), (False, True, False)]
+OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
+
+
+def _three_ways(qx, npc, xbs, flags):
+    """(fast path, the new kernel's general branch, the general kernel): (out, sf) each; checks that the first two
+    ran the requantization kernel and the third did not."""
+    import tritile.quant.per_token_cast_kernel as ptk
+
+    launched = []
+    real = ptk._fp4_requant_launch
+
+    def spy(*a, **kw):
+        launched.append(real(*a, **kw))
+        return launched[-1]
+
+    ptk._fp4_requant_launch = spy
+    try:
+        return _three_ways_run(qx, npc, xbs, flags, launched)
+    finally:
+        ptk._fp4_requant_launch = real
+
+
+def _three_ways_run(qx, npc, xbs, flags, launched):
+    fast = per_token_cast(qx, "e2m1", npc, xbs, *flags)
+    with override_config("per_token_cast", FAST_LIMIT=-1):
+        general_branch = per_token_cast(qx, "e2m1", npc, xbs, *flags)
+    with override_config("per_token_cast", FP4_REQUANT=False):
+        general = per_token_cast(qx, "e2m1", npc, xbs, *flags)
+    assert launched == [True, True]
+    return fast, general_branch, general
+
+
+@pytest.mark.parametrize("flags", OUT_FLAGS, ids=OUT_IDS)
+@pytest.mark.parametrize("xbs", [(32, 32), (1, 64), (128, 128)], ids=["xb32", "xb1x64", "xb128"])
+@pytest.mark.parametrize("npc", [16, 32, 64, 128])
+def test_fp4_requant_matches_general(device, npc, xbs, flags):
+    # random codes and every finite-path scale byte (0..252): the fast path on every tile
+    gen = torch.Generator().manual_seed(npc * 7 + xbs[1] + flags[2])
+    m, k = pick(cpu=(37, 1088), gpu=(4001, 7168))
+    qx = _random_fp4(m, k, xbs, device, gen, 0, 252)
+    fast, branch, general = _three_ways(qx, npc, xbs, flags)
+    for a, b in ((fast, general), (branch, general)):
+        assert_equal(a[0], b[0])
+        assert_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("flags", OUT_FLAGS, ids=OUT_IDS)
+def test_fp4_requant_every_byte(device, flags):
+    # every scale byte 0..255 with every code: bytes above 252 send their tile to the general branch (inf / NaN
+    # blocks), the others take the byte permutes; neighbouring scale bytes give every k in -8..8 within a group
+    gen = torch.Generator().manual_seed(5 + flags[2])
+    xbs = (1, 32)
+    m, k = 256, 512
+    data, sf = _random_fp4(m, k, xbs, device, gen)
+    # row r: its 16 input blocks get bytes r, r-1, ..., r-7, r+1, ..., r+8 (clamped to 0..255)
+    r = torch.arange(m)[:, None]
+    off = torch.tensor([0, -1, -2, -3, -4, -5, -6, -7, 1, 2, 3, 4, 5, 6, 7, 8])[None, :]
+    b = (r + off).clamp(0, 255).to(torch.uint8)
+    assert sf.shape == (m, 4)
+    # write bytes through the packed layout: byte j of row i lives in word (i, j // 4), byte j % 4
+    sf.copy_(_words(b.view(m, 4, 4)).to(device))
+    fast, branch, general = _three_ways((data, sf), 128, xbs, flags)
+    for a, bb in ((fast, general), (branch, general)):
+        assert_equal(a[0], bb[0])
+        assert_equal(a[1], bb[1])
+
+
+def test_fp4_requant_matches_reference(device):
+    # the fast path against tritile.torch's cast of the dequantized tensor (as test_per_token_cast does)
+    gen = torch.Generator().manual_seed(11)
+    m, k = pick(cpu=(19, 576), gpu=(8001, 7168))
+    qx = _random_fp4(m, k, (32, 32), device, gen, 100, 140)
+    out, sf = per_token_cast(qx, "e2m1", 128, (32, 32), True, True, True)
+    ref_out, ref_sf = cast(qx, "e2m1", (1, 128), x_block_size=(32, 32), round_sf=True, use_tma_aligned_col_major_sf=True,
+                           use_packed_ue8m0=True)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)

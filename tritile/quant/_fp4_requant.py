@@ -1,0 +1,98 @@
+"""FP4 -> FP4 per-token requantization by byte permutes (``per_token_cast`` of an e2m1 QuantTensor with UE8M0 block
+scales to e2m1 with power-of-two scales).
+
+With power-of-two scales on both sides every value is exact: an input nibble of magnitude code ``m`` in a block of
+scale ``2^(e-127)`` dequantizes to ``val(m) * 2^(e-127)`` and requantizes, under the output scale ``2^eo``, to
+``RNE_e2m1(val(m) * 2^k)`` with ``k = e - 127 - eo``: a function of ``m`` and the integer ``k`` only.  For each input
+block the kernel picks that 8-entry map (one byte per ``m``, for ``k`` in -4..3; all zeros below, where every value
+rounds to 0) and applies it to eight nibbles a 32-bit word by two ``prmt`` (one per four nibbles, the magnitudes as
+the byte selectors), then repacks the bytes into nibbles and puts the input's sign bits back: ~2 integer operations
+an element instead of a float decode, scale, multiply and encode.  The scales (amax per group, ``quant_scale``) are
+computed exactly as the general path does, from the per-word maximum magnitude.
+
+Bytes above 252 (scales from ``2^126``, where a block's values can overflow to inf, and 255) take the general path
+for their tile (a per-program branch), so the codes and scales are the general kernel's bits for every input
+(tests/quant/test_fp4_requant.py compares the two over every code, every scale byte and random tensors).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import triton
+import triton.language as tl
+
+
+from ._lossless_ptx import prmt
+
+_E2M1 = [Fraction(0), Fraction(1, 2), Fraction(1), Fraction(3, 2), Fraction(2), Fraction(3), Fraction(4), Fraction(6)]
+
+
+def _rne_e2m1(v: Fraction) -> int:
+    """Magnitude code of the e2m1 value nearest to v >= 0 (ties to the even code), saturating at 6."""
+    if v >= 6:
+        return 7
+    best = min(range(8), key=lambda c: (abs(_E2M1[c] - v), c & 1))
+    return best
+
+
+def _lut_words(k: int):
+    """The 8-byte map m -> RNE_e2m1(val(m) * 2^k) as (bytes 0..3, bytes 4..7) int32 words."""
+    b = [_rne_e2m1(_E2M1[m] * Fraction(2) ** k) for m in range(8)]
+    return (b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24), (b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24)
+
+
+K_MIN, K_MAX = -4, 3  # below K_MIN every magnitude rounds to 0; above K_MAX only m = 0 can occur
+_LUTS = [_lut_words(k) for k in range(K_MIN, K_MAX + 1)]
+LUT_LO = tuple(lo for lo, _ in _LUTS)
+LUT_HI = tuple(hi for _, hi in _LUTS)
+
+
+@triton.jit
+def _lut_select(k):
+    """The map's two words for an int32 tensor of k (k < K_MIN: zeros; k > K_MAX: K_MAX's)."""
+    lo = tl.zeros_like(k)
+    hi = tl.zeros_like(k)
+    lo = tl.where(k == -4, 0x00000000, lo)
+    lo = tl.where(k == -3, 0x00000000, lo)
+    lo = tl.where(k == -2, 0x01000000, lo)
+    lo = tl.where(k == -1, 0x02010000, lo)
+    lo = tl.where(k == 0, 0x03020100, lo)
+    lo = tl.where(k == 1, 0x05040200, lo)
+    lo = tl.where(k == 2, 0x07060400, lo)
+    lo = tl.where(k >= 3, 0x07070600, lo)
+    hi = tl.where(k == -4, 0x01000000, hi)
+    hi = tl.where(k == -3, 0x02010100, hi)
+    hi = tl.where(k == -2, 0x03020201, hi)
+    hi = tl.where(k == -1, 0x05040302, hi)
+    hi = tl.where(k == 0, 0x07060504, hi)
+    hi = tl.where(k == 1, 0x07070706, hi)
+    hi = tl.where(k == 2, 0x07070707, hi)
+    hi = tl.where(k >= 3, 0x07070707, hi)
+    return lo, hi
+
+
+@triton.jit
+def _nibbles_of_bytes(x):
+    """Bytes b0..b3 (each < 16) of an int32 -> the nibbles b0 | b1 << 4 | b2 << 8 | b3 << 12."""
+    x = (x | (x >> 4)) & 0x00FF00FF
+    return (x | (x >> 8)) & 0x0000FFFF
+
+
+@triton.jit
+def _requant_words(w, lo, hi):
+    """Eight packed e2m1 nibbles of each word mapped through the magnitude map (lo, hi); signs kept."""
+    m = w & 0x77777777
+    b_lo = prmt(lo, hi, m)
+    b_hi = prmt(lo, hi, m >> 16)
+    return _nibbles_of_bytes(b_lo) | (_nibbles_of_bytes(b_hi) << 16) | (w & -2004318072)  # 0x88888888
+
+
+@triton.jit
+def _word_max_code(w):
+    """The largest magnitude code (0..7) among a word's eight nibbles."""
+    m = w & 0x77777777
+    mx = m & 7
+    for i in tl.static_range(1, 8):
+        mx = tl.maximum(mx, (m >> (4 * i)) & 7)
+    return mx
