@@ -129,3 +129,22 @@ def test_fp4_requant_matches_reference(device):
                            use_packed_ue8m0=True)
     assert_equal(out, ref_out)
     assert_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize("cfg", [dict(ROWLOOP=True, BLOCK_M=4), dict(ROWLOOP=True, BLOCK_M=2, num_warps=2),
+                                 dict(BLOCK_M=4, num_warps=2)], ids=["rowloop4", "rowloop2", "tile4"])
+@pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
+def test_fp4_requant_configs(device, cfg, byte_hi):
+    # the programs that walk their rows' chunks (ROWLOOP: one scale check a program, then the fast loop or the general
+    # one) and a smaller tile; bytes up to 255 send some programs to the general code
+    gen = torch.Generator().manual_seed(17 + byte_hi)
+    m, k = pick(cpu=(23, 1600), gpu=(4001, 7168))
+    qx = _random_fp4(m, k, (32, 32), device, gen, 120, byte_hi) if byte_hi == 255 else \
+        _random_fp4(m, k, (32, 32), device, gen, 0, byte_hi)
+    flags = (True, True, True)
+    with override_config("per_token_cast", **cfg):
+        got = per_token_cast(qx, "e2m1", 128, (32, 32), *flags)
+    with override_config("per_token_cast", FP4_REQUANT=False):
+        want = per_token_cast(qx, "e2m1", 128, (32, 32), *flags)
+    assert_equal(got[0], want[0])
+    assert_equal(got[1], want[1])

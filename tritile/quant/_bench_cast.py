@@ -80,7 +80,10 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
 ]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=4, num_warps=4),
       dict(BLOCK_M=16, num_warps=4), dict(BLOCK_M=16, num_warps=8), dict(BLOCK_M=8, num_warps=8),
-      dict(BLOCK_M=32, num_warps=8)]
+      dict(BLOCK_M=32, num_warps=8)] + [
+    # ROWLOOP: a program walks its rows' 14 chunks, the next chunk's loads in flight while one is requantized (the
+    # one-tile programs had ~12 KB in flight per SM at 60 us, ~1 TB/s)
+    dict(ROWLOOP=True, BLOCK_M=bm, num_warps=w) for bm, w in ((4, 4), (4, 2), (2, 2), (8, 4), (8, 8), (2, 1), (16, 8))]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

@@ -624,55 +624,108 @@ def _block_cast_kernel(
 
 
 @triton.jit
+def _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                          XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr):
+    """A chunk's words ``[BLOCK_M, G, WPG]`` (groups of WPG words: the group max and its broadcast back stay in the
+    layout), their offsets and mask, and each word's input scale byte (a word lies in one input block)."""
+    wj = (col0 // 8 + tl.arange(0, G).to(tl.int64)[:, None] * WPG + tl.arange(0, WPG).to(tl.int64)[None, :])[None, :, :]
+    r3 = rows[:, None, None]
+    wmask = (r3 < M) & (wj < K // 8)
+    w = tl.load(xw_ptr + r3 * stride_xw + wj, mask=wmask, other=0)
+    kb = (wj * 8) // XBK
+    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=wmask & (kb < num_xsf_k),
+                 other=0)
+    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
+
+
+@triton.jit
+def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm, stride_sk,
+                    BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr,
+                    MAX: tl.constexpr):
+    """The byte-permute requantization of one chunk (every scale byte <= 252): amax per group from each word's largest
+    magnitude, the scales as the general path computes them, the codes through the map of k = e_in - e_out."""
+    amax = tl.max(e2m1_code_to_f32(_word_max_code(w)) * ue8m0_to_f32(e_in), axis=2)
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+    k = tl.where(e_in == 0, -128, e_in - sf_to_ue8m0(sf)[:, :, None])  # a zero byte (scale 0.0) zeroes the block
+    lo, hi = _lut_select(k)
+    tl.store(outw_ptr + rows[:, None, None] * stride_ow + wj, _requant_words(w, lo, hi), mask=wmask)
+
+
+@triton.jit
+def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
+                       stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM: tl.constexpr,
+                       XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                       G: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr):
+    """One chunk by the general kernel's code (float decode, scale, amax, encode): the same bits for any scale byte."""
+    row_ok = rows < M
+    x = _load_tile(xb_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xb, stride_xsf_m, stride_xsf_k, num_xsf_k,
+                   BLOCK_M, BLOCK_K, 3, XBM, XBK, True)
+    amax = _amax_of(x, BLOCK_M, 1, G, BK, True)
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+    _encode_store(outb_ptr, x, _scale_tile(x, sf_inv, BLOCK_M, 1, G, BK), rows, row_ok, col0, K, stride_ob,
+                  BLOCK_M, BLOCK_K, True, True)
+
+
+@triton.jit
 def _fp4_requant_kernel(
     xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr,
     M, K, num_xsf_k, num_ks,
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
-    PDL: tl.constexpr = False
+    ROWLOOP: tl.constexpr = False, NUM_CHUNKS: tl.constexpr = 1, NXB_P2: tl.constexpr = 1, PDL: tl.constexpr = False
 ):
-    """Per-token FP4 -> FP4 requantization of a ``[BLOCK_M, BLOCK_K]`` tile (``tritile/quant/_fp4_requant.py``): x as
-    int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general path,
-    which a tile with an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: every tile, for the tests);
-    the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK columns, XBK and BK
-    multiples of 8."""
+    """Per-token FP4 -> FP4 requantization (``tritile/quant/_fp4_requant.py``): x as int32 words of eight nibbles
+    (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code, which a chunk (ROWLOOP: a
+    program's rows) holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the
+    tests); the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of
+    BK columns, XBK and BK multiples of 8.
+
+    Grid (row blocks, chunks of BLOCK_K columns) without ROWLOOP.  ROWLOOP: grid (row blocks,), each program walks
+    its rows' NUM_CHUNKS chunks (the next chunk's loads issued before this one is requantized), after one check of
+    all its rows' NXB_P2 (>= the input blocks of a row) scale bytes."""
     pdl_enter(PDL)
-    NW: tl.constexpr = BLOCK_K // 8
     G: tl.constexpr = BLOCK_K // BK
     WPG: tl.constexpr = BK // 8
     pm = tl.program_id(0).to(tl.int64)
-    pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    row_ok = rows < M
-    col0 = pk * BLOCK_K
-    wj = col0 // 8 + tl.arange(0, NW).to(tl.int64)
-    wmask = row_ok[:, None] & (wj < K // 8)[None, :]
-    w = tl.load(xw_ptr + rows[:, None] * stride_xw + wj[None, :], mask=wmask, other=0)
-    # each word's input scale byte (a word lies in one input block)
-    kb = (wj * 8) // XBK
-    sw = tl.load(xsf_ptr + (rows // XBM)[:, None] * stride_xsf_m + (kb // 4)[None, :] * stride_xsf_k,
-                 mask=wmask & (kb < num_xsf_k)[None, :], other=0)
-    e_in = (sw >> ((kb % 4) * 8).to(tl.int32)[None, :]) & 0xFF
-    if tl.max(tl.max(e_in, 1), 0) <= FAST_LIMIT:
-        # exact: amax per group from each word's largest magnitude, the scales as the general path computes them
-        wamax = e2m1_code_to_f32(_word_max_code(w)) * ue8m0_to_f32(e_in)
-        amax = tl.max(tl.reshape(wamax, (BLOCK_M, G, WPG)), axis=2)
-        sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
-        _store_sf(sf_ptr, sf, rows, pk * G, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
-        # k = (e_in - 127) - e_out per word; a zero byte (scale 0.0) zeroes the block
-        e_out = tl.reshape(tl.broadcast_to(sf_to_ue8m0(sf)[:, :, None], (BLOCK_M, G, WPG)), (BLOCK_M, NW))
-        k = tl.where(e_in == 0, -128, e_in - e_out)
-        lo, hi = _lut_select(k)
-        tl.store(outw_ptr + rows[:, None] * stride_ow + wj[None, :], _requant_words(w, lo, hi), mask=wmask)
+    if ROWLOOP:
+        kbs = tl.arange(0, NXB_P2).to(tl.int64)
+        bm = (rows < M)[:, None] & (kbs < num_xsf_k)[None, :]
+        sw = tl.load(xsf_ptr + (rows // XBM)[:, None] * stride_xsf_m + (kbs // 4)[None, :] * stride_xsf_k, mask=bm,
+                     other=0)
+        e_all = (sw >> ((kbs % 4) * 8).to(tl.int32)[None, :]) & 0xFF
+        if tl.max(tl.max(e_all, 1), 0) <= FAST_LIMIT:
+            # chunk c + 1's words and scales are loaded before chunk c is requantized (a register double buffer)
+            n_w, n_wj, n_wmask, n_e = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, 0, M, K, num_xsf_k, stride_xw,
+                                                            stride_xsf_m, stride_xsf_k, XBM, XBK, G, WPG)
+            for c in range(0, NUM_CHUNKS):
+                w, wj, wmask, e_in = n_w, n_wj, n_wmask, n_e
+                if c + 1 < NUM_CHUNKS:
+                    n_w, n_wj, n_wmask, n_e = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, (c + 1) * BLOCK_K, M, K,
+                                                                    num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                                                                    XBM, XBK, G, WPG)
+                _fp4_chunk_fast(w, wj, wmask, e_in, rows, c * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                                stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
+        else:
+            for c in range(0, NUM_CHUNKS):
+                _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, c * BLOCK_K, c * G, M, K, num_xsf_k,
+                                   num_ks, stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM,
+                                   XBK, BK, BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
     else:
-        x = _load_tile(xb_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xb, stride_xsf_m, stride_xsf_k, num_xsf_k,
-                       BLOCK_M, BLOCK_K, 3, XBM, XBK, True)
-        amax = _amax_of(x, BLOCK_M, 1, G, BK, True)
-        sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
-        _store_sf(sf_ptr, sf, rows, pk * G, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
-        _encode_store(outb_ptr, x, _scale_tile(x, sf_inv, BLOCK_M, 1, G, BK), rows, row_ok, col0, K, stride_ob,
-                      BLOCK_M, BLOCK_K, True, True)
+        pk = tl.program_id(1).to(tl.int64)
+        col0 = pk * BLOCK_K
+        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
+                                                   stride_xsf_m, stride_xsf_k, XBM, XBK, G, WPG)
+        if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
+            _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                            stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
+        else:
+            _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks,
+                               stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK,
+                               BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -934,12 +987,15 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     except RuntimeError:
         return False
     block_k, block_m = 512, int(cfg["BLOCK_M"])
-    grid = (ceil_div(m, block_m), ceil_div(k, block_k))
+    rowloop = bool(cfg.get("ROWLOOP", False))
+    nchunks = ceil_div(k, block_k)
+    grid = (ceil_div(m, block_m),) if rowloop else (ceil_div(m, block_m), nchunks)
     _fp4_requant_kernel[grid](
         xw, data, x_sf, ow, out, sf, m, k, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
-        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
+        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]), ROWLOOP=rowloop,
+        NUM_CHUNKS=nchunks if rowloop else 1, NXB_P2=next_power_of_two(ceil_div(k, xbk)) if rowloop else 1,
         num_warps=int(cfg["num_warps"]), **pdl_args(data.device))
     return True
 
