@@ -83,7 +83,12 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
       dict(BLOCK_M=32, num_warps=8)] + [
     # ROWLOOP: a program walks its rows' 14 chunks, the next chunk's loads in flight while one is requantized (the
     # one-tile programs had ~12 KB in flight per SM at 60 us, ~1 TB/s)
-    dict(ROWLOOP=True, BLOCK_M=bm, num_warps=w) for bm, w in ((4, 4), (4, 2), (2, 2), (8, 4), (8, 8), (2, 1), (16, 8))]
+    dict(ROWLOOP=True, BLOCK_M=bm, num_warps=w) for bm, w in ((4, 4), (4, 2), (2, 2), (8, 4), (8, 8), (2, 1), (16, 8))] + [
+    # session 9 sweep 2 (CUPTI, us): default [8, 512] x 4 warps 56.59, [4, 512] x 2 warps 52.26, ROWLOOP 53.2-53.7.
+    # Wider tiles: more bytes in flight per program (a [4, 512] program moves 1 KB in and 1 KB out)
+    dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w) for bm, bk, w in
+    ((4, 1024, 2), (4, 2048, 2), (4, 2048, 4), (2, 2048, 2), (2, 4096, 4), (4, 4096, 4), (8, 1024, 4), (8, 2048, 4),
+     (1, 4096, 2), (2, 1024, 1))]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

@@ -986,7 +986,9 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         xw, ow = data.view(torch.int32), out.view(torch.int32)
     except RuntimeError:
         return False
-    block_k, block_m = 512, int(cfg["BLOCK_M"])
+    block_k, block_m = int(cfg.get("BLOCK_K", 512)), int(cfg["BLOCK_M"])
+    if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
+        raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
     rowloop = bool(cfg.get("ROWLOOP", False))
     nchunks = ceil_div(k, block_k)
     grid = (ceil_div(m, block_m),) if rowloop else (ceil_div(m, block_m), nchunks)
