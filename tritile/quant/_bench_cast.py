@@ -73,22 +73,15 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
-# Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default; the general
-# kernel's candidates run with FP4_REQUANT=False.  Its tile: BLOCK_M rows x 512 columns, num_warps.
+# Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
+# at 2 warps); the general kernel's candidates run with FP4_REQUANT=False.  Swept (CUPTI, us): the default 52.26-52.49,
+# ROWLOOP (a program walks its rows' chunks, the next chunk's loads in flight) [4] x 2 warps 53.03, [2] x 1 53.32,
+# [8] x 4 54.00, [4] x 4 58.14; tiles [4, 1024] x 2 53.23, [8, 512] x 4 56.6-57.1, [16, 512] x 4 57.66, [4, 2048] x 2
+# 72.48, [8, 2048] x 4 76.72; the general kernel 116.2-142.7.  Relative to the default:
 _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
-    dict(BLOCK_M=2, num_warps=4), dict(BLOCK_M=1, BLOCK_K=512, num_warps=1),
-]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=4, num_warps=4),
-      dict(BLOCK_M=16, num_warps=4), dict(BLOCK_M=16, num_warps=8), dict(BLOCK_M=8, num_warps=8),
-      dict(BLOCK_M=32, num_warps=8)] + [
-    # ROWLOOP: a program walks its rows' 14 chunks, the next chunk's loads in flight while one is requantized (the
-    # one-tile programs had ~12 KB in flight per SM at 60 us, ~1 TB/s)
-    dict(ROWLOOP=True, BLOCK_M=bm, num_warps=w) for bm, w in ((4, 4), (4, 2), (2, 2), (8, 4), (8, 8), (2, 1), (16, 8))] + [
-    # session 9 sweep 2 (CUPTI, us): default [8, 512] x 4 warps 56.59, [4, 512] x 2 warps 52.26, ROWLOOP 53.2-53.7.
-    # Wider tiles: more bytes in flight per program (a [4, 512] program moves 1 KB in and 1 KB out)
-    dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w) for bm, bk, w in
-    ((4, 1024, 2), (4, 2048, 2), (4, 2048, 4), (2, 2048, 2), (2, 4096, 4), (4, 4096, 4), (8, 1024, 4), (8, 2048, 4),
-     (1, 4096, 2), (2, 1024, 1))]
+]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=4, BLOCK_K=1024),
+      dict(ROWLOOP=True), dict(ROWLOOP=True, BLOCK_M=2, num_warps=1), dict(ROWLOOP=True, BLOCK_M=8, num_warps=4)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
