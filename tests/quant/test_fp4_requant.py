@@ -132,8 +132,9 @@ def test_fp4_requant_matches_reference(device):
 
 
 @pytest.mark.parametrize("cfg", [dict(ROWLOOP=True, BLOCK_M=4), dict(ROWLOOP=True, BLOCK_M=2, num_warps=2),
-                                 dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2)],
-                         ids=["rowloop4", "rowloop2", "tile4", "wide"])
+                                 dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
+                                 dict(BLOCKS=False)],
+                         ids=["rowloop4", "rowloop2", "tile4", "wide", "per_word"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # the programs that walk their rows' chunks (ROWLOOP: one scale check a program, then the fast loop or the general

@@ -81,7 +81,11 @@ _PER_TOKEN_TUNE = [
 _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
 ]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=4, BLOCK_K=1024),
-      dict(ROWLOOP=True), dict(ROWLOOP=True, BLOCK_M=2, num_warps=1), dict(ROWLOOP=True, BLOCK_M=8, num_warps=4)]
+      dict(ROWLOOP=True), dict(ROWLOOP=True, BLOCK_M=2, num_warps=1), dict(ROWLOOP=True, BLOCK_M=8, num_warps=4)] + [
+    # BLOCKS (the default where an input block lies in one group): the words as [rows, groups, blocks, words], the
+    # block maxima and the maps once a block; False: once a word (the 52.3 us figures above)
+    dict(BLOCKS=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=2, num_warps=1), dict(BLOCK_M=8, num_warps=2),
+    dict(BLOCK_M=4, num_warps=4), dict(BLOCK_M=16, num_warps=4)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

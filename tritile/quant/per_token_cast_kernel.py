@@ -653,6 +653,42 @@ def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, 
 
 
 @triton.jit
+def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                           XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, BPG: tl.constexpr,
+                           WPB: tl.constexpr):
+    """:func:`_fp4_words_and_scales` when an input block lies in one group (BK % XBK == 0): the words as
+    ``[BLOCK_M, G, BPG, WPB]`` (groups of BPG input blocks of WPB words) and one scale byte a block
+    ``[BLOCK_M, G, BPG]``."""
+    g = tl.arange(0, G).to(tl.int64)[:, None, None]
+    b = tl.arange(0, BPG).to(tl.int64)[None, :, None]
+    wj = (col0 // 8 + (g * BPG + b) * WPB + tl.arange(0, WPB).to(tl.int64)[None, None, :])[None, :, :, :]
+    r4 = rows[:, None, None, None]
+    wmask = (r4 < M) & (wj < K // 8)
+    w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
+    kb = (col0 // XBK + tl.arange(0, G).to(tl.int64)[:, None] * BPG + tl.arange(0, BPG).to(tl.int64)[None, :])[None, :, :]
+    r3 = rows[:, None, None]
+    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k,
+                 mask=(r3 < M) & (kb < num_xsf_k), other=0)
+    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
+
+
+@triton.jit
+def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                           stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
+                           CLAMP: tl.constexpr, MAX: tl.constexpr):
+    """:func:`_fp4_chunk_fast` on ``[BLOCK_M, G, BPG, WPB]`` words and ``[BLOCK_M, G, BPG]`` block scale bytes: the
+    block maxima, the maps and their selection once a block, not once a word."""
+    bmax = tl.max(_word_max_code(w), axis=3)
+    amax = tl.max(e2m1_code_to_f32(bmax) * ue8m0_to_f32(e_in), axis=2)
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+    k = tl.where(e_in == 0, -128, e_in - sf_to_ue8m0(sf)[:, :, None])  # a zero byte (scale 0.0) zeroes the block
+    lo, hi = _lut_select(k)
+    tl.store(outw_ptr + rows[:, None, None, None] * stride_ow + wj,
+             _requant_words(w, lo[:, :, :, None], hi[:, :, :, None]), mask=wmask)
+
+
+@triton.jit
 def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
                        stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM: tl.constexpr,
                        XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -675,7 +711,8 @@ def _fp4_requant_kernel(
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
-    ROWLOOP: tl.constexpr = False, NUM_CHUNKS: tl.constexpr = 1, NXB_P2: tl.constexpr = 1, PDL: tl.constexpr = False
+    ROWLOOP: tl.constexpr = False, NUM_CHUNKS: tl.constexpr = 1, NXB_P2: tl.constexpr = 1, BLOCKS: tl.constexpr = False,
+    PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization (``tritile/quant/_fp4_requant.py``): x as int32 words of eight nibbles
     (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code, which a chunk (ROWLOOP: a
@@ -714,6 +751,19 @@ def _fp4_requant_kernel(
                 _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, c * BLOCK_K, c * G, M, K, num_xsf_k,
                                    num_ks, stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM,
                                    XBK, BK, BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
+    elif BLOCKS:
+        # an input block lies in one group: one scale byte, one max reduction and one map a block
+        pk = tl.program_id(1).to(tl.int64)
+        col0 = pk * BLOCK_K
+        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
+                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // XBK, XBK // 8)
+        if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
+            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow,
+                                   stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
+        else:
+            _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks,
+                               stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK,
+                               BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
     else:
         pk = tl.program_id(1).to(tl.int64)
         col0 = pk * BLOCK_K
@@ -1001,6 +1051,7 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]), ROWLOOP=rowloop,
         NUM_CHUNKS=nchunks if rowloop else 1, NXB_P2=next_power_of_two(ceil_div(k, xbk)) if rowloop else 1,
+        BLOCKS=bool(cfg.get("BLOCKS", True)) and not rowloop and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0,
         num_warps=int(cfg["num_warps"]), **pdl_args(data.device))
     return True
 
