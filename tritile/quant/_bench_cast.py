@@ -83,7 +83,9 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
 ]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=4, BLOCK_K=1024),
       dict(ROWLOOP=True), dict(ROWLOOP=True, BLOCK_M=2, num_warps=1), dict(ROWLOOP=True, BLOCK_M=8, num_warps=4)] + [
     # BLOCKS (the default where an input block lies in one group): the words as [rows, groups, blocks, words], the
-    # block maxima and the maps once a block; False: once a word (the 52.3 us figures above)
+    # block maxima and the maps once a block; False: once a word (the 52.3 us figures above).  Swept (CUPTI, us):
+    # BLOCKS 40.04, [8, 512] x 2 40.32, [4, 1024] 40.44, [8, 512] x 4 43.25, [4, 512] x 4 56.06, [16, 512] x 4
+    # 63.35, [2, 512] x 1 68.22, BLOCKS=False 52.26
     dict(BLOCKS=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=2, num_warps=1), dict(BLOCK_M=8, num_warps=2),
     dict(BLOCK_M=4, num_warps=4), dict(BLOCK_M=16, num_warps=4)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the

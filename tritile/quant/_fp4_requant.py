@@ -14,10 +14,12 @@ Bytes above 252 (scales from ``2^126``, where a block's values can overflow to i
 for their tile (a per-program branch), so the codes and scales are the general kernel's bits for every input
 (tests/quant/test_fp4_requant.py compares the two over every code, every scale byte and random tensors).
 
-H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI): 52.3 us against 123.7 for the
-general kernel (TileKernels 287.8): 26 % of the copy bandwidth for its 58 MB.  Wider tiles and programs that walk
-their rows' chunks with the next chunk prefetched were slower (benchmarks/NOTES.md, session 9): the bound is the
-per-word work (the max magnitude over eight nibbles, the map's selection) and the programs' reductions, not DRAM.
+Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> npc 128) the words are handled as
+[rows, groups, blocks, words]: one scale byte, one max reduction and one map selection a block.  H200 (2026-11-30,
+8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI): 40.0 us (52.3 once a word) against 123.7 for the
+general kernel (TileKernels 287.8): 34 % of the copy bandwidth for its 58 MB.  Wider tiles and programs that walk
+their rows' chunks with the next chunk prefetched were not faster (benchmarks/NOTES.md, session 9): the bound is the
+per-word integer work (the max magnitude over eight nibbles, the permutes and repacking), not DRAM.
 """
 
 from __future__ import annotations

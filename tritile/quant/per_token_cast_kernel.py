@@ -941,9 +941,9 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
     if (in_kind == IN_E2M1 and out_e2m1 and sf_mode == SF_QUANT and round_sf and not row_group and bm == 1
             and x_sf is not None and x_sf.dtype == torch.int32 and xbk % 8 == 0 and bk % 8 == 0 and k % 8 == 0
             and bk & (bk - 1) == 0 and bk <= 128 and block_m is None and block_k is None and chunks_per_prog is None):
-        # H200 (session 9, 8001 x 7168, CUPTI): [4, 512] tiles at 2 warps 52.26-52.49 us; [8, 512] x 4 warps 56.6-57.1;
-        # ROWLOOP (a program walks its rows' chunks, the next chunk's loads in flight) 53.0-58.7; wider tiles
-        # 53.2-76.7; the general kernel 116-124 (TileKernels 287.8)
+        # H200 (session 9, 8001 x 7168, CUPTI): BLOCKS (once a block, the default) [4, 512] tiles at 2 warps 40.04 us,
+        # [8, 512] x 2 40.32, [4, 1024] 40.44; once a word (BLOCKS=False) 52.26; ROWLOOP (a program walks its rows'
+        # chunks, the next chunk's loads in flight) 53.0-58.7; the general kernel 116-124 (TileKernels 287.8)
         fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
                                             BLOCK_M=min(next_power_of_two(m), 16) if interpreter_configs() else 4,
                                             num_warps=2))
