@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from tritile.quant import per_token_cast
-from tritile.quant._fp4_requant import K_MAX, K_MIN, _lut_select, _lut_words
+from tritile.quant._fp4_requant import K_MAX, K_MIN, _block_max_code, _lut_select, _lut_words
 from tritile.runtime import override_config
 from tritile.testing import assert_equal, pick
 from tritile.torch import cast
@@ -150,3 +150,25 @@ def test_fp4_requant_configs(device, cfg, byte_hi):
         want = per_token_cast(qx, "e2m1", 128, (32, 32), *flags)
     assert_equal(got[0], want[0])
     assert_equal(got[1], want[1])
+
+
+@triton.jit
+def _max_probe(w_ptr, out_ptr, N: tl.constexpr):
+    from_words = tl.load(w_ptr + tl.arange(0, 4 * N)).reshape(N, 4)
+    tl.store(out_ptr + tl.arange(0, N), _block_max_code(from_words & 0x77777777, 1))
+
+
+def test_block_max_code(device):
+    # the nibble-wise SWAR max over four words of eight nibbles each equals the plain max of the 32 magnitudes,
+    # including words whose top nibble is set (negative int32) and blocks with a single non-zero nibble
+    gen = torch.Generator().manual_seed(3)
+    n = 256
+    w = torch.randint(-2**31, 2**31, (n, 4), generator=gen, dtype=torch.int64)
+    w[:64] &= 0x11111111  # magnitudes 0 / 1
+    w[64:96] = 0
+    w[64:96, 1] = torch.tensor([1 << (4 * (i % 8)) for i in range(32)]) * (torch.arange(32) % 7 + 1)
+    w = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+    out = torch.empty(n, dtype=torch.int32, device=device)
+    _max_probe[(1,)](w.to(device), out, N=n)
+    want = [max(((int(x) & 0xFFFFFFFF) >> (4 * i)) & 7 for x in row for i in range(8)) for row in w]
+    assert out.cpu().tolist() == want

@@ -103,3 +103,23 @@ def _word_max_code(w):
     for i in tl.static_range(1, 8):
         mx = tl.maximum(mx, (m >> (4 * i)) & 7)
     return mx
+
+
+@triton.jit
+def _nib_max(a, b):
+    """Nibble-wise max of two words of magnitudes (each nibble 0..7): ``(a | 8) - b`` per nibble is 1..15 (no borrow
+    crosses nibbles) with bit 3 set where ``a >= b``."""
+    ge = (((a | -2004318072) - b) >> 3) & 0x11111111  # -2004318072 = 0x88888888
+    mask = (ge << 4) - ge  # 0xF where a >= b
+    return (a & mask) | (b & ~mask)
+
+
+@triton.jit
+def _block_max_code(m, axis: tl.constexpr):
+    """The largest magnitude code among all nibbles of the magnitude words ``m`` (``w & 0x77777777``) along
+    ``axis``: a nibble-wise max across the words, then across the eight nibbles of the result."""
+    x = tl.reduce(m, axis, _nib_max)
+    x = _nib_max(x, (x >> 16) & 0xFFFF)
+    x = _nib_max(x, (x >> 8) & 0xFFFFFF)
+    x = _nib_max(x, (x >> 4) & 0xFFFFFFF)
+    return x & 7

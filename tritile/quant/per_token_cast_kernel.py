@@ -55,7 +55,7 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
-from ._fp4_requant import _lut_select, _requant_words, _word_max_code
+from ._fp4_requant import _block_max_code, _lut_select, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
@@ -678,7 +678,7 @@ def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, n
                            CLAMP: tl.constexpr, MAX: tl.constexpr):
     """:func:`_fp4_chunk_fast` on ``[BLOCK_M, G, BPG, WPB]`` words and ``[BLOCK_M, G, BPG]`` block scale bytes: the
     block maxima, the maps and their selection once a block, not once a word."""
-    bmax = tl.max(_word_max_code(w), axis=3)
+    bmax = _block_max_code(w & 0x77777777, 3)
     amax = tl.max(e2m1_code_to_f32(bmax) * ue8m0_to_f32(e_in), axis=2)
     sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
     _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
