@@ -943,7 +943,9 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
             and bk & (bk - 1) == 0 and bk <= 128 and block_m is None and block_k is None and chunks_per_prog is None):
         # H200 (session 9, 8001 x 7168, CUPTI): BLOCKS (once a block, the default) [4, 512] tiles at 2 warps 40.04 us,
         # [8, 512] x 2 40.32, [4, 1024] 40.44; once a word (BLOCKS=False) 52.26; ROWLOOP (a program walks its rows'
-        # chunks, the next chunk's loads in flight) 53.0-58.7; the general kernel 116-124 (TileKernels 287.8)
+        # chunks, the next chunk's loads in flight) 53.0-58.7; the general kernel 116-124 (TileKernels 287.8).  With
+        # the SWAR block max: 37.42 us, [8, 512] x 2 and [4, 1024] 36.69 (not switched on one sweep: 0.7 % slower
+        # than the default in the sweep before)
         fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
                                             BLOCK_M=min(next_power_of_two(m), 16) if interpreter_configs() else 4,
                                             num_warps=2))
