@@ -264,19 +264,11 @@ def _bwd_constraints(n: int) -> str:
     return ",".join(["=f"] * (4 * n) + ["f"] * (2 * n) + ["r"] * (n // 2) + ["f"] * (2 * n))
 
 
-_BWD4 = tl.constexpr(_bwd_fused_ptx(False, False))
-_BWD4_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False))
-_BWD4_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True))
-_BWD4_CONSTRAINTS = tl.constexpr(_bwd_constraints(4))
-
-_BWD8 = tl.constexpr(_bwd_fused_ptx(False, False, 8))
-_BWD8_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False, 8))
-_BWD8_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True, 8))
-_BWD8_CONSTRAINTS = tl.constexpr(_bwd_constraints(8))
-_BWD16 = tl.constexpr(_bwd_fused_ptx(False, False, 16))
-_BWD16_CLAMP = tl.constexpr(_bwd_fused_ptx(True, False, 16))
-_BWD16_CLAMP_XORSIGN = tl.constexpr(_bwd_fused_ptx(True, True, 16))
-_BWD16_CONSTRAINTS = tl.constexpr(_bwd_constraints(16))
+# the fused blocks at 3 * (N // 8) + clamp mode: N = 4, 8, 16; no clamp, clamp, clamp with XORSIGN (_bwd_fused picks
+# one at compile time)
+_BWD_ASM = tl.constexpr(tuple(_bwd_fused_ptx(c, x, n) for n in (4, 8, 16)
+                              for c, x in ((False, False), (True, False), (True, True))))
+_BWD_CONSTRAINTS = tl.constexpr(tuple(_bwd_constraints(n) for n in (4, 8, 16)))
 
 
 @triton.jit
@@ -304,30 +296,9 @@ def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constex
     else:
         cc = tl.full(xf.shape, c, tl.float32)
         # the PTX block for N elements (4, 8 or 16) and the clamp mode
-        if N == 16:
-            cons: tl.constexpr = _BWD16_CONSTRAINTS
-            if not HAS_CLAMP:
-                asm: tl.constexpr = _BWD16
-            elif XORSIGN:
-                asm: tl.constexpr = _BWD16_CLAMP_XORSIGN
-            else:
-                asm: tl.constexpr = _BWD16_CLAMP
-        elif N == 8:
-            cons: tl.constexpr = _BWD8_CONSTRAINTS
-            if not HAS_CLAMP:
-                asm: tl.constexpr = _BWD8
-            elif XORSIGN:
-                asm: tl.constexpr = _BWD8_CLAMP_XORSIGN
-            else:
-                asm: tl.constexpr = _BWD8_CLAMP
-        else:
-            cons: tl.constexpr = _BWD4_CONSTRAINTS
-            if not HAS_CLAMP:
-                asm: tl.constexpr = _BWD4
-            elif XORSIGN:
-                asm: tl.constexpr = _BWD4_CLAMP_XORSIGN
-            else:
-                asm: tl.constexpr = _BWD4_CLAMP
+        MODE: tl.constexpr = (2 if XORSIGN else 1) if HAS_CLAMP else 0
+        asm: tl.constexpr = _BWD_ASM[3 * (N // 8) + MODE]
+        cons: tl.constexpr = _BWD_CONSTRAINTS[N // 8]
         return tl.inline_asm_elementwise(asm, cons, [xf, yf, gbits, w, cc],
                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
                                          pack=N)
