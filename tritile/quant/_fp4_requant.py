@@ -51,32 +51,33 @@ def _lut_words(k: int):
 
 K_MIN, K_MAX = -4, 3  # below K_MIN every magnitude rounds to 0; above K_MAX only m = 0 can occur
 _LUTS = [_lut_words(k) for k in range(K_MIN, K_MAX + 1)]
-LUT_LO = tuple(lo for lo, _ in _LUTS)
-LUT_HI = tuple(hi for _, hi in _LUTS)
+_KS = tl.constexpr(tuple(range(K_MIN, K_MAX + 1)))
+_LUT_LO = tl.constexpr(tuple(lo for lo, _ in _LUTS))
+_LUT_HI = tl.constexpr(tuple(hi for _, hi in _LUTS))
+_NLUT = tl.constexpr(len(_LUTS))
 
 
 @triton.jit
 def _lut_select(k):
-    """The map's two words for an int32 tensor of k (k < K_MIN: zeros; k > K_MAX: K_MAX's)."""
+    """The map's two words for an int32 tensor of k (k < K_MIN: zeros; k > K_MAX: K_MAX's), from the ``_lut_words``
+    table (a chain of selects, unrolled at compile time)."""
     lo = tl.zeros_like(k)
     hi = tl.zeros_like(k)
-    lo = tl.where(k == -4, 0x00000000, lo)
-    lo = tl.where(k == -3, 0x00000000, lo)
-    lo = tl.where(k == -2, 0x01000000, lo)
-    lo = tl.where(k == -1, 0x02010000, lo)
-    lo = tl.where(k == 0, 0x03020100, lo)
-    lo = tl.where(k == 1, 0x05040200, lo)
-    lo = tl.where(k == 2, 0x07060400, lo)
-    lo = tl.where(k >= 3, 0x07070600, lo)
-    hi = tl.where(k == -4, 0x01000000, hi)
-    hi = tl.where(k == -3, 0x02010100, hi)
-    hi = tl.where(k == -2, 0x03020201, hi)
-    hi = tl.where(k == -1, 0x05040302, hi)
-    hi = tl.where(k == 0, 0x07060504, hi)
-    hi = tl.where(k == 1, 0x07070706, hi)
-    hi = tl.where(k == 2, 0x07070707, hi)
-    hi = tl.where(k >= 3, 0x07070707, hi)
+    for i in tl.static_range(_NLUT):
+        lo = tl.where(_lut_hit(k, i, _NLUT, _KS[i]), _LUT_LO[i], lo)
+    for i in tl.static_range(_NLUT):
+        hi = tl.where(_lut_hit(k, i, _NLUT, _KS[i]), _LUT_HI[i], hi)
     return lo, hi
+
+
+@triton.jit
+def _lut_hit(k, i: tl.constexpr, n: tl.constexpr, ki: tl.constexpr):
+    """Where the i-th map applies: k == ki, and k >= ki for the last (the K_MAX map)."""
+    if i + 1 == n:
+        hit = k >= ki
+    else:
+        hit = k == ki
+    return hit
 
 
 @triton.jit
