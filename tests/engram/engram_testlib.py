@@ -33,6 +33,16 @@ def make_gate_data(T, hc, H, device):
     return x, k, v, wh, we
 
 
+def strided_gate_data(T, hc, H, kpad, gpad, device):
+    """(x, k, v, wh, we, grad_out) with k and v slices of one projection ``(T, hc + 1, H + kpad)`` (k starts kpad
+    elements in) and grad_out a slice of a row ``gpad`` elements wider."""
+    proj = torch.randn(T, hc + 1, H + kpad, dtype=torch.bfloat16, device=device)
+    k, v = proj[:, :hc, kpad:], proj[:, hc, :H]
+    x, _, _, wh, we = make_gate_data(T, hc, H, device)
+    grad_out = torch.randn(T, hc, H + gpad, dtype=torch.bfloat16, device=device)[:, :, gpad:]
+    return x, k, v, wh, we, grad_out
+
+
 def gate_oracle(x, k, v, wf, eps, clamp_value):
     """The gate in float64 (exact sums, for all practical purposes), with the kernel's copysign at s == 0.
 

@@ -7,7 +7,7 @@ from tritile.runtime import override_config
 from tritile.testing import assert_equal, calc_diff, is_gpu_run
 from tritile.torch.engram import engram_gate_ref
 
-from engram_testlib import CLAMP, EPS, gate_shapes, make_gate_data
+from engram_testlib import CLAMP, EPS, gate_shapes, make_gate_data, strided_gate_data
 
 
 def _reference(x, k, v, wh, we, grad_out, clamp_value=CLAMP):
@@ -51,13 +51,7 @@ def test_engram_gate_bwd(device, T, hc, H):
 def test_engram_gate_bwd_strided(device):
     # k / v slices of one projection (grad_k keeps k's layout rule: contiguous for a non-dense slice),
     # grad_out with a padded row stride
-    T, hc, H = 11, 4, 264
-    proj = torch.randn(T, hc + 1, H + 8, dtype=torch.bfloat16, device=device)
-    k, v = proj[:, :hc, 8:], proj[:, hc, :H]
-    x = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
-    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    grad_out = torch.randn(T, hc, H + 32, dtype=torch.bfloat16, device=device)[:, :, 32:]
+    x, k, v, wh, we, grad_out = strided_gate_data(11, 4, 264, 8, 32, device)
     gx, gk, gv, _ = _run_and_check(x, k, v, wh, we, grad_out)
     assert gk.is_contiguous() and gv.is_contiguous()
     # a dense but permuted k keeps its strides in grad_k

@@ -14,7 +14,7 @@ from tritile.engram import engram_gate_bwd
 from tritile.runtime import override_config
 from tritile.testing import assert_equal, calc_diff, is_gpu_run
 
-from engram_testlib import make_gate_data
+from engram_testlib import make_gate_data, strided_gate_data
 from test_engram_gate_bwd import _reference, _run_and_check
 
 
@@ -119,13 +119,7 @@ def _close(one, two):
 @gpu_only
 def test_onepass_strided(device, calls):
     # k and v as 16-byte aligned slices of one projection (TMA descriptors with their strides), grad_out padded
-    T, hc, H = 37, 4, 3072
-    proj = torch.randn(T, hc + 1, H + 64, dtype=torch.bfloat16, device=device)
-    k, v = proj[:, :hc, 64:], proj[:, hc, :H]
-    x = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
-    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    grad_out = torch.randn(T, hc, H + 256, dtype=torch.bfloat16, device=device)[:, :, 256:]
+    x, k, v, wh, we, grad_out = strided_gate_data(37, 4, 3072, 64, 256, device)
     one, two = _both(x, k, v, wh, we, grad_out, calls)
     _close(one, two)
 
