@@ -131,14 +131,13 @@ def test_fp4_requant_matches_reference(device):
     assert_equal(sf, ref_sf)
 
 
-@pytest.mark.parametrize("cfg", [dict(ROWLOOP=True, BLOCK_M=4), dict(ROWLOOP=True, BLOCK_M=2, num_warps=2),
-                                 dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
+@pytest.mark.parametrize("cfg", [dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
                                  dict(BLOCKS=False)],
-                         ids=["rowloop4", "rowloop2", "tile4", "wide", "per_word"])
+                         ids=["tile4", "wide", "per_word"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
-    # the programs that walk their rows' chunks (ROWLOOP: one scale check a program, then the fast loop or the general
-    # one) and a smaller tile; bytes up to 255 send some programs to the general code
+    # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the
+    # general code
     gen = torch.Generator().manual_seed(17 + byte_hi)
     m, k = pick(cpu=(23, 1600), gpu=(4001, 7168))
     qx = _random_fp4(m, k, (32, 32), device, gen, 120, byte_hi) if byte_hi == 255 else \

@@ -75,13 +75,12 @@ _PER_TOKEN_TUNE = [
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
 # Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
 # at 2 warps); the general kernel's candidates run with FP4_REQUANT=False.  Swept (CUPTI, us): the default 52.26-52.49,
-# ROWLOOP (a program walks its rows' chunks, the next chunk's loads in flight) [4] x 2 warps 53.03, [2] x 1 53.32,
-# [8] x 4 54.00, [4] x 4 58.14; tiles [4, 1024] x 2 53.23, [8, 512] x 4 56.6-57.1, [16, 512] x 4 57.66, [4, 2048] x 2
-# 72.48, [8, 2048] x 4 76.72; the general kernel 116.2-142.7.  Relative to the default:
+# ROWLOOP (a program walking its rows' chunks, the next chunk's loads in flight; removed) [4] x 2 warps 53.03,
+# [2] x 1 53.32, [8] x 4 54.00, [4] x 4 58.14; tiles [4, 1024] x 2 53.23, [8, 512] x 4 56.6-57.1, [16, 512] x 4
+# 57.66, [4, 2048] x 2 72.48, [8, 2048] x 4 76.72; the general kernel 116.2-142.7.  Relative to the default:
 _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
-]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=8, num_warps=4), dict(BLOCK_M=4, BLOCK_K=1024),
-      dict(ROWLOOP=True), dict(ROWLOOP=True, BLOCK_M=2, num_warps=1), dict(ROWLOOP=True, BLOCK_M=8, num_warps=4)] + [
+]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=4, BLOCK_K=1024)] + [
     # BLOCKS (the default where an input block lies in one group): the words as [rows, groups, blocks, words], the
     # block maxima and the maps once a block; False: once a word (the 52.3 us figures above).  Swept (CUPTI, us):
     # BLOCKS 40.04, [8, 512] x 2 40.32, [4, 1024] 40.44, [8, 512] x 4 43.25, [4, 512] x 4 56.06, [16, 512] x 4

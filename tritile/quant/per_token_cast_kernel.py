@@ -665,7 +665,8 @@ def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_
     r4 = rows[:, None, None, None]
     wmask = (r4 < M) & (wj < K // 8)
     w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
-    kb = (col0 // XBK + tl.arange(0, G).to(tl.int64)[:, None] * BPG + tl.arange(0, BPG).to(tl.int64)[None, :])[None, :, :]
+    kb = (col0 // XBK + tl.arange(0, G).to(tl.int64)[:, None] * BPG
+          + tl.arange(0, BPG).to(tl.int64)[None, :])[None, :, :]
     r3 = rows[:, None, None]
     sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k,
                  mask=(r3 < M) & (kb < num_xsf_k), other=0)
@@ -711,71 +712,37 @@ def _fp4_requant_kernel(
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
-    ROWLOOP: tl.constexpr = False, NUM_CHUNKS: tl.constexpr = 1, NXB_P2: tl.constexpr = 1, BLOCKS: tl.constexpr = False,
-    PDL: tl.constexpr = False
+    BLOCKS: tl.constexpr = False, PDL: tl.constexpr = False
 ):
-    """Per-token FP4 -> FP4 requantization (``tritile/quant/_fp4_requant.py``): x as int32 words of eight nibbles
-    (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code, which a chunk (ROWLOOP: a
-    program's rows) holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the
-    tests); the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of
-    BK columns, XBK and BK multiples of 8.
-
-    Grid (row blocks, chunks of BLOCK_K columns) without ROWLOOP.  ROWLOOP: grid (row blocks,), each program walks
-    its rows' NUM_CHUNKS chunks (the next chunk's loads issued before this one is requantized), after one check of
-    all its rows' NXB_P2 (>= the input blocks of a row) scale bytes."""
+    """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
+    int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
+    which a tile holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the tests);
+    the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
+    columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): one scale byte, one max reduction
+    and one map a block instead of a word."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
-    WPG: tl.constexpr = BK // 8
     pm = tl.program_id(0).to(tl.int64)
+    pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    if ROWLOOP:
-        kbs = tl.arange(0, NXB_P2).to(tl.int64)
-        bm = (rows < M)[:, None] & (kbs < num_xsf_k)[None, :]
-        sw = tl.load(xsf_ptr + (rows // XBM)[:, None] * stride_xsf_m + (kbs // 4)[None, :] * stride_xsf_k, mask=bm,
-                     other=0)
-        e_all = (sw >> ((kbs % 4) * 8).to(tl.int32)[None, :]) & 0xFF
-        if tl.max(tl.max(e_all, 1), 0) <= FAST_LIMIT:
-            # chunk c + 1's words and scales are loaded before chunk c is requantized (a register double buffer)
-            n_w, n_wj, n_wmask, n_e = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, 0, M, K, num_xsf_k, stride_xw,
-                                                            stride_xsf_m, stride_xsf_k, XBM, XBK, G, WPG)
-            for c in range(0, NUM_CHUNKS):
-                w, wj, wmask, e_in = n_w, n_wj, n_wmask, n_e
-                if c + 1 < NUM_CHUNKS:
-                    n_w, n_wj, n_wmask, n_e = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, (c + 1) * BLOCK_K, M, K,
-                                                                    num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
-                                                                    XBM, XBK, G, WPG)
-                _fp4_chunk_fast(w, wj, wmask, e_in, rows, c * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
-                                stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
-        else:
-            for c in range(0, NUM_CHUNKS):
-                _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, c * BLOCK_K, c * G, M, K, num_xsf_k,
-                                   num_ks, stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM,
-                                   XBK, BK, BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
-    elif BLOCKS:
-        # an input block lies in one group: one scale byte, one max reduction and one map a block
-        pk = tl.program_id(1).to(tl.int64)
-        col0 = pk * BLOCK_K
+    col0 = pk * BLOCK_K
+    if BLOCKS:
         w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
                                                     stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // XBK, XBK // 8)
-        if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
+    else:
+        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
+                                                   stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
+    if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
+        if BLOCKS:
             _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow,
                                    stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
         else:
-            _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks,
-                               stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK,
-                               BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
-    else:
-        pk = tl.program_id(1).to(tl.int64)
-        col0 = pk * BLOCK_K
-        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
-                                                   stride_xsf_m, stride_xsf_k, XBM, XBK, G, WPG)
-        if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
             _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
                             stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
-        else:
-            _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks,
-                               stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK,
-                               BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
+    else:
+        _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks, stride_xb,
+                           stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K,
+                           G, PACKED, CLAMP, MAX)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -942,10 +909,10 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
             and x_sf is not None and x_sf.dtype == torch.int32 and xbk % 8 == 0 and bk % 8 == 0 and k % 8 == 0
             and bk & (bk - 1) == 0 and bk <= 128 and block_m is None and block_k is None and chunks_per_prog is None):
         # H200 (session 9, 8001 x 7168, CUPTI): BLOCKS (once a block, the default) [4, 512] tiles at 2 warps 40.04 us,
-        # [8, 512] x 2 40.32, [4, 1024] 40.44; once a word (BLOCKS=False) 52.26; ROWLOOP (a program walks its rows'
-        # chunks, the next chunk's loads in flight) 53.0-58.7; the general kernel 116-124 (TileKernels 287.8).  With
-        # the SWAR block max: 37.42 us, [8, 512] x 2 and [4, 1024] 36.69 (not switched on one sweep: 0.7 % slower
-        # than the default in the sweep before)
+        # [8, 512] x 2 40.32, [4, 1024] 40.44; once a word (BLOCKS=False) 52.26; ROWLOOP (a program walking its rows'
+        # chunks, the next chunk's loads in flight; removed) 53.0-58.7; the general kernel 116-124 (TileKernels
+        # 287.8).  With the SWAR block max: 37.42 us, [8, 512] x 2 and [4, 1024] 36.69 (not switched on one sweep:
+        # 0.7 % slower than the default in the sweep before)
         fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
                                             BLOCK_M=min(next_power_of_two(m), 16) if interpreter_configs() else 4,
                                             num_warps=2))
@@ -1044,16 +1011,13 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     block_k, block_m = int(cfg.get("BLOCK_K", 512)), int(cfg["BLOCK_M"])
     if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
         raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
-    rowloop = bool(cfg.get("ROWLOOP", False))
-    nchunks = ceil_div(k, block_k)
-    grid = (ceil_div(m, block_m),) if rowloop else (ceil_div(m, block_m), nchunks)
+    grid = (ceil_div(m, block_m), ceil_div(k, block_k))
     _fp4_requant_kernel[grid](
         xw, data, x_sf, ow, out, sf, m, k, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
-        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]), ROWLOOP=rowloop,
-        NUM_CHUNKS=nchunks if rowloop else 1, NXB_P2=next_power_of_two(ceil_div(k, xbk)) if rowloop else 1,
-        BLOCKS=bool(cfg.get("BLOCKS", True)) and not rowloop and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0,
+        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
+        BLOCKS=bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0,
         num_warps=int(cfg["num_warps"]), **pdl_args(data.device))
     return True
 
