@@ -18,8 +18,8 @@ Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> n
 [rows, groups, blocks, words]: one scale byte, one max reduction and one map selection a block.  H200 (2026-11-30,
 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI): 37.4 us (40.0 with a per-word max, 52.3 once a
 word) against 123.7 for the general kernel (TileKernels 287.8): 36 % of the copy bandwidth for its 58 MB.  Wider
-tiles and programs that walk their rows' chunks with the next chunk prefetched were not faster (benchmarks/NOTES.md, session 9): the bound is the
-per-word integer work (the max magnitude over eight nibbles, the permutes and repacking), not DRAM.
+tiles and programs that walked their rows' chunks with the next chunk prefetched were not faster (benchmarks/NOTES.md,
+session 9): the bound is the per-word integer work (the permutes and repacking), not DRAM.
 """
 
 from __future__ import annotations
