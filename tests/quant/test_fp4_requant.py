@@ -132,8 +132,9 @@ def test_fp4_requant_matches_reference(device):
 
 
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
-                                 dict(BLOCKS=False)],
-                         ids=["tile4", "wide", "per_word"])
+                                 dict(BLOCKS=False), dict(BLOCK_M=4, num_warps=2, maxnreg=32),
+                                 dict(BLOCK_M=8, num_warps=2, maxnreg=40)],
+                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the

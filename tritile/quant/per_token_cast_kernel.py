@@ -624,13 +624,13 @@ def _block_cast_kernel(
 
 
 @triton.jit
-def _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+def _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
                           XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr):
     """A chunk's words ``[BLOCK_M, G, WPG]`` (groups of WPG words: the group max and its broadcast back stay in the
     layout), their offsets and mask, and each word's input scale byte (a word lies in one input block)."""
     wj = (col0 // 8 + tl.arange(0, G).to(tl.int64)[:, None] * WPG + tl.arange(0, WPG).to(tl.int64)[None, :])[None, :, :]
     r3 = rows[:, None, None]
-    wmask = (r3 < M) & (wj < K // 8)
+    wmask = (r3 < M) & (wj < KW)
     w = tl.load(xw_ptr + r3 * stride_xw + wj, mask=wmask, other=0)
     kb = (wj * 8) // XBK
     sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=wmask & (kb < num_xsf_k),
@@ -653,7 +653,7 @@ def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, 
 
 
 @triton.jit
-def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
                            XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, BPG: tl.constexpr,
                            WPB: tl.constexpr):
     """:func:`_fp4_words_and_scales` when an input block lies in one group (BK % XBK == 0): the words as
@@ -663,7 +663,7 @@ def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_
     b = tl.arange(0, BPG).to(tl.int64)[None, :, None]
     wj = (col0 // 8 + (g * BPG + b) * WPB + tl.arange(0, WPB).to(tl.int64)[None, None, :])[None, :, :, :]
     r4 = rows[:, None, None, None]
-    wmask = (r4 < M) & (wj < K // 8)
+    wmask = (r4 < M) & (wj < KW)
     w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
     kb = (col0 // XBK + tl.arange(0, G).to(tl.int64)[:, None] * BPG
           + tl.arange(0, BPG).to(tl.int64)[None, :])[None, :, :]
@@ -708,7 +708,7 @@ def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K,
 @triton.jit
 def _fp4_requant_kernel(
     xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr,
-    M, K, num_xsf_k, num_ks,
+    M, K, KW, num_xsf_k, num_ks,
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
@@ -727,10 +727,10 @@ def _fp4_requant_kernel(
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     col0 = pk * BLOCK_K
     if BLOCKS:
-        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
+        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
                                                     stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // XBK, XBK // 8)
     else:
-        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, K, num_xsf_k, stride_xw,
+        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
     if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
         if BLOCKS:
@@ -1012,13 +1012,14 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
         raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
     grid = (ceil_div(m, block_m), ceil_div(k, block_k))
+    extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     _fp4_requant_kernel[grid](
-        xw, data, x_sf, ow, out, sf, m, k, ceil_div(k, xbk), ceil_div(k, bk),
+        xw, data, x_sf, ow, out, sf, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
         BLOCKS=bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0,
-        num_warps=int(cfg["num_warps"]), **pdl_args(data.device))
+        num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 
 
