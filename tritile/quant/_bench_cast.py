@@ -92,7 +92,8 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(maxnreg=32), dict(maxnreg=40), dict(BLOCK_M=8, num_warps=4, maxnreg=32), dict(BLOCK_M=8, maxnreg=40),
     dict(BLOCK_M=8, maxnreg=48), dict(BLOCK_K=1024, maxnreg=48), dict(BLOCK_M=2, num_warps=1, maxnreg=32),
     dict(BLOCK_M=16, num_warps=4, maxnreg=48), dict(BLOCK_M=16, num_warps=8, maxnreg=32),
-    dict(BLOCK_M=4, BLOCK_K=2048, num_warps=8, maxnreg=32)]
+    dict(BLOCK_M=4, BLOCK_K=2048, num_warps=8, maxnreg=32), dict(num_warps=1, maxnreg=48),
+    dict(BLOCK_M=2, num_warps=1, maxnreg=40), dict(BLOCK_M=8, num_warps=1, maxnreg=64)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
