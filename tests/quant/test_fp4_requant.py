@@ -55,9 +55,16 @@ OUT_FLAGS = [(True, True, True), (True, True, False), (False, True, False)]
 OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
 
 
-def _three_ways(qx, npc, xbs, flags):
-    """(fast path, the new kernel's general branch, the general kernel): (out, sf) each; checks that the first two
-    ran the requantization kernel and the third did not."""
+# the byte-permute paths: [rows, groups, blocks, words] words (BLOCKS), and [blocks, groups, rows, words] (TRANS) with
+# the maps from the table in memory or by selects (the path taken while a CUDA graph is captured before the table
+# exists)
+PATHS = [dict(TRANS=False), dict(TRANS=True), dict(TRANS=True, TABLE=False)]
+PATH_IDS = ["blocks", "trans", "trans_selects"]
+
+
+def _three_ways(qx, npc, xbs, flags, cfg=None):
+    """(fast path, the new kernel's general branch, the general kernel): (out, sf) each, the first two with the config
+    overrides ``cfg``; checks that the first two ran the requantization kernel and the third did not."""
     import tritile.quant.per_token_cast_kernel as ptk
 
     launched = []
@@ -69,14 +76,15 @@ def _three_ways(qx, npc, xbs, flags):
 
     ptk._fp4_requant_launch = spy
     try:
-        return _three_ways_run(qx, npc, xbs, flags, launched)
+        return _three_ways_run(qx, npc, xbs, flags, launched, cfg or {})
     finally:
         ptk._fp4_requant_launch = real
 
 
-def _three_ways_run(qx, npc, xbs, flags, launched):
-    fast = per_token_cast(qx, "e2m1", npc, xbs, *flags)
-    with override_config("per_token_cast", FAST_LIMIT=-1):
+def _three_ways_run(qx, npc, xbs, flags, launched, cfg):
+    with override_config("per_token_cast", **cfg):
+        fast = per_token_cast(qx, "e2m1", npc, xbs, *flags)
+    with override_config("per_token_cast", FAST_LIMIT=-1, **cfg):
         general_branch = per_token_cast(qx, "e2m1", npc, xbs, *flags)
     with override_config("per_token_cast", FP4_REQUANT=False):
         general = per_token_cast(qx, "e2m1", npc, xbs, *flags)
@@ -84,22 +92,24 @@ def _three_ways_run(qx, npc, xbs, flags, launched):
     return fast, general_branch, general
 
 
+@pytest.mark.parametrize("cfg", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("flags", OUT_FLAGS, ids=OUT_IDS)
 @pytest.mark.parametrize("xbs", [(32, 32), (1, 64), (128, 128)], ids=["xb32", "xb1x64", "xb128"])
 @pytest.mark.parametrize("npc", [16, 32, 64, 128])
-def test_fp4_requant_matches_general(device, npc, xbs, flags):
+def test_fp4_requant_matches_general(device, npc, xbs, flags, cfg):
     # random codes and every finite-path scale byte (0..252): the fast path on every tile
     gen = torch.Generator().manual_seed(npc * 7 + xbs[1] + flags[2])
     m, k = pick(cpu=(37, 1088), gpu=(4001, 7168))
     qx = _random_fp4(m, k, xbs, device, gen, 0, 252)
-    fast, branch, general = _three_ways(qx, npc, xbs, flags)
+    fast, branch, general = _three_ways(qx, npc, xbs, flags, cfg)
     for a, b in ((fast, general), (branch, general)):
         assert_equal(a[0], b[0])
         assert_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("cfg", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("flags", OUT_FLAGS, ids=OUT_IDS)
-def test_fp4_requant_every_byte(device, flags):
+def test_fp4_requant_every_byte(device, flags, cfg):
     # every scale byte 0..255 with every code: bytes above 252 send their tile to the general branch (inf / NaN
     # blocks), the others take the byte permutes; neighbouring scale bytes give every k in -8..8 within a group
     gen = torch.Generator().manual_seed(5 + flags[2])
@@ -113,7 +123,7 @@ def test_fp4_requant_every_byte(device, flags):
     assert sf.shape == (m, 4)
     # write bytes through the packed layout: byte j of row i lives in word (i, j // 4), byte j % 4
     sf.copy_(_words(b.view(m, 4, 4)).to(device))
-    fast, branch, general = _three_ways((data, sf), 128, xbs, flags)
+    fast, branch, general = _three_ways((data, sf), 128, xbs, flags, cfg)
     for a, bb in ((fast, general), (branch, general)):
         assert_equal(a[0], bb[0])
         assert_equal(a[1], bb[1])
@@ -133,8 +143,10 @@ def test_fp4_requant_matches_reference(device):
 
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
                                  dict(BLOCKS=False), dict(BLOCK_M=4, num_warps=2, maxnreg=32),
-                                 dict(BLOCK_M=8, num_warps=2, maxnreg=40)],
-                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40"])
+                                 dict(BLOCK_M=8, num_warps=2, maxnreg=40),
+                                 dict(TRANS=True, BLOCK_M=8, num_warps=1, maxnreg=80),
+                                 dict(TRANS=True, BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80)],
+                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "trans8_cap80", "trans_wide"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the

@@ -81,19 +81,54 @@ def _lut_hit(k, i: tl.constexpr, n: tl.constexpr, ki: tl.constexpr):
 
 
 @triton.jit
-def _nibbles_of_bytes(x):
-    """Bytes b0..b3 (each < 16) of an int32 -> the nibbles b0 | b1 << 4 | b2 << 8 | b3 << 12."""
-    x = (x | (x >> 4)) & 0x00FF00FF
-    return (x | (x >> 8)) & 0x0000FFFF
-
-
-@triton.jit
 def _requant_words(w, lo, hi):
-    """Eight packed e2m1 nibbles of each word mapped through the magnitude map (lo, hi); signs kept."""
+    """Eight packed e2m1 nibbles of each word mapped through the magnitude map (lo, hi); signs kept.  The mapped
+    bytes (< 8) of nibbles 0..3 and 4..7 are folded pairwise into bytes (``b | b >> 4``: byte 0 = b0 | b1 << 4,
+    byte 2 = b2 | b3 << 4) and one ``prmt`` gathers bytes 0 and 2 of both halves."""
     m = w & 0x77777777
     b_lo = prmt(lo, hi, m)
     b_hi = prmt(lo, hi, m >> 16)
-    return _nibbles_of_bytes(b_lo) | (_nibbles_of_bytes(b_hi) << 16) | (w & -2004318072)  # 0x88888888
+    return prmt(b_lo | (b_lo >> 4), b_hi | (b_hi >> 4), 0x6420) | (w & -2004318072)  # 0x88888888
+
+
+def _map_table_values():
+    """The maps as int64 words ``lo | hi << 32`` indexed by ``t = clamp(k - K_MIN + 1, 0, NLUT)``: entry 0 the zero
+    map (k < K_MIN), entries 1..NLUT the maps of k = K_MIN..K_MAX (the last also for k > K_MAX)."""
+    return [0] + [lo | hi << 32 for lo, hi in _LUTS]
+
+
+@triton.jit
+def _map_words(k, lut_ptr, TABLE: tl.constexpr):
+    """The map's two words for an int32 tensor of k: one 8-byte load from the table of :func:`_map_table_values`
+    at ``lut_ptr`` (TABLE), else :func:`_lut_select`'s chain of selects."""
+    if TABLE:
+        v = tl.load(lut_ptr + tl.minimum(tl.maximum(k + (1 - _KS[0]), 0), _NLUT))
+        return v.to(tl.int32), (v >> 32).to(tl.int32)
+    else:
+        return _lut_select(k)
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _block_max_val(m, axis: tl.constexpr):
+    """float32 value of the largest e2m1 magnitude among all nibbles of the magnitude words ``m``
+    (``w & 0x77777777``) along ``axis``: each nibble's code c as the one-hot byte ``1 << c`` (two ``prmt`` a word),
+    the OR over the words and their four bytes, the top bit through an int -> float32 conversion (biased exponent
+    127 + c), and val(c)'s float32 bits (top byte, third byte) by two ``prmt`` on c - 1 (mod 8)."""
+    oh = prmt(0x08040201, -2143281136, m) | prmt(0x08040201, -2143281136, m >> 16)  # bytes 1 << c; 0x80402010
+    x = tl.reduce(oh, axis, _or)
+    x = x | (x >> 16)
+    x = (x | (x >> 8)) & 0xFF  # 1 <= x < 256: code 0 sets bit 0
+    fb = x.to(tl.float32).to(tl.int32, bitcast=True)  # (127 + c) << 23; (127 + c) & 7 = (c - 1) & 7
+    # val(c) = 0, .5, 1, 1.5, 2, 3, 4, 6: float32 top bytes 00 3F 3F 3F 40 40 40 40, third bytes 00 00 80 C0 00 40 80
+    # C0; the tables below list them for c = 1..7, 0 (the byte index is (c - 1) & 7)
+    top = prmt(0x403F3F3F, 0x00404040, ((fb >> 11) & 0x7000) | 0x777)  # nibble 3: byte 3; bytes 0..2: index 7 = 0
+    third = prmt(0x00C08000, 0x00C08040, (fb >> 15) & 0x700)  # nibble 2: byte 2
+    return (top | third).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -55,7 +55,8 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
-from ._fp4_requant import _block_max_code, _lut_select, _requant_words, _word_max_code
+from ._fp4_requant import (_block_max_code, _block_max_val, _lut_select, _map_table_values, _map_words,
+                           _requant_words, _word_max_code)
 from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
@@ -690,6 +691,53 @@ def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, n
 
 
 @triton.jit
+def _fp4_t_words_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                            XBM: tl.constexpr, XBK: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                            BPG: tl.constexpr, WPB: tl.constexpr):
+    """The words of chunk ``pk`` as ``[BPG, G, BLOCK_M, WPB]`` (input block b of group g of a row: the blocks of a
+    group in neighbouring lanes, then the groups, then the rows, so a warp's load covers whole rows' runs and the group
+    max is a shuffle within the warp), their offsets and mask, and each block's input scale byte ``[BPG, G,
+    BLOCK_M]``."""
+    blk = tl.arange(0, G)[None, :, None] * BPG + tl.arange(0, BPG)[:, None, None]  # [BPG, G, 1]: block in the chunk
+    wj = (pk * (BLOCK_K // 8) + blk * WPB)[:, :, :, None] + tl.arange(0, WPB)[None, None, None, :]
+    r3 = rows[None, None, :]
+    r4 = r3[:, :, :, None]
+    wmask = (r4 < M) & (wj < KW)
+    w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
+    kb = pk * (BLOCK_K // XBK) + blk
+    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=(r3 < M) & (kb < num_xsf_k),
+                 other=0)
+    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
+
+
+@triton.jit
+def _fp4_chunk_fast_t(w, wj, wmask, e_in, rows, kb0, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                      stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
+                      CLAMP_BITS: tl.constexpr, TABLE: tl.constexpr):
+    """:func:`_fp4_chunk_fast_blocks` on the ``[BPG, G, BLOCK_M, WPB]`` words of :func:`_fp4_t_words_and_scales`:
+    the block maxima as values (:func:`_block_max_val`), the group amax as float32 bits (non-negative), and the output
+    scale's exponent from amax's: ``a = max(amax, CLAMP)`` is 1.0 or 1.5 x 2^E and normal (e2m1 values times powers
+    of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the general path's ``quant_scale`` with round_sf, is
+    2^(E - 2); the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
+    amax = tl.max((_block_max_val(w & 0x77777777, 3) * ue8m0_to_f32(e_in)).to(tl.int32, bitcast=True), axis=0)
+    e_out = (tl.maximum(amax, CLAMP_BITS) >> 23) - 2  # [G, BLOCK_M]: the biased exponent of sf
+    kg = kb0 + tl.arange(0, G)[:, None].to(tl.int64)
+    row_ok = (rows < M)[None, :]
+    if PACKED:
+        sh = 8 * (tl.arange(0, G)[:, None] % 4)
+        word = tl.sum(tl.reshape(tl.where(kg < num_ks, e_out, 0) << sh, (G // 4, 4, BLOCK_M)), axis=1)
+        wi = kb0 // 4 + tl.arange(0, G // 4)[:, None].to(tl.int64)
+        tl.store(sf_ptr + rows[None, :] * stride_sm + wi * stride_sk, word, mask=row_ok & (wi < (num_ks + 3) // 4))
+    else:
+        tl.store(sf_ptr + rows[None, :] * stride_sm + kg * stride_sk, (e_out << 23).to(tl.float32, bitcast=True),
+                 mask=row_ok & (kg < num_ks))
+    k = tl.where(e_in == 0, -128, e_in - e_out[None, :, :])  # a zero byte (scale 0.0) zeroes the block
+    lo, hi = _map_words(k, lut_ptr, TABLE)
+    tl.store(outw_ptr + rows[None, None, :, None] * stride_ow + wj,
+             _requant_words(w, lo[:, :, :, None], hi[:, :, :, None]), mask=wmask)
+
+
+@triton.jit
 def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
                        stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM: tl.constexpr,
                        XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -707,33 +755,43 @@ def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K,
 
 @triton.jit
 def _fp4_requant_kernel(
-    xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr,
+    xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr,
     M, K, KW, num_xsf_k, num_ks,
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
-    BLOCKS: tl.constexpr = False, PDL: tl.constexpr = False
+    BLOCKS: tl.constexpr = False, TRANS: tl.constexpr = False, TABLE: tl.constexpr = False,
+    CLAMP_BITS: tl.constexpr = 0, PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
     int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
     which a tile holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the tests);
     the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
     columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): one scale byte, one max reduction
-    and one map a block instead of a word."""
+    and one map a block instead of a word.  TRANS (with BLOCKS): the words as ``[BPG, G, BLOCK_M, WPB]``
+    (``_fp4_chunk_fast_t``: one-hot block maxima, the scale exponent in integers, the maps from the table at
+    ``lut_ptr`` with TABLE)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     col0 = pk * BLOCK_K
-    if BLOCKS:
+    if TRANS:
+        w, wj, wmask, e_in = _fp4_t_words_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw,
+                                                     stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK,
+                                                     XBK // 8)
+    elif BLOCKS:
         w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
                                                     stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // XBK, XBK // 8)
     else:
         w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
     if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
-        if BLOCKS:
+        if TRANS:
+            _fp4_chunk_fast_t(w, wj, wmask, e_in, rows, pk * G, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
+                              stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
+        elif BLOCKS:
             _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow,
                                    stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
         else:
@@ -1013,14 +1071,37 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
     grid = (ceil_div(m, block_m), ceil_div(k, block_k))
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
+    blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
+    trans = blocks and bool(cfg.get("TRANS", False))
+    lut = _map_table(data.device) if trans and cfg.get("TABLE", True) else None
     _fp4_requant_kernel[grid](
-        xw, data, x_sf, ow, out, sf, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
+        xw, data, x_sf, ow, out, sf, lut if lut is not None else xw, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0,
+        BLOCKS=blocks, TRANS=trans, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]),
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
+
+
+_MAP_TABLES: dict = {}
+
+
+def _map_table(device: torch.device) -> Optional[torch.Tensor]:
+    """The FP4 requantization maps as an int64 tensor on ``device`` (``_fp4_requant._map_table_values``), made once
+    per device; None while a CUDA graph is being captured and it is not made yet (the kernel then selects the maps
+    by compares, same bits), since a tensor allocated during a capture belongs to the graph's memory pool."""
+    key = str(device)
+    t = _MAP_TABLES.get(key)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        t = _MAP_TABLES[key] = torch.tensor(_map_table_values(), dtype=torch.int64, device=device)
+    return t
+
+
+def _f32_bits(v: float) -> int:
+    return int(torch.tensor(v, dtype=torch.float32).view(torch.int32).item())
 
 
 def _block_cast_fake(data, x_sf, psf, fmt, xbm, xbk, bm, bk, row_group, sf_mode, round_sf, col_major, packed):
