@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from tritile.quant import per_token_cast
-from tritile.quant._fp4_requant import K_MAX, K_MIN, _block_max_code, _lut_select, _lut_words
+from tritile.quant._fp4_requant import K_MAX, K_MIN, _block_max_val, _lut_select, _lut_words, _map_table_values
 from tritile.runtime import override_config
 from tritile.testing import assert_equal, pick
 from tritile.torch import cast
@@ -55,11 +55,10 @@ OUT_FLAGS = [(True, True, True), (True, True, False), (False, True, False)]
 OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
 
 
-# the byte-permute paths: [rows, groups, blocks, words] words (BLOCKS), and [blocks, groups, rows, words] (TRANS) with
-# the maps from the table in memory or by selects (the path taken while a CUDA graph is captured before the table
-# exists)
-PATHS = [dict(TRANS=False), dict(TRANS=True), dict(TRANS=True, TABLE=False)]
-PATH_IDS = ["blocks", "trans", "trans_selects"]
+# the byte-permute paths where an input block lies in one group: the maps from the table in memory, or by selects
+# (the path taken while a CUDA graph is captured before the table exists)
+PATHS = [dict(), dict(TABLE=False)]
+PATH_IDS = ["table", "selects"]
 
 
 def _three_ways(qx, npc, xbs, flags, cfg=None):
@@ -144,9 +143,9 @@ def test_fp4_requant_matches_reference(device):
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=4, num_warps=2), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=2),
                                  dict(BLOCKS=False), dict(BLOCK_M=4, num_warps=2, maxnreg=32),
                                  dict(BLOCK_M=8, num_warps=2, maxnreg=40),
-                                 dict(TRANS=True, BLOCK_M=8, num_warps=1, maxnreg=80),
-                                 dict(TRANS=True, BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80)],
-                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "trans8_cap80", "trans_wide"])
+                                 dict(BLOCK_M=8, num_warps=1, maxnreg=80),
+                                 dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80)],
+                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "rows8_cap80", "wide_cap80"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the
@@ -167,20 +166,33 @@ def test_fp4_requant_configs(device, cfg, byte_hi):
 @triton.jit
 def _max_probe(w_ptr, out_ptr, N: tl.constexpr):
     from_words = tl.load(w_ptr + tl.arange(0, 4 * N)).reshape(N, 4)
-    tl.store(out_ptr + tl.arange(0, N), _block_max_code(from_words & 0x77777777, 1))
+    tl.store(out_ptr + tl.arange(0, N), _block_max_val(from_words & 0x77777777, 1))
 
 
-def test_block_max_code(device):
-    # the nibble-wise SWAR max over four words of eight nibbles each equals the plain max of the 32 magnitudes,
-    # including words whose top nibble is set (negative int32) and blocks with a single non-zero nibble
+def test_block_max_val(device):
+    # the one-hot maximum over four words of eight nibbles each is the e2m1 value of the largest of the 32 magnitudes,
+    # bit for bit: every code as the maximum, words whose top nibble is set (negative int32), a single non-zero nibble
     gen = torch.Generator().manual_seed(3)
     n = 256
     w = torch.randint(-2**31, 2**31, (n, 4), generator=gen, dtype=torch.int64)
     w[:64] &= 0x11111111  # magnitudes 0 / 1
     w[64:96] = 0
     w[64:96, 1] = torch.tensor([1 << (4 * (i % 8)) for i in range(32)]) * (torch.arange(32) % 7 + 1)
+    w[96:160] &= torch.tensor([0x11111111, 0x22222222, 0x33333333, 0x44444444, 0x55555555, 0x66666666, 0x77777777,
+                               0])[torch.arange(64) % 8][:, None]
     w = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
-    out = torch.empty(n, dtype=torch.int32, device=device)
+    out = torch.empty(n, dtype=torch.float32, device=device)
     _max_probe[(1,)](w.to(device), out, N=n)
-    want = [max(((int(x) & 0xFFFFFFFF) >> (4 * i)) & 7 for x in row for i in range(8)) for row in w]
-    assert out.cpu().tolist() == want
+    vals = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    want = torch.tensor([vals[max(((int(x) & 0xFFFFFFFF) >> (4 * i)) & 7 for x in row for i in range(8))] for row in w])
+    assert set(want.tolist()) == set(vals)
+    assert_equal(out.cpu(), want)
+
+
+def test_map_table():
+    # the table holds the zero map, then the maps of k = K_MIN..K_MAX as lo | hi << 32
+    t = _map_table_values()
+    assert t[0] == 0 and len(t) == K_MAX - K_MIN + 2
+    for i, k in enumerate(range(K_MIN, K_MAX + 1)):
+        lo, hi = _lut_words(k)
+        assert t[i + 1] == lo | hi << 32

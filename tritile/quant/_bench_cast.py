@@ -80,26 +80,25 @@ _PER_TOKEN_TUNE = [
 # 57.66, [4, 2048] x 2 72.48, [8, 2048] x 4 76.72; the general kernel 116.2-142.7.  Relative to the default:
 _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     dict(FAST=False), dict(BLOCK_M=1), dict(BLOCK_M=1, num_warps=1), dict(BLOCK_M=4, num_warps=4),
-]] + [dict(FP4_REQUANT=False), dict(BLOCK_M=4, BLOCK_K=1024)] + [
+]] + [dict(FP4_REQUANT=False)] + [
     # BLOCKS (the default where an input block lies in one group): the words as [rows, groups, blocks, words], the
     # block maxima and the maps once a block; False: once a word (the 52.3 us figures above).  Swept (CUPTI, us):
     # BLOCKS 40.04, [8, 512] x 2 40.32, [4, 1024] 40.44, [8, 512] x 4 43.25, [4, 512] x 4 56.06, [16, 512] x 4
     # 63.35, [2, 512] x 1 68.22, BLOCKS=False 52.26
-    dict(BLOCKS=False), dict(BLOCK_M=8, num_warps=2), dict(BLOCK_K=1024)] + [
+    dict(BLOCKS=False)] + [
     # register caps (session 10): the fast path alone needs 26-44 registers (sm_90a), the general path in the same
     # kernel 85 (255 at 16 words a thread), which sets the occupancy; under a cap the general path spills (rare tiles
     # only) and the fast path stays spill-free.  First sweep (CUPTI, us; the default 36.06): [8, 512] x 1 warp cap 64
     # 22.14, [4, 1024] x 2 cap 48 23.70, [8, 512] x 2 cap 40 24.17, cap 48 24.59, [16, 512] x 4 cap 48 28.96, [8,
     # 512] x 4 cap 32 29.04, [4, 512] x 2 cap 32 / 40 34.6, [2, 512] x 1 68.3
-    dict(BLOCK_M=8, num_warps=1, maxnreg=64), dict(BLOCK_K=1024, maxnreg=48), dict(BLOCK_M=8, maxnreg=40)] + [
-    # TRANS: the words as [blocks, groups, rows, words] (whole-row runs a warp, the group max in the warp), one-hot
-    # block maxima, the scale exponent in integers, the maps from a table in memory (TABLE=False: by selects)
-    dict(TRANS=True, **c) for c in [
-        dict(BLOCK_M=8, num_warps=1, maxnreg=80), dict(BLOCK_M=8, num_warps=1, maxnreg=72),
-        dict(BLOCK_M=8, num_warps=1, maxnreg=80, TABLE=False), dict(BLOCK_M=4, num_warps=1, maxnreg=48),
-        dict(BLOCK_M=8, num_warps=2, maxnreg=48), dict(BLOCK_M=16, num_warps=2, maxnreg=80),
-        dict(BLOCK_M=4, BLOCK_K=1024, num_warps=1, maxnreg=80), dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80),
-        dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2, maxnreg=80), dict(BLOCK_M=8, num_warps=1, maxnreg=96)]]
+    # Second sweep (CUPTI, us; the then-default [4, 512] x 2 35.78): the words as [blocks, groups, rows, words]
+    # (whole-row runs a warp, the group max in the warp), one-hot block maxima, the scale exponent in integers, the
+    # maps from a table in memory: [8, 512] x 1 warp cap 80 19.21 (the new default), cap 72 19.28, [8, 512] x 2 cap
+    # 48 19.33, [4, 1024] x 1 cap 80 19.35, [8, 1024] x 2 cap 80 19.37, cap 96 19.49, the maps by selects (TABLE=False)
+    # 19.76, [16, 512] x 2 cap 80 20.25, [2, 2048] x 1 cap 80 21.18, [4, 512] x 1 cap 48 34.59; the first build's
+    # [rows, groups, blocks, words] at [8, 512] x 1 cap 64 21.00 (22.14 before the repacking by one prmt)
+    dict(TABLE=False), dict(maxnreg=72), dict(num_warps=2, maxnreg=48), dict(BLOCK_M=4, BLOCK_K=1024),
+    dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

@@ -6,20 +6,21 @@ scale ``2^(e-127)`` dequantizes to ``val(m) * 2^(e-127)`` and requantizes, under
 ``RNE_e2m1(val(m) * 2^k)`` with ``k = e - 127 - eo``: a function of ``m`` and the integer ``k`` only.  For each input
 block the kernel picks that 8-entry map (one byte per ``m``, for ``k`` in -4..3; all zeros below, where every value
 rounds to 0) and applies it to eight nibbles a 32-bit word by two ``prmt`` (one per four nibbles, the magnitudes as
-the byte selectors), then repacks the bytes into nibbles and puts the input's sign bits back: ~2 integer operations
-an element instead of a float decode, scale, multiply and encode.  The scales (amax per group, ``quant_scale``) are
-computed exactly as the general path does, from the per-word maximum magnitude.
+the byte selectors), then repacks the bytes into nibbles (one more ``prmt``) and puts the input's sign bits back:
+~2 integer operations an element instead of a float decode, scale, multiply and encode.  The scales (amax per
+group, ``quant_scale`` with round_sf) are the general path's, from each block's (or word's) largest magnitude.
 
 Bytes above 252 (scales from ``2^126``, where a block's values can overflow to inf, and 255) take the general path
 for their tile (a per-program branch), so the codes and scales are the general kernel's bits for every input
 (tests/quant/test_fp4_requant.py compares the two over every code, every scale byte and random tensors).
 
 Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> npc 128) the words are handled as
-[rows, groups, blocks, words]: one scale byte, one max reduction and one map selection a block.  H200 (2026-11-30,
-8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI): 37.4 us (40.0 with a per-word max, 52.3 once a
-word) against 123.7 for the general kernel (TileKernels 287.8): 36 % of the copy bandwidth for its 58 MB.  Wider
-tiles and programs that walked their rows' chunks with the next chunk prefetched were not faster (benchmarks/NOTES.md,
-session 9): the bound is the per-word integer work (the permutes and repacking), not DRAM.
+[blocks, groups, rows, words]: a block's largest magnitude from one-hot bytes (``_block_max_val``), one scale byte
+and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the output scale's
+exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI):
+19.2 us at [8, 512] tiles, 1 warp, 80 registers (37.4 in session 9 with [rows, groups, blocks, words] words and a
+SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 71 % of the copy bandwidth for its 58 MB.
+The register cap matters: the general branch in the same kernel would take 255 registers and set the occupancy.
 """
 
 from __future__ import annotations
@@ -139,23 +140,3 @@ def _word_max_code(w):
     for i in tl.static_range(1, 8):
         mx = tl.maximum(mx, (m >> (4 * i)) & 7)
     return mx
-
-
-@triton.jit
-def _nib_max(a, b):
-    """Nibble-wise max of two words of magnitudes (each nibble 0..7): ``(a | 8) - b`` per nibble is 1..15 (no borrow
-    crosses nibbles) with bit 3 set where ``a >= b``."""
-    ge = (((a | -2004318072) - b) >> 3) & 0x11111111  # -2004318072 = 0x88888888
-    mask = (ge << 4) - ge  # 0xF where a >= b
-    return (a & mask) | (b & ~mask)
-
-
-@triton.jit
-def _block_max_code(m, axis: tl.constexpr):
-    """The largest magnitude code among all nibbles of the magnitude words ``m`` (``w & 0x77777777``) along
-    ``axis``: a nibble-wise max across the words, then across the eight nibbles of the result."""
-    x = tl.reduce(m, axis, _nib_max)
-    x = _nib_max(x, (x >> 16) & 0xFFFF)
-    x = _nib_max(x, (x >> 8) & 0xFFFFFF)
-    x = _nib_max(x, (x >> 4) & 0xFFFFFFF)
-    return x & 7

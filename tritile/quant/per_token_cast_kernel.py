@@ -55,8 +55,7 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
-from ._fp4_requant import (_block_max_code, _block_max_val, _lut_select, _map_table_values, _map_words,
-                           _requant_words, _word_max_code)
+from ._fp4_requant import _block_max_val, _lut_select, _map_table_values, _map_words, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
@@ -654,46 +653,9 @@ def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, 
 
 
 @triton.jit
-def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
-                           XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, BPG: tl.constexpr,
-                           WPB: tl.constexpr):
-    """:func:`_fp4_words_and_scales` when an input block lies in one group (BK % XBK == 0): the words as
-    ``[BLOCK_M, G, BPG, WPB]`` (groups of BPG input blocks of WPB words) and one scale byte a block
-    ``[BLOCK_M, G, BPG]``."""
-    g = tl.arange(0, G).to(tl.int64)[:, None, None]
-    b = tl.arange(0, BPG).to(tl.int64)[None, :, None]
-    wj = (col0 // 8 + (g * BPG + b) * WPB + tl.arange(0, WPB).to(tl.int64)[None, None, :])[None, :, :, :]
-    r4 = rows[:, None, None, None]
-    wmask = (r4 < M) & (wj < KW)
-    w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
-    kb = (col0 // XBK + tl.arange(0, G).to(tl.int64)[:, None] * BPG
-          + tl.arange(0, BPG).to(tl.int64)[None, :])[None, :, :]
-    r3 = rows[:, None, None]
-    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k,
-                 mask=(r3 < M) & (kb < num_xsf_k), other=0)
-    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
-
-
-@triton.jit
-def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
-                           stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
-                           CLAMP: tl.constexpr, MAX: tl.constexpr):
-    """:func:`_fp4_chunk_fast` on ``[BLOCK_M, G, BPG, WPB]`` words and ``[BLOCK_M, G, BPG]`` block scale bytes: the
-    block maxima, the maps and their selection once a block, not once a word."""
-    bmax = _block_max_code(w & 0x77777777, 3)
-    amax = tl.max(e2m1_code_to_f32(bmax) * ue8m0_to_f32(e_in), axis=2)
-    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
-    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
-    k = tl.where(e_in == 0, -128, e_in - sf_to_ue8m0(sf)[:, :, None])  # a zero byte (scale 0.0) zeroes the block
-    lo, hi = _lut_select(k)
-    tl.store(outw_ptr + rows[:, None, None, None] * stride_ow + wj,
-             _requant_words(w, lo[:, :, :, None], hi[:, :, :, None]), mask=wmask)
-
-
-@triton.jit
-def _fp4_t_words_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
-                            XBM: tl.constexpr, XBK: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
-                            BPG: tl.constexpr, WPB: tl.constexpr):
+def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                           XBM: tl.constexpr, XBK: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                           BPG: tl.constexpr, WPB: tl.constexpr):
     """The words of chunk ``pk`` as ``[BPG, G, BLOCK_M, WPB]`` (input block b of group g of a row: the blocks of a
     group in neighbouring lanes, then the groups, then the rows, so a warp's load covers whole rows' runs and the group
     max is a shuffle within the warp), their offsets and mask, and each block's input scale byte ``[BPG, G,
@@ -711,14 +673,14 @@ def _fp4_t_words_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_
 
 
 @triton.jit
-def _fp4_chunk_fast_t(w, wj, wmask, e_in, rows, kb0, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
-                      stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
-                      CLAMP_BITS: tl.constexpr, TABLE: tl.constexpr):
-    """:func:`_fp4_chunk_fast_blocks` on the ``[BPG, G, BLOCK_M, WPB]`` words of :func:`_fp4_t_words_and_scales`:
-    the block maxima as values (:func:`_block_max_val`), the group amax as float32 bits (non-negative), and the output
-    scale's exponent from amax's: ``a = max(amax, CLAMP)`` is 1.0 or 1.5 x 2^E and normal (e2m1 values times powers
-    of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the general path's ``quant_scale`` with round_sf, is
-    2^(E - 2); the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
+def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                           stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
+                           CLAMP_BITS: tl.constexpr, TABLE: tl.constexpr):
+    """:func:`_fp4_chunk_fast` once a block on the ``[BPG, G, BLOCK_M, WPB]`` words of
+    :func:`_fp4_blocks_and_scales`: the block maxima as values (:func:`_block_max_val`), the group amax as float32
+    bits (non-negative), and the output scale's exponent from amax's: ``a = max(amax, CLAMP)`` is 1.0 or 1.5 x 2^E and
+    normal (e2m1 values times powers of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the general path's
+    ``quant_scale`` with round_sf, is 2^(E - 2); the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
     amax = tl.max((_block_max_val(w & 0x77777777, 3) * ue8m0_to_f32(e_in)).to(tl.int32, bitcast=True), axis=0)
     e_out = (tl.maximum(amax, CLAMP_BITS) >> 23) - 2  # [G, BLOCK_M]: the biased exponent of sf
     kg = kb0 + tl.arange(0, G)[:, None].to(tl.int64)
@@ -760,40 +722,33 @@ def _fp4_requant_kernel(
     stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
-    BLOCKS: tl.constexpr = False, TRANS: tl.constexpr = False, TABLE: tl.constexpr = False,
-    CLAMP_BITS: tl.constexpr = 0, PDL: tl.constexpr = False
+    BLOCKS: tl.constexpr = False, TABLE: tl.constexpr = False, CLAMP_BITS: tl.constexpr = 0,
+    PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
     int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
     which a tile holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the tests);
     the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
-    columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): one scale byte, one max reduction
-    and one map a block instead of a word.  TRANS (with BLOCKS): the words as ``[BPG, G, BLOCK_M, WPB]``
-    (``_fp4_chunk_fast_t``: one-hot block maxima, the scale exponent in integers, the maps from the table at
-    ``lut_ptr`` with TABLE)."""
+    columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): the words as ``[BPG, G, BLOCK_M,
+    WPB]``, one scale byte, one max and one map a block instead of a word (``_fp4_chunk_fast_blocks``: one-hot block
+    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     col0 = pk * BLOCK_K
-    if TRANS:
-        w, wj, wmask, e_in = _fp4_t_words_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw,
-                                                     stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK,
-                                                     XBK // 8)
-    elif BLOCKS:
-        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
-                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // XBK, XBK // 8)
+    if BLOCKS:
+        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw,
+                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK,
+                                                    XBK // 8)
     else:
         w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
     if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
-        if TRANS:
-            _fp4_chunk_fast_t(w, wj, wmask, e_in, rows, pk * G, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
-                              stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
-        elif BLOCKS:
-            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow,
-                                   stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
+        if BLOCKS:
+            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
+                                   stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
         else:
             _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
                             stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
@@ -966,14 +921,15 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
     if (in_kind == IN_E2M1 and out_e2m1 and sf_mode == SF_QUANT and round_sf and not row_group and bm == 1
             and x_sf is not None and x_sf.dtype == torch.int32 and xbk % 8 == 0 and bk % 8 == 0 and k % 8 == 0
             and bk & (bk - 1) == 0 and bk <= 128 and block_m is None and block_k is None and chunks_per_prog is None):
-        # H200 (session 9, 8001 x 7168, CUPTI): BLOCKS (once a block, the default) [4, 512] tiles at 2 warps 40.04 us,
-        # [8, 512] x 2 40.32, [4, 1024] 40.44; once a word (BLOCKS=False) 52.26; ROWLOOP (a program walking its rows'
-        # chunks, the next chunk's loads in flight; removed) 53.0-58.7; the general kernel 116-124 (TileKernels
-        # 287.8).  With the SWAR block max: 37.42 us, [8, 512] x 2 and [4, 1024] 36.69 (not switched on one sweep:
-        # 0.7 % slower than the default in the sweep before)
+        # H200 (8001 x 7168, CUPTI; TileKernels 287.8 us, the general kernel 116-124): session 9, once a block
+        # ([rows, groups, blocks, words] words, SWAR block maxima, [4, 512] x 2 warps) 37.42 us; session 10, the words
+        # as [blocks, groups, rows, words] with one-hot maxima, integer scale exponents and the maps from a table,
+        # [8, 512] tiles, 1 warp, 80 registers (the general branch in the same kernel would take 255): 19.21 us
+        # (19.28-19.37 for [8, 512] x 2 warps at 48, [4, 1024] x 1 at 80, [8, 1024] x 2 at 80, 72 registers)
+        gpu = not interpreter_configs()
         fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
-                                            BLOCK_M=min(next_power_of_two(m), 16) if interpreter_configs() else 4,
-                                            num_warps=2))
+                                            BLOCK_M=8 if gpu else min(next_power_of_two(m), 16),
+                                            num_warps=1 if gpu else 2, maxnreg=80 if gpu else None))
         if fcfg["FP4_REQUANT"] and _fp4_requant_launch(data, x_sf, out, sf, m, k, xbm, xbk, bk, packed, fcfg):
             return out, sf
     BLOCK_M, BLOCK_K, BK, num_chunks, cpp, warps = _config(m, k, bm, bk, row_group, packed, block_m, block_k,
@@ -1072,14 +1028,13 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     grid = (ceil_div(m, block_m), ceil_div(k, block_k))
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
-    trans = blocks and bool(cfg.get("TRANS", False))
-    lut = _map_table(data.device) if trans and cfg.get("TABLE", True) else None
+    lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
     _fp4_requant_kernel[grid](
         xw, data, x_sf, ow, out, sf, lut if lut is not None else xw, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=blocks, TRANS=trans, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]),
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]),
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 
