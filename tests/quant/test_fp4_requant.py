@@ -57,8 +57,8 @@ OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
 
 # the byte-permute paths where an input block lies in one group: the maps from the table in memory, or by selects
 # (the path taken while a CUDA graph is captured before the table exists)
-PATHS = [dict(), dict(TABLE=False), dict(PERSIST=2)]
-PATH_IDS = ["table", "selects", "persist"]
+PATHS = [dict(), dict(TABLE=False)]
+PATH_IDS = ["table", "selects"]
 
 
 def _three_ways(qx, npc, xbs, flags, cfg=None):
@@ -144,10 +144,8 @@ def test_fp4_requant_matches_reference(device):
                                  dict(BLOCKS=False), dict(BLOCK_M=4, num_warps=2, maxnreg=32),
                                  dict(BLOCK_M=8, num_warps=2, maxnreg=40),
                                  dict(BLOCK_M=8, num_warps=1, maxnreg=80),
-                                 dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80),
-                                 dict(BLOCK_M=8, num_warps=1, maxnreg=96, PERSIST=4)],
-                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "rows8_cap80", "wide_cap80",
-                              "persist"])
+                                 dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80)],
+                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "rows8_cap80", "wide_cap80"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the
@@ -198,26 +196,3 @@ def test_map_table():
     for i, k in enumerate(range(K_MIN, K_MAX + 1)):
         lo, hi = _lut_words(k)
         assert t[i + 1] == lo | hi << 32
-
-
-@pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
-def test_fp4_requant_persist_walks_tiles(device, byte_hi):
-    # PERSIST with few programs (3 SMs x 1): each program walks many tiles with the next one's loads in flight, the
-    # last program's clamped prefetch included; bytes up to 255 send some tiles to the general branch inside the loop
-    import tritile.config as config
-
-    gen = torch.Generator().manual_seed(23 + byte_hi)
-    m, k = pick(cpu=(45, 1536), gpu=(4001, 7168))
-    qx = _random_fp4(m, k, (32, 32), device, gen, 120 if byte_hi == 255 else 0, byte_hi)
-    flags = (True, True, True)
-    old = config._num_sms
-    config.set_num_sms(3)
-    try:
-        with override_config("per_token_cast", PERSIST=1):
-            got = per_token_cast(qx, "e2m1", 128, (32, 32), *flags)
-    finally:
-        config.set_num_sms(old)
-    with override_config("per_token_cast", FP4_REQUANT=False):
-        want = per_token_cast(qx, "e2m1", 128, (32, 32), *flags)
-    assert_equal(got[0], want[0])
-    assert_equal(got[1], want[1])

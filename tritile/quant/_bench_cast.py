@@ -98,11 +98,7 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # 19.76, [16, 512] x 2 cap 80 20.25, [2, 2048] x 1 cap 80 21.18, [4, 512] x 1 cap 48 34.59; the first build's
     # [rows, groups, blocks, words] at [8, 512] x 1 cap 64 21.00 (22.14 before the repacking by one prmt)
     dict(TABLE=False), dict(maxnreg=72), dict(num_warps=2, maxnreg=48), dict(BLOCK_M=4, BLOCK_K=1024),
-    dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2)] + [
-    # PERSIST (programs per SM on a persistent grid, the next tile's loads before the current tile's arithmetic; the
-    # general branch not inlined, its registers off the loop's): ~20 spill stores a tile around the call (sm_90a)
-    dict(PERSIST=24), dict(PERSIST=20, maxnreg=96), dict(PERSIST=16, maxnreg=128), dict(PERSIST=12, maxnreg=128),
-    dict(PERSIST=8, num_warps=2, maxnreg=96), dict(PERSIST=10, num_warps=2, maxnreg=96)]
+    dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

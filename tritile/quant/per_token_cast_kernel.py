@@ -54,7 +54,6 @@ from ..runtime import (
     interpreter_configs,
     tuned,
 )
-from ..config import get_num_sms
 from ..utils import ceil_div, next_power_of_two
 from ._fp4_requant import _block_max_val, _lut_select, _map_table_values, _map_words, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
@@ -654,15 +653,6 @@ def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, 
 
 
 @triton.jit
-def _fp4_blocks_offsets(rows, pk, M, KW, BLOCK_K: tl.constexpr, G: tl.constexpr, BPG: tl.constexpr,
-                        WPB: tl.constexpr):
-    """Word offsets within a row ``[BPG, G, 1, WPB]`` of chunk ``pk`` and the mask ``[BPG, G, BLOCK_M, WPB]``."""
-    blk = tl.arange(0, G)[None, :, None] * BPG + tl.arange(0, BPG)[:, None, None]  # [BPG, G, 1]: block in the chunk
-    wj = (pk * (BLOCK_K // 8) + blk * WPB)[:, :, :, None] + tl.arange(0, WPB)[None, None, None, :]
-    return wj, (rows[None, None, :, None] < M) & (wj < KW)
-
-
-@triton.jit
 def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
                            XBM: tl.constexpr, XBK: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
                            BPG: tl.constexpr, WPB: tl.constexpr):
@@ -670,10 +660,12 @@ def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_x
     group in neighbouring lanes, then the groups, then the rows, so a warp's load covers whole rows' runs and the group
     max is a shuffle within the warp), their offsets and mask, and each block's input scale byte ``[BPG, G,
     BLOCK_M]``."""
-    wj, wmask = _fp4_blocks_offsets(rows, pk, M, KW, BLOCK_K, G, BPG, WPB)
-    w = tl.load(xw_ptr + rows[None, None, :, None] * stride_xw + wj, mask=wmask, other=0)
     blk = tl.arange(0, G)[None, :, None] * BPG + tl.arange(0, BPG)[:, None, None]  # [BPG, G, 1]: block in the chunk
+    wj = (pk * (BLOCK_K // 8) + blk * WPB)[:, :, :, None] + tl.arange(0, WPB)[None, None, None, :]
     r3 = rows[None, None, :]
+    r4 = r3[:, :, :, None]
+    wmask = (r4 < M) & (wj < KW)
+    w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
     kb = pk * (BLOCK_K // XBK) + blk
     sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=(r3 < M) & (kb < num_xsf_k),
                  other=0)
@@ -707,15 +699,12 @@ def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, lut_ptr, outw_ptr, sf_
              _requant_words(w, lo[:, :, :, None], hi[:, :, :, None]), mask=wmask)
 
 
-@triton.jit(noinline=True)
-def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, r0, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
+@triton.jit
+def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
                        stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM: tl.constexpr,
                        XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        G: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr):
-    """One chunk (rows ``r0 ..``) by the general kernel's code (float decode, scale, amax, encode): the same bits for
-    any scale byte.  Not inlined (scalar arguments): its registers (up to 255 at 16 values a thread) then do not count
-    against the fast path's, whose values stay live across the call only where it is made."""
-    rows = r0 + tl.arange(0, BLOCK_M).to(tl.int64)
+    """One chunk by the general kernel's code (float decode, scale, amax, encode): the same bits for any scale byte."""
     row_ok = rows < M
     x = _load_tile(xb_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xb, stride_xsf_m, stride_xsf_k, num_xsf_k,
                    BLOCK_M, BLOCK_K, 3, XBM, XBK, True)
@@ -727,45 +716,6 @@ def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, r0, col0, kb0, M, K, n
 
 
 @triton.jit
-def _fp4_requant_persist(xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr, M, K, KW, num_xsf_k, num_ks,
-                         stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
-                         XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
-                         FAST_LIMIT: tl.constexpr, TABLE: tl.constexpr, CLAMP_BITS: tl.constexpr, G: tl.constexpr):
-    """The BLOCKS path on a persistent grid: program p takes tiles p, p + P, ... (chunks along K fastest) and loads
-    its next tile's words and scale bytes before it requantizes the current one, so a tile's load round trip overlaps
-    the previous tile's arithmetic."""
-    BPG: tl.constexpr = BK // XBK
-    WPB: tl.constexpr = XBK // 8
-    num_k = (K + BLOCK_K - 1) // BLOCK_K
-    total = ((M + BLOCK_M - 1) // BLOCK_M) * num_k
-    nprog = tl.num_programs(0)
-    t = tl.program_id(0)
-    rows = (t // num_k).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, (t % num_k).to(tl.int64), M, KW, num_xsf_k,
-                                                stride_xw, stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BPG, WPB)
-    while t < total:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
-        # the next tile's loads (the last program re-reads a valid tile instead of running past the end)
-        tn = tl.minimum(t + nprog, total - 1)
-        rows_n = (tn // num_k).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        w_n, wj_n, wmask_n, e_n = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows_n, (tn % num_k).to(tl.int64), M, KW,
-                                                         num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k, XBM, XBK,
-                                                         BLOCK_K, G, BPG, WPB)
-        pk = (t % num_k).to(tl.int64)
-        rows = (t // num_k).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        wj, wmask = _fp4_blocks_offsets(rows, pk, M, KW, BLOCK_K, G, BPG, WPB)
-        if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
-            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
-                                   stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
-        else:
-            _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, (t // num_k).to(tl.int64) * BLOCK_M, pk * BLOCK_K,
-                               pk * G, M, K, num_xsf_k, num_ks, stride_xb, stride_xsf_m, stride_xsf_k, stride_ob,
-                               stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
-        w, e_in = w_n, e_n
-        t += nprog
-
-
-@triton.jit
 def _fp4_requant_kernel(
     xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr,
     M, K, KW, num_xsf_k, num_ks,
@@ -773,7 +723,7 @@ def _fp4_requant_kernel(
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
     BLOCKS: tl.constexpr = False, TABLE: tl.constexpr = False, CLAMP_BITS: tl.constexpr = 0,
-    PERSIST: tl.constexpr = False, PDL: tl.constexpr = False
+    PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
     int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
@@ -781,16 +731,9 @@ def _fp4_requant_kernel(
     the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
     columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): the words as ``[BPG, G, BLOCK_M,
     WPB]``, one scale byte, one max and one map a block instead of a word (``_fp4_chunk_fast_blocks``: one-hot block
-    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE).  PERSIST (with
-    BLOCKS): a persistent grid (``_fp4_requant_persist``)."""
+    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
-    if PERSIST:
-        _fp4_requant_persist(xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr, M, K, KW, num_xsf_k, num_ks,
-                             stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm,
-                             stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K, PACKED, CLAMP, MAX, FAST_LIMIT, TABLE,
-                             CLAMP_BITS, G)
-        return
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -810,9 +753,9 @@ def _fp4_requant_kernel(
             _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
                             stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
     else:
-        _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, pm * BLOCK_M, col0, pk * G, M, K, num_xsf_k, num_ks,
-                           stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M,
-                           BLOCK_K, G, PACKED, CLAMP, MAX)
+        _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks, stride_xb,
+                           stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K,
+                           G, PACKED, CLAMP, MAX)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1085,16 +1028,13 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     grid = (ceil_div(m, block_m), ceil_div(k, block_k))
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
-    persist = int(cfg.get("PERSIST", 0)) if blocks else 0  # programs per SM on a persistent grid (0: one per tile)
-    if persist:
-        grid = (min(grid[0] * grid[1], persist * get_num_sms()),)
     lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
     _fp4_requant_kernel[grid](
         xw, data, x_sf, ow, out, sf, lut if lut is not None else xw, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]), PERSIST=persist > 0,
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]),
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 
