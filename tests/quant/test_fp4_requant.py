@@ -1,13 +1,15 @@
 """The FP4 -> FP4 per-token requantization by byte permutes (``tritile/quant/_fp4_requant.py``): the same codes and
 scales as the general kernel for every code and every input scale byte, on the CPU and on the GPU."""
 
+import math
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from tritile.quant import per_token_cast
-from tritile.quant._fp4_requant import K_MAX, K_MIN, _block_max_val, _lut_select, _lut_words, _map_table_values
+from tritile.quant._fp4_requant import K_MAX, K_MIN, _block_max_exp, _lut_select, _lut_words, _map_table_values
 from tritile.runtime import override_config
 from tritile.testing import assert_equal, pick
 from tritile.torch import cast
@@ -164,14 +166,17 @@ def test_fp4_requant_configs(device, cfg, byte_hi):
 
 
 @triton.jit
-def _max_probe(w_ptr, out_ptr, N: tl.constexpr):
+def _max_probe(w_ptr, e_ptr, lut_ptr, out_ptr, N: tl.constexpr, TABLE: tl.constexpr):
     from_words = tl.load(w_ptr + tl.arange(0, 4 * N)).reshape(N, 4)
-    tl.store(out_ptr + tl.arange(0, N), _block_max_val(from_words & 0x77777777, 1))
+    e = tl.load(e_ptr + tl.arange(0, N))
+    tl.store(out_ptr + tl.arange(0, N), _block_max_exp(from_words & 0x77777777, e, 1, lut_ptr, TABLE))
 
 
-def test_block_max_val(device):
-    # the one-hot maximum over four words of eight nibbles each is the e2m1 value of the largest of the 32 magnitudes,
-    # bit for bit: every code as the maximum, words whose top nibble is set (negative int32), a single non-zero nibble
+@pytest.mark.parametrize("table", [True, False], ids=["table", "constants"])
+def test_block_max_exp(device, table):
+    # the one-hot maximum over four words of eight nibbles each, as the biased float32 exponent of val(max code) *
+    # 2^(e - 127): every code as the maximum, words whose top nibble is set (negative int32), a single non-zero nibble,
+    # scale bytes 0..252 (products below the normal range included)
     gen = torch.Generator().manual_seed(3)
     n = 256
     w = torch.randint(-2**31, 2**31, (n, 4), generator=gen, dtype=torch.int64)
@@ -181,18 +186,53 @@ def test_block_max_val(device):
     w[96:160] &= torch.tensor([0x11111111, 0x22222222, 0x33333333, 0x44444444, 0x55555555, 0x66666666, 0x77777777,
                                0])[torch.arange(64) % 8][:, None]
     w = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
-    out = torch.empty(n, dtype=torch.float32, device=device)
-    _max_probe[(1,)](w.to(device), out, N=n)
+    e = torch.randint(0, 253, (n,), generator=gen, dtype=torch.int32)
+    e[:8] = torch.arange(8, dtype=torch.int32)
+    out = torch.empty(n, dtype=torch.int32, device=device)
+    lut = torch.tensor(_map_table_values(), dtype=torch.int64, device=device)
+    _max_probe[(1,)](w.to(device), e.to(device), lut, out, N=n, TABLE=table)
     vals = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-    want = torch.tensor([vals[max(((int(x) & 0xFFFFFFFF) >> (4 * i)) & 7 for x in row for i in range(8))] for row in w])
-    assert set(want.tolist()) == set(vals)
-    assert_equal(out.cpu(), want)
+    codes = [max(((int(x) & 0xFFFFFFFF) >> (4 * i)) & 7 for x in row for i in range(8)) for row in w]
+    assert set(codes) == set(range(8))
+    got = out.cpu().tolist()
+    for c, eb, q in zip(codes, e.tolist(), got):
+        if c == 0:
+            assert q == 0
+            continue
+        assert q == math.frexp(vals[c])[1] - 1 + eb  # val(c) = f * 2^E, 1 <= f < 2
+        prod = torch.tensor(vals[c], dtype=torch.float32) * torch.tensor(2.0 ** (eb - 127), dtype=torch.float32)
+        if prod >= 2.0**-126:  # normal: the float32 product's biased exponent
+            assert q == int(prod.view(torch.int32)) >> 23
 
 
 def test_map_table():
-    # the table holds the zero map, then the maps of k = K_MIN..K_MAX as lo | hi << 32
+    # the table holds the zero map, then the maps of k = K_MIN..K_MAX as lo | hi << 32, then the one-hot bytes
     t = _map_table_values()
-    assert t[0] == 0 and len(t) == K_MAX - K_MIN + 2
+    assert t[0] == 0 and len(t) == K_MAX - K_MIN + 3
     for i, k in enumerate(range(K_MIN, K_MAX + 1)):
         lo, hi = _lut_words(k)
         assert t[i + 1] == lo | hi << 32
+    # then the one-hot bytes 1 << c, c = 0..7 (signed int64)
+    assert [(t[-1] >> (8 * c)) & 0xFF for c in range(8)] == [1 << c for c in range(8)]
+
+
+@pytest.mark.parametrize("cfg", PATHS, ids=PATH_IDS)
+def test_fp4_requant_zero_blocks(device, cfg):
+    # input blocks whose codes are all +-0 under the largest scale byte of their group: they must not set the group's
+    # scale (a zero block's maximum is 0 whatever its scale), nor turn into anything but signed zeros
+    gen = torch.Generator().manual_seed(29)
+    m, k = pick(cpu=(40, 1024), gpu=(4000, 7168))
+    data, sf = _random_fp4(m, k, (1, 32), device, gen, 100, 200)
+    blocks = data.view(torch.uint8).view(m, k // 32, 16)  # 32 codes = 16 bytes a block
+    zero = (torch.arange(k // 32, device=device) % 3 == 1)[None, :, None]
+    blocks.copy_(torch.where(zero, blocks & 0x88, blocks))  # magnitudes 0, random signs
+    b = torch.randint(100, 201, (m, k // 32), generator=gen).to(torch.int64)
+    b[:, 1::3] = 252
+    sf.copy_(_words(b.view(m, -1, 4)).to(device))
+    flags = (True, True, True)
+    with override_config("per_token_cast", **cfg):
+        got = per_token_cast((data, sf), "e2m1", 128, (1, 32), *flags)
+    with override_config("per_token_cast", FP4_REQUANT=False):
+        want = per_token_cast((data, sf), "e2m1", 128, (1, 32), *flags)
+    assert_equal(got[0], want[0])
+    assert_equal(got[1], want[1])

@@ -15,9 +15,9 @@ for their tile (a per-program branch), so the codes and scales are the general k
 (tests/quant/test_fp4_requant.py compares the two over every code, every scale byte and random tensors).
 
 Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> npc 128) the words are handled as
-[blocks, groups, rows, words]: a block's largest magnitude from one-hot bytes (``_block_max_val``), one scale byte
-and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the output scale's
-exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI):
+[blocks, groups, rows, words]: the exponent of a block's largest value from one-hot bytes (``_block_max_exp``), one
+scale byte and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the
+output scale's exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI):
 19.2 us at [8, 512] tiles, 1 warp, 80 registers (37.4 in session 9 with [rows, groups, blocks, words] words and a
 SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 71 % of the copy bandwidth for its 58 MB.
 The register cap matters: the general branch in the same kernel would take 255 registers and set the occupancy.
@@ -94,8 +94,9 @@ def _requant_words(w, lo, hi):
 
 def _map_table_values():
     """The maps as int64 words ``lo | hi << 32`` indexed by ``t = clamp(k - K_MIN + 1, 0, NLUT)``: entry 0 the zero
-    map (k < K_MIN), entries 1..NLUT the maps of k = K_MIN..K_MAX (the last also for k > K_MAX)."""
-    return [0] + [lo | hi << 32 for lo, hi in _LUTS]
+    map (k < K_MIN), entries 1..NLUT the maps of k = K_MIN..K_MAX (the last also for k > K_MAX); then the one-hot
+    bytes ``1 << c`` of :func:`_block_max_exp` (entry NLUT + 1, as a signed int64)."""
+    return [0] + [lo | hi << 32 for lo, hi in _LUTS] + [(0x08040201 | 0x80402010 << 32) - 2**64]
 
 
 @triton.jit
@@ -115,21 +116,27 @@ def _or(a, b):
 
 
 @triton.jit
-def _block_max_val(m, axis: tl.constexpr):
-    """float32 value of the largest e2m1 magnitude among all nibbles of the magnitude words ``m``
-    (``w & 0x77777777``) along ``axis``: each nibble's code c as the one-hot byte ``1 << c`` (two ``prmt`` a word),
-    the OR over the words and their four bytes, the top bit through an int -> float32 conversion (biased exponent
-    127 + c), and val(c)'s float32 bits (top byte, third byte) by two ``prmt`` on c - 1 (mod 8)."""
-    oh = prmt(0x08040201, -2143281136, m) | prmt(0x08040201, -2143281136, m >> 16)  # bytes 1 << c; 0x80402010
+def _block_max_exp(m, e, axis: tl.constexpr, lut_ptr, TABLE: tl.constexpr):
+    """The biased float32 exponent of ``val(c) * 2^(e - 127)`` for the largest e2m1 magnitude code c among all
+    nibbles of the magnitude words ``m`` (``w & 0x77777777``) along ``axis``, e the block's UE8M0 scale byte; 0 where
+    c = 0.  Each nibble's code as the one-hot byte ``1 << c`` (two ``prmt`` a word), the OR over the words and their
+    four bytes, the top bit c through an int -> float32 conversion (biased exponent 127 + c); val(c) = 1.0 or 1.5 x
+    2^E with E = (c >> 1) - 1 for c >= 1, so the product's biased exponent is E + e where it is normal (where it is
+    not, E + e <= 0: below any clamp).  TABLE: the one-hot bytes loaded from the table at ``lut_ptr`` (values ptxas
+    keeps in registers; as constants it re-materialises them before every ``prmt``)."""
+    if TABLE:
+        v = tl.load(lut_ptr + _NLUT + 1)
+        t_lo = v.to(tl.int32)
+        t_hi = (v >> 32).to(tl.int32)
+    else:
+        t_lo = 0x08040201
+        t_hi = -2143281136  # 0x80402010
+    oh = prmt(t_lo, t_hi, m) | prmt(t_lo, t_hi, m >> 16)  # bytes 1 << c
     x = tl.reduce(oh, axis, _or)
     x = x | (x >> 16)
     x = (x | (x >> 8)) & 0xFF  # 1 <= x < 256: code 0 sets bit 0
-    fb = x.to(tl.float32).to(tl.int32, bitcast=True)  # (127 + c) << 23; (127 + c) & 7 = (c - 1) & 7
-    # val(c) = 0, .5, 1, 1.5, 2, 3, 4, 6: float32 top bytes 00 3F 3F 3F 40 40 40 40, third bytes 00 00 80 C0 00 40 80
-    # C0; the tables below list them for c = 1..7, 0 (the byte index is (c - 1) & 7)
-    top = prmt(0x403F3F3F, 0x00404040, ((fb >> 11) & 0x7000) | 0x777)  # nibble 3: byte 3; bytes 0..2: index 7 = 0
-    third = prmt(0x00C08000, 0x00C08040, (fb >> 15) & 0x700)  # nibble 2: byte 2
-    return (top | third).to(tl.float32, bitcast=True)
+    fb = x.to(tl.float32).to(tl.int32, bitcast=True)  # (127 + c) << 23: (fb + 2^23) >> 24 = 64 + (c >> 1)
+    return tl.where(x > 1, ((fb + 0x800000) >> 24) - 65 + e, 0)
 
 
 @triton.jit

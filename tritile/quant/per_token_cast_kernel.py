@@ -55,7 +55,7 @@ from ..runtime import (
     tuned,
 )
 from ..utils import ceil_div, next_power_of_two
-from ._fp4_requant import _block_max_val, _lut_select, _map_table_values, _map_words, _requant_words, _word_max_code
+from ._fp4_requant import _block_max_exp, _lut_select, _map_table_values, _map_words, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags, pack_ue8m0_words, sf_info
 from .types import QuantTensor
@@ -662,10 +662,10 @@ def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_x
     BLOCK_M]``."""
     blk = tl.arange(0, G)[None, :, None] * BPG + tl.arange(0, BPG)[:, None, None]  # [BPG, G, 1]: block in the chunk
     wj = (pk * (BLOCK_K // 8) + blk * WPB)[:, :, :, None] + tl.arange(0, WPB)[None, None, None, :]
-    r3 = rows[None, None, :]
-    r4 = r3[:, :, :, None]
+    r4 = rows[None, None, :, None]
     wmask = (r4 < M) & (wj < KW)
     w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
+    r3 = rows[None, None, :]
     kb = pk * (BLOCK_K // XBK) + blk
     sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=(r3 < M) & (kb < num_xsf_k),
                  other=0)
@@ -673,16 +673,17 @@ def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_x
 
 
 @triton.jit
-def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, kb0, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
                            stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
                            CLAMP_BITS: tl.constexpr, TABLE: tl.constexpr):
     """:func:`_fp4_chunk_fast` once a block on the ``[BPG, G, BLOCK_M, WPB]`` words of
-    :func:`_fp4_blocks_and_scales`: the block maxima as values (:func:`_block_max_val`), the group amax as float32
-    bits (non-negative), and the output scale's exponent from amax's: ``a = max(amax, CLAMP)`` is 1.0 or 1.5 x 2^E and
-    normal (e2m1 values times powers of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the general path's
-    ``quant_scale`` with round_sf, is 2^(E - 2); the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
-    amax = tl.max((_block_max_val(w & 0x77777777, 3) * ue8m0_to_f32(e_in)).to(tl.int32, bitcast=True), axis=0)
-    e_out = (tl.maximum(amax, CLAMP_BITS) >> 23) - 2  # [G, BLOCK_M]: the biased exponent of sf
+    :func:`_fp4_blocks_and_scales`, the output scale from amax's exponent alone: ``a = max(amax, CLAMP)`` is 1.0 or
+    1.5 x 2^E and normal (e2m1 values times powers of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the
+    general path's ``quant_scale`` with round_sf, is 2^(E - 2), and E is the largest of the blocks' product exponents
+    (:func:`_block_max_exp`) and CLAMP's; the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
+    amax_exp = tl.max(_block_max_exp(w & 0x77777777, e_in, 3, lut_ptr, TABLE), axis=0)  # [G, BLOCK_M]: its exponent
+    e_out = tl.maximum(amax_exp, CLAMP_BITS >> 23) - 2  # the biased exponent of sf
+    kb0 = pk * G
     kg = kb0 + tl.arange(0, G)[:, None].to(tl.int64)
     row_ok = (rows < M)[None, :]
     if PACKED:
@@ -747,7 +748,7 @@ def _fp4_requant_kernel(
                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
     if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
         if BLOCKS:
-            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk * G, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
+            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
                                    stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
         else:
             _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
