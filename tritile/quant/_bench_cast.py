@@ -99,7 +99,9 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # [rows, groups, blocks, words] at [8, 512] x 1 cap 64 21.00 (22.14 before the repacking by one prmt)
     # Third sweep (the new default 19.28): [16, 512] x 2 warps 18.76, [8, 1024] x 2 19.08, [4, 1024] x 1 19.33,
     # x 2 cap 48 19.39, cap 72 19.42, TABLE=False 19.99; a persistent grid (the next tile's loads before the current
-    # tile's arithmetic, the general branch not inlined; removed) 25.1-28.8 at 8-24 programs per SM
+    # tile's arithmetic, the general branch not inlined; removed) 25.1-28.8 at 8-24 programs per SM.  Fourth / fifth
+    # sweeps: 19.22 / 19.26 (the fifth after a 9 % instruction cut), [8, 1024] x 2 19.22 / 19.37, cap 72 19.30 / 19.33,
+    # [16, 512] x 2 20.45 (18.76 in the third)
     dict(TABLE=False), dict(maxnreg=72), dict(num_warps=2, maxnreg=48), dict(BLOCK_M=4, BLOCK_K=1024),
     dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
