@@ -14,7 +14,6 @@ put there: the general branch may spill), load / store widths and an opcode hist
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 from sass_tools import access_widths, compile_kernel, histogram, instructions, opcode, res_str, sass_of
