@@ -103,7 +103,9 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # sweeps: 19.22 / 19.26 (the fifth after a 9 % instruction cut), [8, 1024] x 2 19.22 / 19.37, cap 72 19.30 / 19.33,
     # [16, 512] x 2 20.45 (18.76 in the third)
     dict(TABLE=False), dict(maxnreg=72), dict(num_warps=2, maxnreg=48), dict(BLOCK_M=4, BLOCK_K=1024),
-    dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2)]
+    dict(BLOCK_M=8, BLOCK_K=1024, num_warps=2), dict(BLOCK_M=16, num_warps=2),
+    # KFAST: consecutive programs on consecutive chunks of the same rows (DRAM locality)
+    dict(KFAST=True), dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024), dict(KFAST=True, BLOCK_M=16, num_warps=2)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

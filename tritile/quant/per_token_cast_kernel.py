@@ -724,7 +724,7 @@ def _fp4_requant_kernel(
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
     BLOCKS: tl.constexpr = False, TABLE: tl.constexpr = False, CLAMP_BITS: tl.constexpr = 0,
-    PDL: tl.constexpr = False
+    KFAST: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
     int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
@@ -732,11 +732,16 @@ def _fp4_requant_kernel(
     the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
     columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): the words as ``[BPG, G, BLOCK_M,
     WPB]``, one scale byte, one max and one map a block instead of a word (``_fp4_chunk_fast_blocks``: one-hot block
-    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE)."""
+    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE).  KFAST: the grid's
+    first dimension runs over the chunks (consecutive programs read consecutive chunks of the same rows)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
-    pm = tl.program_id(0).to(tl.int64)
-    pk = tl.program_id(1).to(tl.int64)
+    if KFAST:
+        pm = tl.program_id(1).to(tl.int64)
+        pk = tl.program_id(0).to(tl.int64)
+    else:
+        pm = tl.program_id(0).to(tl.int64)
+        pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     col0 = pk * BLOCK_K
     if BLOCKS:
@@ -1027,6 +1032,9 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
         raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
     grid = (ceil_div(m, block_m), ceil_div(k, block_k))
+    kfast = bool(cfg.get("KFAST", False)) and grid[0] <= 65535  # the grid's second dimension is limited to 65535
+    if kfast:
+        grid = grid[::-1]
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
     lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
@@ -1035,7 +1043,7 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]),
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]), KFAST=kfast,
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 
