@@ -17,7 +17,8 @@ import json
 import re
 import sys
 
-from sass_tools import access_widths, compile_kernel, forward_path, histogram, instructions, opcode, res_str, sass_of
+from sass_tools import (access_widths, compile_kernel, forward_path, histogram, instructions,
+                        opcode, pop_option, res_str, sass_of)
 
 import tritile.quant.per_token_cast_kernel as K  # noqa: E402
 from tritile.quant.common import FMT_CLAMP, FMT_MAX  # noqa: E402
@@ -67,11 +68,7 @@ def figures(over: dict):
 
 def main():
     args = sys.argv[1:]
-    dump = None
-    if "--dump" in args:
-        i = args.index("--dump")
-        dump = args[i + 1]
-        del args[i:i + 2]
+    dump = pop_option(args, "--dump")
     over = json.loads(args[0]) if args else {}
     f = figures(over)
     if dump:

@@ -1,4 +1,4 @@
-"""sm_90a SASS figures of ``_fp4_requant_kernel`` (the FP4-input per-token cast) at the benchmark anchor (no GPU needed).
+"""sm_90a SASS figures of ``_fp4_requant_kernel`` (the FP4-input per-token cast) at the anchor (no GPU needed).
 
     python scripts/fp4_requant_sass.py                       # the GPU default: [8, 512] tiles, 1 warp, maxnreg 80
     python scripts/fp4_requant_sass.py '{"maxnreg": 64}'     # overrides (constexprs, num_warps, maxnreg) as JSON
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sass_tools import access_widths, compile_kernel, histogram, instructions, opcode, res_str, sass_of
+from sass_tools import access_widths, compile_kernel, histogram, instructions, opcode, pop_option, res_str, sass_of
 
 import tritile.quant.per_token_cast_kernel as K  # noqa: E402
 from tritile.quant.common import FMT_CLAMP, FMT_MAX  # noqa: E402
@@ -39,11 +39,7 @@ def fast_path(ins):
 
 def main():
     args = sys.argv[1:]
-    dump = None
-    if "--dump" in args:
-        i = args.index("--dump")
-        dump = args[i + 1]
-        del args[i:i + 2]
+    dump = pop_option(args, "--dump")
     over = json.loads(args[0]) if args else {}
     nw = over.pop("num_warps", 1)
     maxnreg = over.pop("maxnreg", 80)

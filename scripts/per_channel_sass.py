@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from sass_tools import compile_kernel, histogram, instructions, sass_of
+from sass_tools import compile_kernel, histogram, instructions, pop_option, sass_of
 
 os.environ["TRITILE_GPU_CONFIGS"] = "1"
 
@@ -63,11 +63,7 @@ def compile_variant(over: dict, round_sf: bool, has_map: bool):
 
 def main() -> None:
     args = sys.argv[1:]
-    dump = None
-    if "--dump" in args:
-        i = args.index("--dump")
-        dump = args[i + 1]
-        del args[i:i + 2]
+    dump = pop_option(args, "--dump")
     round_sf = "--round-sf" in args
     has_map = "--map" in args
     args = [a for a in args if not a.startswith("--")]

@@ -118,3 +118,13 @@ def loops(ins: List[Instr]) -> List[Tuple[int, int, List[str]]]:
             lo = int(m.group(1), 16)
             out.append((lo, a, [t for b, t in ins if lo <= b <= a]))
     return out
+
+
+def pop_option(args: List[str], name: str) -> Optional[str]:
+    """Remove ``name VALUE`` from the argument list ``args`` and return VALUE (None when ``name`` is absent)."""
+    if name not in args:
+        return None
+    i = args.index(name)
+    value = args[i + 1]
+    del args[i:i + 2]
+    return value
