@@ -45,7 +45,7 @@ def main():
     maxnreg = over.pop("maxnreg", 80)
     cfg = dict(XBM=32, XBK=32, BK=128, BLOCK_M=8, BLOCK_K=512, PACKED=True, CLAMP=FMT_CLAMP["e2m1"],
                MAX=FMT_MAX["e2m1"], FAST_LIMIT=252, BLOCKS=True, TABLE=True, KFAST=False,
-               CLAMP_BITS=K._f32_bits(FMT_CLAMP["e2m1"]), PDL=True, stride_sm=1)
+               CLAMP_BITS=K._E2M1_CLAMP_BITS, PDL=True, stride_sm=1)
     cfg.update(over)
     k = compile_kernel(K._fp4_requant_kernel, SIG, cfg, DIV16, num_warps=nw, maxnreg=maxnreg)
     sass, res = sass_of(k)

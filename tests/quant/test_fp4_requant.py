@@ -136,8 +136,8 @@ def test_fp4_requant_matches_reference(device):
     m, k = pick(cpu=(19, 576), gpu=(8001, 7168))
     qx = _random_fp4(m, k, (32, 32), device, gen, 100, 140)
     out, sf = per_token_cast(qx, "e2m1", 128, (32, 32), True, True, True)
-    ref_out, ref_sf = cast(qx, "e2m1", (1, 128), x_block_size=(32, 32), round_sf=True, use_tma_aligned_col_major_sf=True,
-                           use_packed_ue8m0=True)
+    ref_out, ref_sf = cast(qx, "e2m1", (1, 128), x_block_size=(32, 32), round_sf=True,
+                           use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
     assert_equal(out, ref_out)
     assert_equal(sf, ref_sf)
 

@@ -17,10 +17,11 @@ for their tile (a per-program branch), so the codes and scales are the general k
 Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> npc 128) the words are handled as
 [blocks, groups, rows, words]: the exponent of a block's largest value from one-hot bytes (``_block_max_exp``), one
 scale byte and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the
-output scale's exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed UE8M0, CUPTI):
-19.2 us at [8, 512] tiles, 1 warp, 80 registers (37.4 in session 9 with [rows, groups, blocks, words] words and a
-SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 71 % of the copy bandwidth for its 58 MB.
-The register cap matters: the general branch in the same kernel would take 255 registers and set the occupancy.
+output scale's exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed
+UE8M0, CUPTI): 19.2 us at [8, 512] tiles, 1 warp, 80 registers (37.4 in session 9 with [rows, groups, blocks, words]
+words and a SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 71 % of the copy bandwidth for
+its 58 MB.  The register cap matters: the general branch in the same kernel would take 255 registers and set the
+occupancy.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from fractions import Fraction
 
 import triton
 import triton.language as tl
-
 
 from ._lossless_ptx import prmt
 
@@ -40,8 +40,7 @@ def _rne_e2m1(v: Fraction) -> int:
     """Magnitude code of the e2m1 value nearest to v >= 0 (ties to the even code), saturating at 6."""
     if v >= 6:
         return 7
-    best = min(range(8), key=lambda c: (abs(_E2M1[c] - v), c & 1))
-    return best
+    return min(range(8), key=lambda c: (abs(_E2M1[c] - v), c & 1))
 
 
 def _lut_words(k: int):

@@ -18,6 +18,7 @@ byte 0xFF) and ``sf_inv = 0``; its finite elements encode as +-0 and its non-fin
 
 from __future__ import annotations
 
+import struct
 from typing import Optional, Tuple, Union
 
 import torch
@@ -1043,12 +1044,13 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_f32_bits(FMT_CLAMP["e2m1"]), KFAST=kfast,
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_E2M1_CLAMP_BITS, KFAST=kfast,
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 
 
 _MAP_TABLES: dict = {}
+_E2M1_CLAMP_BITS = struct.unpack("<I", struct.pack("<f", FMT_CLAMP["e2m1"]))[0]  # float32 bits of the e2m1 clamp
 
 
 def _map_table(device: torch.device) -> Optional[torch.Tensor]:
@@ -1062,10 +1064,6 @@ def _map_table(device: torch.device) -> Optional[torch.Tensor]:
             return None
         t = _MAP_TABLES[key] = torch.tensor(_map_table_values(), dtype=torch.int64, device=device)
     return t
-
-
-def _f32_bits(v: float) -> int:
-    return int(torch.tensor(v, dtype=torch.float32).view(torch.int32).item())
 
 
 def _block_cast_fake(data, x_sf, psf, fmt, xbm, xbk, bm, bk, row_group, sf_mode, round_sf, col_major, packed):
