@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     t.add_argument("--case", action="append",
                    help="only cases whose parameters (as printed) contain this text, e.g. \"'block': (32, 32)\" "
                         "(repeatable: any)")
+    t.add_argument("--key", action="append",
+                   help="only the candidates that set this config key, e.g. PIPE (repeatable: any), and the default")
     t.add_argument("--cupti", action="store_true",
                    help="rank by CUPTI kernel time with L2 flushed (TileKernels' timer), not CUDA-graph replay")
     args = p.parse_args(argv)
@@ -36,7 +38,7 @@ def main(argv=None) -> int:
 
         i, n = (int(v) for v in args.shard.split("/"))
         tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json, compile_only=args.compile_only,
-             shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case)
+             shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case, keys=args.key)
         return 0
     if args.cmd != "bench":
         p.print_help()

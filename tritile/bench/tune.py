@@ -53,13 +53,14 @@ def _differs(r) -> str:
 
 
 def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, compile_only: bool = False,
-        shard=(0, 1), cupti: bool = False, quick: bool = False, cases=None) -> List[Dict[str, Any]]:
+        shard=(0, 1), cupti: bool = False, quick: bool = False, cases=None, keys=None) -> List[Dict[str, Any]]:
     """``compile_only``: run each candidate once and check its bits, without timing (several such processes can
     fill Triton's on-disk cache in parallel before a timing run).  ``shard=(i, n)``: only every n-th case from i.
     ``cupti``: rank by the summed kernel time with L2 flushed before each call (``time_kernels``: how TileKernels'
     timer counts) instead of CUDA-graph replay; ops whose inputs would partly stay in L2 between graph replays
     can rank differently.  ``quick``: only the benchmark's quick cases (``bench --quick``: one shape per op).
-    ``cases``: only the cases whose ``str(params)`` contains one of these strings."""
+    ``cases``: only the cases whose ``str(params)`` contains one of these strings.  ``keys``: only the candidates
+    that set one of these config keys (and the default, which every sweep times)."""
     from ..runtime import override_config, poison_outputs
     from ..testing.bench import copy_bandwidth_gbs, time_graph, time_kernels
 
@@ -97,7 +98,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
             if not compile_only:
                 time_graph(case.fn, calls_per_graph=10, rep=5)  # warm-up: the first timing of a process runs slow
             rows = []
-            for cand in [{}] + list(candidates):
+            for cand in [{}] + [c for c in candidates if not keys or any(k in c for k in keys)]:
                 row = dict(op=bop.op + (f"[{case.label}]" if case.label else ""), config=name, overrides=cand,
                            params=case.params)
                 if not cand and default_error:
