@@ -58,10 +58,9 @@ OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
 
 
 # the byte-permute paths where an input block lies in one group: the maps from the table in memory, or by selects
-# (the path taken while a CUDA graph is captured before the table exists); KFAST's grid order; the persistent grid
-# (PIPE, one program an SM so each program walks many tiles)
-PATHS = [dict(), dict(TABLE=False), dict(KFAST=True), dict(PIPE=3, PROGS=1)]
-PATH_IDS = ["table", "selects", "kfast", "pipe"]
+# (the path taken while a CUDA graph is captured before the table exists)
+PATHS = [dict(), dict(TABLE=False), dict(KFAST=True)]
+PATH_IDS = ["table", "selects", "kfast"]
 
 
 def _three_ways(qx, npc, xbs, flags, cfg=None):
@@ -147,11 +146,8 @@ def test_fp4_requant_matches_reference(device):
                                  dict(BLOCKS=False), dict(BLOCK_M=4, num_warps=2, maxnreg=32),
                                  dict(BLOCK_M=8, num_warps=2, maxnreg=40),
                                  dict(BLOCK_M=8, num_warps=1, maxnreg=80),
-                                 dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80),
-                                 dict(BLOCK_M=8, num_warps=1, maxnreg=80, PIPE=2, PROGS=4),
-                                 dict(BLOCK_M=16, num_warps=2, maxnreg=80, PIPE=4, PROGS=1)],
-                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "rows8_cap80", "wide_cap80",
-                              "pipe2_cap80", "pipe4_rows16"])
+                                 dict(BLOCK_M=2, BLOCK_K=2048, num_warps=1, maxnreg=80)],
+                         ids=["tile4", "wide", "per_word", "cap32", "rows8_cap40", "rows8_cap80", "wide_cap80"])
 @pytest.mark.parametrize("byte_hi", [252, 255], ids=["finite", "every_byte"])
 def test_fp4_requant_configs(device, cfg, byte_hi):
     # other tiles and the per-word path (BLOCKS=False) on the anchor's blocks; bytes up to 255 send some tiles to the

@@ -412,8 +412,6 @@ _S8_CASES = [
     # a persistent grid of 2 programs walking 2 and 1 row blocks (CPU; the GPU: 2 SMs x 1 program, 21 row blocks)
     (dict(PERSIST=True, PEEL=True, programs_per_sm=1), _S8_H, 0.5, False),
     (dict(PERSIST=True, UNROLL=2, programs_per_sm=1), _S8_H, None, False),
-    (dict(PIPE=3), _S8_H, 0.5, False),  # session 11: the chunk loop pipelined by the compiler (GPU)
-    (dict(PIPE=2, PEEL=True), _S8_H, None, True),
 ]
 
 

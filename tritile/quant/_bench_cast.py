@@ -107,15 +107,10 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # KFAST: consecutive programs on consecutive chunks of the same rows (DRAM locality).  Sixth sweep (the default
     # 19.34): KFAST 19.34, KFAST [16, 512] x 2 18.58 (without KFAST 19.99 here; 18.76 / 20.45 before: noisy, not
     # switched on one sweep), KFAST [4, 1024] x 1 19.08
-    dict(KFAST=True), dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024), dict(KFAST=True, BLOCK_M=16, num_warps=2),
-    # PIPE (session 11): a persistent grid of PROGS programs an SM whose tile loop the compiler software-pipelines
-    # (cp.async: the next PIPE - 1 tiles' words in shared memory, not registers), the general tiles after the loop.
-    # sm_90a: the loop spill-free at 128 registers (665 instructions a tile), 49 / 87 spills at 96 / 80.  Expected:
-    # the load round trip off the programs' critical path, toward a same-size copy (~15 us) if latency is the bound
-    dict(PIPE=3, PROGS=16, maxnreg=128), dict(PIPE=2, PROGS=16, maxnreg=128), dict(PIPE=4, PROGS=16, maxnreg=128),
-    dict(PIPE=3, PROGS=8, maxnreg=128), dict(PIPE=3, PROGS=12, maxnreg=128), dict(PIPE=3, PROGS=20, maxnreg=96),
-    dict(PIPE=3, PROGS=8, BLOCK_M=16, num_warps=2, maxnreg=128), dict(PIPE=3, PROGS=4, BLOCK_M=32, num_warps=4,
-                                                                     maxnreg=128)]
+    # Session 11: a persistent grid whose tile loop the compiler software-pipelines (cp.async into shared memory, the
+    # general tiles after the loop; sm_90a: spill-free at 128 registers) lost and was removed: 27.98 us at PIPE=2, 16
+    # programs an SM, 29.97-31.62 at PIPE=3 and 8-16 programs, 32.69 at [16, 512] x 2 warps (the default 19.43)
+    dict(KFAST=True), dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024), dict(KFAST=True, BLOCK_M=16, num_warps=2)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a

@@ -218,11 +218,9 @@ _BWD_TUNE = (
        dict(FUSED_BWD=8, UNROLL=2, maxnreg=128),           # 54.7, 128
        dict(FUSED_BWD=8, PEEL=True, maxnreg=128),          # 55.7, 124
        dict(STREAM=2), dict(STREAM=3)]                     # 56.6 / 56.9, 108: .cs stores / also evict-first loads
-    # Session 11 (same bits): PIPE, the chunk loop software-pipelined by the compiler (cp.async: the next chunks'
-    # loads in shared memory, not registers).  sm_90a: PIPE=2 at 112 registers 144 B of stack, at 128 40 B; the loop
-    # 1.8x the default's static instructions (shared-memory reads, barriers).  Expected: the chunk loads' round trip
-    # off the critical path (the default waits for each chunk's loads after the previous chunk's arithmetic)
-    + [dict(PIPE=2, maxnreg=128), dict(PIPE=3, maxnreg=128), dict(PIPE=2)]
+    # Session 11: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
+    # the loop's static instructions 1.8x, shared-memory reads and barriers) lost and was removed: CUPTI 1038.0 us at
+    # num_stages=3 and 128 registers, 1209.4 at 2, 1311.7 at 2 and 112 registers (spills), the default 890.3
 )
 
 

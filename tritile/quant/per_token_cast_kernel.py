@@ -55,7 +55,6 @@ from ..runtime import (
     interpreter_configs,
     tuned,
 )
-from ..config import get_num_sms
 from ..utils import ceil_div, next_power_of_two
 from ._fp4_requant import _block_max_exp, _lut_select, _map_table_values, _map_words, _requant_words, _word_max_code
 from ._per_channel_common import _ENC4_BF16
@@ -719,80 +718,6 @@ def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K,
 
 
 @triton.jit
-def _fp4_tile_rows_chunk(t, n_k, BLOCK_M: tl.constexpr):
-    """Tile ``t`` of a grid that walks each row block's chunks in order: its rows and chunk index."""
-    pm = t // n_k
-    return pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64), t - pm * n_k
-
-
-@triton.jit
-def _fp4_pipelined_tile(xw_ptr, xsf_ptr, outw_ptr, sf_ptr, lut_ptr, t, n_k, M, KW, num_xsf_k, num_ks, stride_xw,
-                        stride_xsf_m, stride_xsf_k, stride_ow, stride_sm, stride_sk, XBM: tl.constexpr,
-                        XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PACKED: tl.constexpr, FAST_LIMIT: tl.constexpr, TABLE: tl.constexpr,
-                        CLAMP_BITS: tl.constexpr):
-    """The fast path of tile ``t`` when every scale byte it reads is <= FAST_LIMIT; 1 when it left the tile to the
-    general path, 0 when it wrote it."""
-    G: tl.constexpr = BLOCK_K // BK
-    rows, pk = _fp4_tile_rows_chunk(t, n_k, BLOCK_M)
-    w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m,
-                                                stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK, XBK // 8)
-    fast = tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT
-    if fast:
-        _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
-                               stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
-    return 1 - fast.to(tl.int32)
-
-
-@triton.jit
-def _fp4_requant_pipelined(xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr, M, K, KW, num_xsf_k, num_ks,
-                           stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm,
-                           stride_sk, XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_K: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
-                           FAST_LIMIT: tl.constexpr, TABLE: tl.constexpr, CLAMP_BITS: tl.constexpr,
-                           PIPE: tl.constexpr):
-    """A persistent grid over the [BLOCK_M, BLOCK_K] tiles (each row block's chunks in order, so the programs running
-    together read one contiguous stretch): the tile loop is software-pipelined by the compiler with
-    ``num_stages=PIPE`` (GPU; the next tiles' words and scale bytes arrive in shared memory by ``cp.async`` while this
-    one is requantized: bytes in flight without registers).  The loop holds the fast path only; a tile with a scale
-    byte above FAST_LIMIT is counted and done after the loop by the general code, which a second walk over this
-    program's tiles finds again from their scale bytes (no loop-carried state around the general code: ptxas kept
-    ~20 values a tile in local memory around it)."""
-    G: tl.constexpr = BLOCK_K // BK
-    n_k = (K + BLOCK_K - 1) // BLOCK_K
-    n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * n_k
-    start = tl.program_id(0)
-    step = tl.num_programs(0)
-    n_general = 0
-    if EMULATE:  # the interpreter's tl.range takes no run-time bounds
-        t = start
-        while t < n_tiles:
-            n_general += _fp4_pipelined_tile(xw_ptr, xsf_ptr, outw_ptr, sf_ptr, lut_ptr, t, n_k, M, KW, num_xsf_k,
-                                             num_ks, stride_xw, stride_xsf_m, stride_xsf_k, stride_ow, stride_sm,
-                                             stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K, PACKED, FAST_LIMIT, TABLE,
-                                             CLAMP_BITS)
-            t += step
-    else:
-        for t in tl.range(start, n_tiles, step, num_stages=PIPE):
-            n_general += _fp4_pipelined_tile(xw_ptr, xsf_ptr, outw_ptr, sf_ptr, lut_ptr, t, n_k, M, KW, num_xsf_k,
-                                             num_ks, stride_xw, stride_xsf_m, stride_xsf_k, stride_ow, stride_sm,
-                                             stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K, PACKED, FAST_LIMIT, TABLE,
-                                             CLAMP_BITS)
-    if n_general > 0:
-        t = start
-        while t < n_tiles:
-            rows, pk = _fp4_tile_rows_chunk(t, n_k, BLOCK_M)
-            w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw,
-                                                        stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK,
-                                                        XBK // 8)
-            if tl.max(tl.max(tl.max(e_in, 2), 1), 0) > FAST_LIMIT:
-                _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, pk * BLOCK_K, pk * G, M, K, num_xsf_k,
-                                   num_ks, stride_xb, stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk,
-                                   XBM, XBK, BK, BLOCK_M, BLOCK_K, G, PACKED, CLAMP, MAX)
-            t += step
-
-
-@triton.jit
 def _fp4_requant_kernel(
     xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr,
     M, K, KW, num_xsf_k, num_ks,
@@ -800,7 +725,7 @@ def _fp4_requant_kernel(
     XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
     BLOCKS: tl.constexpr = False, TABLE: tl.constexpr = False, CLAMP_BITS: tl.constexpr = 0,
-    KFAST: tl.constexpr = False, PIPE: tl.constexpr = 0, PDL: tl.constexpr = False
+    KFAST: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
     int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
@@ -809,16 +734,9 @@ def _fp4_requant_kernel(
     columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): the words as ``[BPG, G, BLOCK_M,
     WPB]``, one scale byte, one max and one map a block instead of a word (``_fp4_chunk_fast_blocks``: one-hot block
     maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE).  KFAST: the grid's
-    first dimension runs over the chunks (consecutive programs read consecutive chunks of the same rows).  PIPE (> 0,
-    with BLOCKS): a persistent grid (``_fp4_requant_pipelined``)."""
+    first dimension runs over the chunks (consecutive programs read consecutive chunks of the same rows)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
-    if PIPE > 0:
-        _fp4_requant_pipelined(xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr, M, K, KW, num_xsf_k,
-                               num_ks, stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob,
-                               stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K, PACKED, CLAMP, MAX, FAST_LIMIT,
-                               TABLE, CLAMP_BITS, PIPE)
-        return
     if KFAST:
         pm = tl.program_id(1).to(tl.int64)
         pk = tl.program_id(0).to(tl.int64)
@@ -1120,17 +1038,13 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
         grid = grid[::-1]
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
-    pipe = int(cfg.get("PIPE", 0)) if blocks else 0
-    if pipe > 0:  # a persistent grid: PROGS programs an SM (at most one a tile)
-        kfast = False
-        grid = (max(1, min(grid[0] * grid[1], int(cfg.get("PROGS", 16)) * get_num_sms())),)
     lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
     _fp4_requant_kernel[grid](
         xw, data, x_sf, ow, out, sf, lut if lut is not None else xw, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
         xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
         sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
         CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
-        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_E2M1_CLAMP_BITS, KFAST=kfast, PIPE=pipe,
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_E2M1_CLAMP_BITS, KFAST=kfast,
         num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
     return True
 

@@ -402,7 +402,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
         ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
         INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, UNROLL: tl.constexpr = 1,
         PERSIST: tl.constexpr = False, PEEL: tl.constexpr = False, LD_EVICT: tl.constexpr = "",
-        ST_CACHE: tl.constexpr = "", PIPE: tl.constexpr = 0, PDL: tl.constexpr = False):
+        ST_CACHE: tl.constexpr = "", PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -440,11 +440,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
     PERSIST (non-PREFETCH): PREFETCH's persistent grid and weight pipeline (index two row blocks ahead, weight one
     ahead) without its chunk prefetch; with PEEL the next weight's gather goes out after the first step's loads.
     LD_EVICT / ST_CACHE: the eviction policy of the code and grad_out loads / the cache modifier of the code and
-    bf16 stores (the launcher's STREAM key).
-
-    Session-11 candidate: PIPE (> 0; non-PREFETCH, UNROLL=1): the chunk loop software-pipelined by the compiler with
-    ``num_stages=PIPE`` (GPU): the next PIPE - 1 chunks' codes, scales and grad_out arrive in shared memory by
-    ``cp.async`` while this chunk is computed (bytes in flight without registers)."""
+    bf16 stores (the launcher's STREAM key)."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
     rb = tl.program_id(0)
@@ -521,7 +517,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         w3 = w[:, None, None]
-        for c0 in tl.range(START, H, CH * UNROLL, num_stages=PIPE if PIPE > 0 else None):
+        for c0 in range(START, H, CH * UNROLL):
             if PREFETCH:
                 qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
                 # the next chunk of this row block, or after the last one the next row block's first
@@ -667,7 +663,6 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             # memory-side candidates (config keys, off by default; same bits): UNROLL, PERSIST, PEEL (see the
             # kernel); STREAM bit 1: evict-first loads of the codes and grad_out, bit 2: streaming (.cs) stores
             UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=bool(cfg.get("PEEL", False)) and not prefetch,
-            PIPE=int(cfg.get("PIPE", 0) or 0) if not prefetch and unroll == 1 else 0,
             LD_EVICT="evict_first" if stream & 1 else "",
             ST_CACHE=".cs" if stream & 2 else "",
             num_warps=cfg["num_warps"],
