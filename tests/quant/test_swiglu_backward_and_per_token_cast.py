@@ -364,11 +364,14 @@ def test_candidates_all_bf16_x_values(device, clamp, fused):
 # PERSIST, STREAM change which instructions run when, never a value; FUSED_BWD=8 / 16 only group the fused block's
 # fast-path guard differently.  Each is compared bitwise (every output, weight_grad included) with the same launch
 # without it: ragged row blocks (21 rows) and a ragged last chunk (hidden % CH != 0), loops of >= 2 steps.
-def _s8_data(device, hidden, npc, no_weights=False):
+def _s8_data(device, hidden, npc, no_weights=False, finite=False):
     gen = torch.Generator(device="cpu").manual_seed(hidden)
     n = 21
     codes = torch.randint(0, 256, (n, 2 * hidden), generator=gen, dtype=torch.uint8)
-    sf = 2.0 ** torch.randint(-4, 7, (n, 2 * hidden // npc), generator=gen).float()  # |x| past 41: slow paths too
+    if finite:  # no NaN codes (0x7F / 0xFF) and |x| <= 448 * 1.5: finite row sums
+        codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+    sf = 2.0 ** torch.randint(-4, 1 if finite else 7, (n, 2 * hidden // npc), generator=gen).float()  # |x| past 41:
+    # slow paths too
     sf *= 1.0 + torch.rand(sf.shape, generator=gen) * 0.5
     x = (codes.view(torch.float8_e4m3fn).to(device), sf.to(device))
     g = torch.randn((n, hidden), generator=gen).to(torch.bfloat16).to(device)
@@ -384,11 +387,11 @@ def _s8_data(device, hidden, npc, no_weights=False):
     return x, g, w, ptt.to(device), ttp.to(device)
 
 
-def _s8_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None):
+def _s8_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None, finite=False):
     from tritile.config import get_num_sms, set_num_sms
     from tritile.runtime import override_config
 
-    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights)
+    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights, finite)
     old = get_num_sms()
     try:
         if num_sms is not None:
@@ -433,6 +436,50 @@ def test_session8_candidates_same_bits(device, path, hidden, clamp, no_weights):
     out, dq, dsf, xg, wg = ref
     _check((out, (dq, dsf), xg, wg), x, g, w, dict(pos_to_token_topk=ptt, token_topk_to_pos=ttp), npc, True, clamp,
            nan_sign_free=True, wg_equal_nan=True)
+
+
+# SPLIT (session 11): each row block's chunks over SPLIT programs (an even number of chunks a part but the last),
+# the parts' row sums added by the weight_grad kernel: every output keeps its bits but weight_grad, a float32 sum in
+# another order (TileKernels' test compares it with a tolerance: so does this one, and the reference check below)
+_SPLIT_CASES = [
+    (dict(SPLIT=2), _S8_H, 0.5, False),                        # 6 chunks: parts of 4 and 2
+    (dict(SPLIT=3), _S8_H, None, False),                       # 3 parts of 2
+    (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 4 + 1 (an odd last part)
+    (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # at most 3 parts (2 + 2 + 1), no weights
+    (dict(SPLIT=2, PEEL=True), _S8_H, 0.5, False),             # PEEL: no split
+]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("path,hidden,clamp,no_weights", _SPLIT_CASES,
+                         ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items()) if isinstance(p, dict)
+                         else str(p))
+def test_split_parts(device, path, hidden, clamp, no_weights):
+    npc = 32
+    # ROWSUM_PAIRS (the GPU default's row-sum order: chunk pairs): a part's odd last chunk adds its pending sum
+    base = dict(CH=64, BLOCK_R=8, ROWSUM_PAIRS=True) if device.type == "cpu" else dict(CH=256, ROWSUM_PAIRS=True)
+    ref = _s8_run(device, base, hidden, npc, clamp, no_weights, finite=True)
+    res = _s8_run(device, dict(base, **path), hidden, npc, clamp, no_weights, finite=True)
+    for a, b in zip(res[:4], ref[:4]):
+        assert_equal(a, b)
+    assert torch.isfinite(ref[4]).all() and (no_weights or (ref[4] != 0).any())  # a row-sum order can show
+    torch.testing.assert_close(res[4], ref[4], atol=1e-4, rtol=1e-4)
+    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights, finite=True)
+    out, dq, dsf, xg, wg = res
+    _check((out, (dq, dsf), xg, wg), x, g, w, dict(pos_to_token_topk=ptt, token_topk_to_pos=ttp), npc, True, clamp)
+
+
+def test_split_part_counts():
+    from tritile.quant.swiglu_backward_and_per_token_cast_kernel import _split_parts
+
+    for chunks in range(1, 40):
+        for split in range(1, 12):
+            s = _split_parts(chunks, split)
+            cpp = 2 * -(-chunks // (2 * s))  # the kernel's chunks a part
+            assert 1 <= s <= max(1, min(split, chunks))
+            assert (s - 1) * cpp < chunks <= s * cpp  # every part holds a chunk, every chunk a part
+    assert _split_parts(14, 2) == 2 and _split_parts(14, 7) == 7 and _split_parts(14, 5) == 4
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

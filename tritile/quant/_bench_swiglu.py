@@ -221,6 +221,11 @@ _BWD_TUNE = (
     # Session 11: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
     # the loop's static instructions 1.8x, shared-memory reads and barriers) lost and was removed: CUPTI 1038.0 us at
     # num_stages=3 and 128 registers, 1209.4 at 2, 1311.7 at 2 and 112 registers (spills), the default 890.3
+    # SPLIT (session 11; every output's bits but weight_grad's, a float32 sum in another order): a row's chunks over
+    # SPLIT programs.  scripts/steady_probe.py (CUPTI): the default at N and 2N rows runs at 90.1 % of copy in steady
+    # state with an 18.6 us fixed cost (a same-size copy: ~2.5): the tail of 38272 one-warp programs of ~49 us, ~18
+    # waves.  sm_90a: the loop unchanged (1384 instructions, 108 / 106 registers).  Expected: the tail's cost / SPLIT
+    + [dict(SPLIT=2), dict(SPLIT=4), dict(SPLIT=7)]
 )
 
 

@@ -402,7 +402,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
         ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
         INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, UNROLL: tl.constexpr = 1,
         PERSIST: tl.constexpr = False, PEEL: tl.constexpr = False, LD_EVICT: tl.constexpr = "",
-        ST_CACHE: tl.constexpr = "", PDL: tl.constexpr = False):
+        ST_CACHE: tl.constexpr = "", SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -440,13 +440,22 @@ def _swiglu_backward_and_per_token_cast_kernel(
     PERSIST (non-PREFETCH): PREFETCH's persistent grid and weight pipeline (index two row blocks ahead, weight one
     ahead) without its chunk prefetch; with PEEL the next weight's gather goes out after the first step's loads.
     LD_EVICT / ST_CACHE: the eviction policy of the code and grad_out loads / the cache modifier of the code and
-    bf16 stores (the launcher's STREAM key)."""
+    bf16 stores (the launcher's STREAM key).
+
+    SPLIT (> 1; one row block a program, no PEEL / UNROLL): each row block's chunks over SPLIT programs (program
+    ``pid`` takes part ``pid % SPLIT`` of row block ``pid // SPLIT``, an even number of chunks a part but the last),
+    so the programs are SPLIT times shorter and the launch's tail, which runs at low occupancy, too.  Each part
+    writes its own row sums (``rowsum_ptr + part * num_rows``); ``_swiglu_weight_grad_kernel`` adds them in part
+    order.  Every output but weight_grad keeps its bits; weight_grad is the same float32 sum in another order."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
-    rb = tl.program_id(0)
     num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
     WPIPE: tl.constexpr = PREFETCH or PERSIST  # a persistent grid, the weights gathered a row block ahead
     START: tl.constexpr = CH * UNROLL if PEEL else 0  # the chunk loop's first column
+    NCH: tl.constexpr = (H + CH - 1) // CH
+    PART: tl.constexpr = 2 * ((NCH + 2 * SPLIT - 1) // (2 * SPLIT)) * CH  # SPLIT's columns a part: even chunks
+    part = tl.program_id(0) % SPLIT  # (0 without SPLIT)
+    rb = tl.program_id(0) // SPLIT
     if WPIPE:
         nprog = tl.num_programs(0)
         step = nprog * BLOCK_R  # rows from one row block of a program to its next
@@ -517,7 +526,19 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         w3 = w[:, None, None]
-        for c0 in range(START, H, CH * UNROLL):
+        if SPLIT > 1:  # this part's chunks (a while loop: range() over program ids breaks the interpreter)
+            c0 = part * PART
+            while c0 < tl.minimum(part * PART + PART, H):
+                qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
+                                                           stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
+                                                           LD_EVICT)
+                rowsum, pend, rs = _bwd_chunk(
+                    qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                    dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF,
+                    BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
+                    ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
+                c0 += CH
+        for c0 in range(START, H if SPLIT == 1 else START, CH * UNROLL):
             if PREFETCH:
                 qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
                 # the next chunk of this row block, or after the last one the next row block's first
@@ -548,9 +569,12 @@ def _swiglu_backward_and_per_token_cast_kernel(
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
-            if ((H + CH - 1) // CH) % 2 == 1:
+            if SPLIT > 1:  # an odd chunk count in this part (the last one only)
+                rowsum = tl.where(((tl.minimum(PART, H - part * PART) + CH - 1) // CH) % 2 == 1, rowsum + pend,
+                                  rowsum)
+            elif ((H + CH - 1) // CH) % 2 == 1:
                 rowsum += pend  # an odd chunk count: the last chunk has no partner
-        tl.store(rowsum_ptr + rows, rowsum, mask=row_ok)
+        tl.store(rowsum_ptr + part * num_rows + rows, rowsum, mask=row_ok)
         if WPIPE:
             w_c = w_nx
             idx_c1 = idx_nx2
@@ -559,13 +583,16 @@ def _swiglu_backward_and_per_token_cast_kernel(
 
 @triton.jit
 def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, BLOCK: tl.constexpr,
-                               PDL: tl.constexpr = False):
+                               SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """weight_grad[i] = the row sum of row ttp[i] (0 where ttp[i] is -1): the SPLIT parts' sums added in order."""
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     p = tl.load(ttp_ptr + offs, mask=ok, other=-1).to(tl.int64)
     hit = ok & (p >= 0) & (p < num_rows)
     v = tl.load(rowsum_ptr + p, mask=hit, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        v += tl.load(rowsum_ptr + part * num_rows + p, mask=hit, other=0.0)
     tl.store(wg_ptr + offs, tl.where(hit, v, 0.0), mask=ok)
 
 
@@ -606,6 +633,15 @@ def _config(H: int, npc: int) -> dict:
                 maxnreg=112 if gpu else None, FUSED_BWD=4 if gpu else 0, XORSIGN_CLAMP=gpu, INT_SCALE=gpu)
 
 
+def _split_parts(num_chunks: int, split: int) -> int:
+    """The part count the kernel's SPLIT gets: at most ``split``, an even number of chunks a part (the kernel's CPP)
+    but the last, no empty part."""
+    split = max(1, min(split, num_chunks))
+    while split > 1 and (split - 1) * 2 * ceil_div(num_chunks, 2 * split) >= num_chunks:
+        split -= 1
+    return split
+
+
 def _check_config(cfg: dict, npc: int) -> None:
     """Reject a (tuning) config the kernel cannot run, with a ValueError."""
     pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
@@ -624,7 +660,8 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     dsf = alloc_sf(num_rows, two_h, (1, npc), False, False, dev)
     xg = empty((num_rows, two_h), torch.bfloat16, dev)
     wg = empty(tuple(weight.shape), torch.float32, dev)
-    rowsum = empty((max(num_rows, 1),), torch.float32, dev)
+    split = 1
+    rowsum = empty((1,), torch.float32, dev)  # E = 0: weight_grad reads no row sum
     if num_rows > 0:
         cfg = tuned("swiglu_backward_and_per_token_cast", _config(H, npc))
         _check_config(cfg, npc)
@@ -640,6 +677,11 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
         unroll = 2 if (int(cfg.get("UNROLL", 1) or 1) == 2 and not prefetch and ceil_div(H, cfg["CH"]) % 2 == 0) \
             else 1
         stream = int(cfg.get("STREAM", 0) or 0)
+        peel = bool(cfg.get("PEEL", False)) and not prefetch
+        if not persist and not peel and unroll == 1:
+            split = _split_parts(ceil_div(H, cfg["CH"]), int(cfg.get("SPLIT", 1) or 1))
+            grid = (num_rb * split,)
+        rowsum = empty((max(num_rows, 1) * split,), torch.float32, dev)
         _swiglu_backward_and_per_token_cast_kernel[grid](
             q.view(torch.uint8), sfi.tensor, grad_out.view(torch.int16), ptt, weight,
             out.view(torch.int16), dq.view(torch.uint8), dsf, xg.view(torch.int16), rowsum,
@@ -662,7 +704,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             SPLIT_STORE=bool(cfg.get("SPLIT_STORE", False)) and cfg["CH"] >= 16,
             # memory-side candidates (config keys, off by default; same bits): UNROLL, PERSIST, PEEL (see the
             # kernel); STREAM bit 1: evict-first loads of the codes and grad_out, bit 2: streaming (.cs) stores
-            UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=bool(cfg.get("PEEL", False)) and not prefetch,
+            UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=peel, SPLIT=split,
             LD_EVICT="evict_first" if stream & 1 else "",
             ST_CACHE=".cs" if stream & 2 else "",
             num_warps=cfg["num_warps"],
@@ -671,8 +713,8 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     n = ttp.numel()
     if n > 0:
         block = 16384 if interpreter_configs() else 1024
-        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, num_warps=4,
-                                                          **pdl_args(wg.device, launch=False))
+        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, SPLIT=split,
+                                                          num_warps=4, **pdl_args(wg.device, launch=False))
     return out, (dq, dsf), xg, wg
 
 
