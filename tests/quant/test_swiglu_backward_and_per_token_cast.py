@@ -446,7 +446,11 @@ _SPLIT_CASES = [
     (dict(SPLIT=3), _S8_H, None, False),                       # 3 parts of 2
     (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 4 + 1 (an odd last part)
     (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # at most 3 parts (2 + 2 + 1), no weights
-    (dict(SPLIT=2, PEEL=True), _S8_H, 0.5, False),             # PEEL: no split
+    (dict(SPLIT=2, PEEL=True), _S8_H, 0.5, False),             # PEEL: each part's first chunk peeled
+    (dict(SPLIT=3, PEEL=True), pick(cpu=288, gpu=1152), None, False),  # 2 + 2 + 1: a one-chunk part peeled whole
+    (dict(SPLIT=2, UNROLL=2), _S8_H, 0.5, False),              # UNROLL: no split
+    # plain row sums (a chunk summed twice would hide in ROWSUM_PAIRS' pending sum)
+    (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _S8_H, None, False),
 ]
 
 

@@ -225,7 +225,12 @@ _BWD_TUNE = (
     # SPLIT programs.  scripts/steady_probe.py (CUPTI): the default at N and 2N rows runs at 90.1 % of copy in steady
     # state with an 18.6 us fixed cost (a same-size copy: ~2.5): the tail of 38272 one-warp programs of ~49 us, ~18
     # waves.  sm_90a: the loop unchanged (1384 instructions, 108 / 106 registers).  Expected: the tail's cost / SPLIT
-    + [dict(SPLIT=2), dict(SPLIT=4), dict(SPLIT=7)]
+    # First sweep (CUPTI, us): SPLIT=2 878.05 against 891.20 (-1.5 %), SPLIT=4 897.39, SPLIT=7 909.67 (more programs,
+    # each waiting for its index and weight before its first loads).  With PEEL (the part's first chunk loads before
+    # the index / weight gathers; sm_90a 112 registers, 16 B of stack outside the loop):
+    + [dict(SPLIT=2), dict(SPLIT=3), dict(SPLIT=4), dict(SPLIT=2, PEEL=True), dict(SPLIT=2, PEEL=True, maxnreg=128),
+       dict(SPLIT=3, PEEL=True, maxnreg=128), dict(SPLIT=4, PEEL=True, maxnreg=128),
+       dict(SPLIT=7, PEEL=True, maxnreg=128)]
 )
 
 

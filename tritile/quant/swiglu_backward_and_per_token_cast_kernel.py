@@ -442,8 +442,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
     LD_EVICT / ST_CACHE: the eviction policy of the code and grad_out loads / the cache modifier of the code and
     bf16 stores (the launcher's STREAM key).
 
-    SPLIT (> 1; one row block a program, no PEEL / UNROLL): each row block's chunks over SPLIT programs (program
-    ``pid`` takes part ``pid % SPLIT`` of row block ``pid // SPLIT``, an even number of chunks a part but the last),
+    SPLIT (> 1; one row block a program, no UNROLL; with PEEL the part's first chunk is peeled): each row block's
+    chunks over SPLIT programs (program ``pid`` takes part ``pid % SPLIT`` of row block ``pid // SPLIT``, an even
+    number of chunks a part but the last),
     so the programs are SPLIT times shorter and the launch's tail, which runs at low occupancy, too.  Each part
     writes its own row sums (``rowsum_ptr + part * num_rows``); ``_swiglu_weight_grad_kernel`` adds them in part
     order.  Every output but weight_grad keeps its bits; weight_grad is the same float32 sum in another order."""
@@ -496,9 +497,11 @@ def _swiglu_backward_and_per_token_cast_kernel(
         if PEEL:
             # the first loop step before the loop: its chunk loads go out before the weight's index is loaded and
             # the weight gathered (w is kept in a uniform register, waited for before the loop that uses it: here
-            # the two dependent round trips overlap the first step's loads)
-            qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, 0, row_ok, stride_qm, stride_sfm,
-                                                       stride_sfk, stride_gm, H, NPC, SF_PACKED, CH, LD_EVICT)
+            # the two dependent round trips overlap the first step's loads); with SPLIT the first chunk of the part
+            c_first = part * PART if SPLIT > 1 else 0
+            qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c_first, row_ok, stride_qm,
+                                                       stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
+                                                       LD_EVICT)
             if UNROLL == 2:
                 qx2, qy2, sfx2, sfy2, gbits2 = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, CH, row_ok, stride_qm,
                                                                 stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED,
@@ -515,7 +518,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
             w3 = w[:, None, None]
             rowsum, pend, rs = _bwd_chunk(
-                qx, qy, sfx, sfy, gbits, 0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                qx, qy, sfx, sfy, gbits, c_first, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
                 dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF, BLOCK_R,
                 CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS,
                 FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
@@ -527,7 +530,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         w3 = w[:, None, None]
         if SPLIT > 1:  # this part's chunks (a while loop: range() over program ids breaks the interpreter)
-            c0 = part * PART
+            c0 = part * PART + (CH if PEEL else 0)
             while c0 < tl.minimum(part * PART + PART, H):
                 qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
                                                            stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
@@ -678,7 +681,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             else 1
         stream = int(cfg.get("STREAM", 0) or 0)
         peel = bool(cfg.get("PEEL", False)) and not prefetch
-        if not persist and not peel and unroll == 1:
+        if not persist and unroll == 1:
             split = _split_parts(ceil_div(H, cfg["CH"]), int(cfg.get("SPLIT", 1) or 1))
             grid = (num_rb * split,)
         rowsum = empty((max(num_rows, 1) * split,), torch.float32, dev)
