@@ -425,7 +425,8 @@ _S8_CASES = [
                          else str(p))
 def test_session8_candidates_same_bits(device, path, hidden, clamp, no_weights):
     npc = 32
-    base = dict(CH=64, BLOCK_R=8) if device.type == "cpu" else dict(CH=256)
+    # SPLIT=1: UNROLL and PERSIST take whole rows (the GPU default's SPLIT=2 sums weight_grad in another order)
+    base = dict(CH=64, BLOCK_R=8, SPLIT=1) if device.type == "cpu" else dict(CH=256, SPLIT=1)
     num_sms = 2 if path.get("PERSIST") else None
     ref = _s8_run(device, base, hidden, npc, clamp, no_weights)
     res = _s8_run(device, dict(base, **path), hidden, npc, clamp, no_weights, num_sms)
@@ -438,16 +439,17 @@ def test_session8_candidates_same_bits(device, path, hidden, clamp, no_weights):
            nan_sign_free=True, wg_equal_nan=True)
 
 
-# SPLIT (session 11): each row block's chunks over SPLIT programs (an even number of chunks a part but the last),
+# SPLIT (session 11): each row block's chunks over SPLIT programs (ceil(chunks / SPLIT) a part but the last),
 # the parts' row sums added by the weight_grad kernel: every output keeps its bits but weight_grad, a float32 sum in
 # another order (TileKernels' test compares it with a tolerance: so does this one, and the reference check below)
 _SPLIT_CASES = [
-    (dict(SPLIT=2), _S8_H, 0.5, False),                        # 6 chunks: parts of 4 and 2
-    (dict(SPLIT=3), _S8_H, None, False),                       # 3 parts of 2
-    (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 4 + 1 (an odd last part)
-    (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # at most 3 parts (2 + 2 + 1), no weights
+    (dict(SPLIT=2), _S8_H, 0.5, False),                        # 6 chunks: 3 + 3 (the second part starts odd)
+    (dict(SPLIT=4), _S8_H, None, False),                       # 2 + 2 + 2 (4 parts would leave one empty)
+    (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 3 + 2
+    (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # 5 parts of 1, no weights
     (dict(SPLIT=2, PEEL=True), _S8_H, 0.5, False),             # PEEL: each part's first chunk peeled
     (dict(SPLIT=3, PEEL=True), pick(cpu=288, gpu=1152), None, False),  # 2 + 2 + 1: a one-chunk part peeled whole
+    (dict(SPLIT=3), _S8_H + pick(cpu=64, gpu=256), 0.5, False),  # 7 chunks: 3 + 3 + 1
     (dict(SPLIT=2, UNROLL=2), _S8_H, 0.5, False),              # UNROLL: no split
     # plain row sums (a chunk summed twice would hide in ROWSUM_PAIRS' pending sum)
     (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _S8_H, None, False),
@@ -462,7 +464,8 @@ _SPLIT_CASES = [
 def test_split_parts(device, path, hidden, clamp, no_weights):
     npc = 32
     # ROWSUM_PAIRS (the GPU default's row-sum order: chunk pairs): a part's odd last chunk adds its pending sum
-    base = dict(CH=64, BLOCK_R=8, ROWSUM_PAIRS=True) if device.type == "cpu" else dict(CH=256, ROWSUM_PAIRS=True)
+    base = dict(CH=64, BLOCK_R=8, ROWSUM_PAIRS=True, SPLIT=1) if device.type == "cpu" else \
+        dict(CH=256, ROWSUM_PAIRS=True, SPLIT=1)
     ref = _s8_run(device, base, hidden, npc, clamp, no_weights, finite=True)
     res = _s8_run(device, dict(base, **path), hidden, npc, clamp, no_weights, finite=True)
     for a, b in zip(res[:4], ref[:4]):
@@ -480,10 +483,11 @@ def test_split_part_counts():
     for chunks in range(1, 40):
         for split in range(1, 12):
             s = _split_parts(chunks, split)
-            cpp = 2 * -(-chunks // (2 * s))  # the kernel's chunks a part
+            cpp = -(-chunks // s)  # the kernel's chunks a part
             assert 1 <= s <= max(1, min(split, chunks))
             assert (s - 1) * cpp < chunks <= s * cpp  # every part holds a chunk, every chunk a part
-    assert _split_parts(14, 2) == 2 and _split_parts(14, 7) == 7 and _split_parts(14, 5) == 4
+    assert _split_parts(14, 2) == 2 and _split_parts(14, 7) == 7 and _split_parts(14, 5) == 5
+    assert _split_parts(14, 6) == 5 and _split_parts(5, 4) == 3
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -228,9 +228,11 @@ _BWD_TUNE = (
     # First sweep (CUPTI, us): SPLIT=2 878.05 against 891.20 (-1.5 %), SPLIT=4 897.39, SPLIT=7 909.67 (more programs,
     # each waiting for its index and weight before its first loads).  With PEEL (the part's first chunk loads before
     # the index / weight gathers; sm_90a 112 registers, 16 B of stack outside the loop):
-    + [dict(SPLIT=2), dict(SPLIT=3), dict(SPLIT=4), dict(SPLIT=2, PEEL=True), dict(SPLIT=2, PEEL=True, maxnreg=128),
-       dict(SPLIT=3, PEEL=True, maxnreg=128), dict(SPLIT=4, PEEL=True, maxnreg=128),
-       dict(SPLIT=7, PEEL=True, maxnreg=128)]
+    # Second and third sweeps (the default 890.92 / 890.90): SPLIT=2 878.54 / 878.79, + PEEL + maxnreg=128 878.70 /
+    # 879.12, + PEEL 889.30 / 889.33, SPLIT=4 897.66 / 897.46, SPLIT=3 905.10, SPLIT=3 / 4 + PEEL + maxnreg=128 905.2
+    # / 905.1, SPLIT=7 + PEEL + maxnreg=128 915.73.  SPLIT=2 is the default since; its parts were then made even (7 +
+    # 7 chunks instead of 8 + 6)
+    + [dict(SPLIT=1), dict(SPLIT=3), dict(SPLIT=2, FUSED_BWD=8), dict(SPLIT=2, PEEL=True, maxnreg=128)]
 )
 
 

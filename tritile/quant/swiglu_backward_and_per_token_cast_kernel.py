@@ -443,9 +443,9 @@ def _swiglu_backward_and_per_token_cast_kernel(
     bf16 stores (the launcher's STREAM key).
 
     SPLIT (> 1; one row block a program, no UNROLL; with PEEL the part's first chunk is peeled): each row block's
-    chunks over SPLIT programs (program ``pid`` takes part ``pid % SPLIT`` of row block ``pid // SPLIT``, an even
-    number of chunks a part but the last),
-    so the programs are SPLIT times shorter and the launch's tail, which runs at low occupancy, too.  Each part
+    chunks over SPLIT programs (program ``pid`` takes part ``pid % SPLIT`` of row block ``pid // SPLIT``,
+    ceil(chunks / SPLIT) chunks a part but the last; ROWSUM_PAIRS' pairs are the row's chunk pairs, cut at the parts'
+    ends), so the programs are SPLIT times shorter and the launch's tail, which runs at low occupancy, too.  Each part
     writes its own row sums (``rowsum_ptr + part * num_rows``); ``_swiglu_weight_grad_kernel`` adds them in part
     order.  Every output but weight_grad keeps its bits; weight_grad is the same float32 sum in another order."""
     pdl_enter(PDL)
@@ -454,7 +454,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
     WPIPE: tl.constexpr = PREFETCH or PERSIST  # a persistent grid, the weights gathered a row block ahead
     START: tl.constexpr = CH * UNROLL if PEEL else 0  # the chunk loop's first column
     NCH: tl.constexpr = (H + CH - 1) // CH
-    PART: tl.constexpr = 2 * ((NCH + 2 * SPLIT - 1) // (2 * SPLIT)) * CH  # SPLIT's columns a part: even chunks
+    PART: tl.constexpr = ((NCH + SPLIT - 1) // SPLIT) * CH  # SPLIT's columns a part
     part = tl.program_id(0) % SPLIT  # (0 without SPLIT)
     rb = tl.program_id(0) // SPLIT
     if WPIPE:
@@ -572,9 +572,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
-            if SPLIT > 1:  # an odd chunk count in this part (the last one only)
-                rowsum = tl.where(((tl.minimum(PART, H - part * PART) + CH - 1) // CH) % 2 == 1, rowsum + pend,
-                                  rowsum)
+            if SPLIT > 1:  # the part's last chunk has an even index: no partner (a part may start at an odd one)
+                rowsum = tl.where(((tl.minimum(part * PART + PART, H) - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
             elif ((H + CH - 1) // CH) % 2 == 1:
                 rowsum += pend  # an odd chunk count: the last chunk has no partner
         tl.store(rowsum_ptr + part * num_rows + rows, rowsum, mask=row_ok)
@@ -630,17 +629,20 @@ def _config(H: int, npc: int) -> dict:
     # Session 6 sweep (CUPTI, L2 flushed, the anchor): the same-bits instruction cuts FUSED_BWD=4, XORSIGN_CLAMP and
     # INT_SCALE (64.0 -> 56.1 sm_90a instructions per column, 114 registers, no stack) capped at 112 registers
     # 884.2 us against 907.2 us for the session-4 default (FUSED_BWD alone 889.3, uncapped 885.0, cap 104 889.1)
+    # Session 11 (CUPTI, L2 flushed): SPLIT=2 (a row's 14 chunks over two programs: the launch's tail at half the
+    # length) 878.5-878.8 us against 890.9-891.2 in three sweeps (8 + 6 chunks); weight_grad sums in another order
     return dict(BLOCK_R=1 if gpu else 64, CH=512 if pairs else ch, num_warps=1 if pairs else max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
                 FAST_DIV=True, PREFETCH=False, ROWSUM_PAIRS=pairs, programs_per_sm=4,
-                maxnreg=112 if gpu else None, FUSED_BWD=4 if gpu else 0, XORSIGN_CLAMP=gpu, INT_SCALE=gpu)
+                maxnreg=112 if gpu else None, FUSED_BWD=4 if gpu else 0, XORSIGN_CLAMP=gpu, INT_SCALE=gpu,
+                SPLIT=2 if gpu else 1)
 
 
 def _split_parts(num_chunks: int, split: int) -> int:
-    """The part count the kernel's SPLIT gets: at most ``split``, an even number of chunks a part (the kernel's CPP)
-    but the last, no empty part."""
+    """The part count the kernel's SPLIT gets: at most ``split``, ceil(num_chunks / SPLIT) chunks a part (the kernel's
+    PART) but the last, no empty part."""
     split = max(1, min(split, num_chunks))
-    while split > 1 and (split - 1) * 2 * ceil_div(num_chunks, 2 * split) >= num_chunks:
+    while split > 1 and (split - 1) * ceil_div(num_chunks, split) >= num_chunks:
         split -= 1
     return split
 
