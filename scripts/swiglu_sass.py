@@ -31,7 +31,7 @@ FSIG = {"x_ptr": "*i32", "out_ptr": "*i16", "sf_ptr": "*i32", "ptt_ptr": "*i32",
         "sf_clamp_min": "fp32", "clamp_bf16": "i32"}
 BSIG = {"q_ptr": "*u8", "sfx_ptr": "*fp32", "g_ptr": "*i16", "ptt_ptr": "*i32", "w_ptr": "*fp32", "out_ptr": "*i16",
         "dq_ptr": "*u8", "dsf_ptr": "*fp32", "xg_ptr": "*i16", "rowsum_ptr": "*fp32", "num_rows": "i32",
-        "num_weights": "i32", "head_rb": "i32", "stride_qm": "i32", "stride_sfm": "i32", "stride_sfk": "i32", "stride_gm": "i32",
+        "num_weights": "i32", "stride_qm": "i32", "stride_sfm": "i32", "stride_sfk": "i32", "stride_gm": "i32",
         "stride_om": "i32", "stride_dqm": "i32", "stride_dsm": "i32", "stride_xgm": "i32", "clamp_value": "fp32"}
 DIV16 = {"x_ptr", "out_ptr", "sf_ptr", "ptt_ptr", "w_ptr", "p2e_ptr", "cnt_ptr", "q_ptr", "sfx_ptr", "g_ptr", "dq_ptr",
          "dsf_ptr", "xg_ptr", "rowsum_ptr", "stride_xm", "stride_om", "stride_qm", "stride_gm", "stride_dqm",

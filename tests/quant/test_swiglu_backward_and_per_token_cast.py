@@ -453,11 +453,6 @@ _SPLIT_CASES = [
     (dict(SPLIT=2, UNROLL=2), _S8_H, 0.5, False),              # UNROLL: no split
     # plain row sums (a chunk summed twice would hide in ROWSUM_PAIRS' pending sum)
     (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _S8_H, None, False),
-    # TAIL_SPLIT: the last TAIL_ROWS rows' blocks split finer (21 rows: CPU row blocks of 8, GPU rows of 1)
-    (dict(SPLIT=2, TAIL_SPLIT=3, TAIL_ROWS=9), _S8_H, 0.5, False),        # CPU: 1 head block, 2 tail blocks
-    (dict(SPLIT=2, TAIL_SPLIT=6, TAIL_ROWS=5), _S8_H, None, False),       # parts of 1 chunk in the tail
-    (dict(SPLIT=2, TAIL_SPLIT=3, TAIL_ROWS=100, PEEL=True), pick(cpu=288, gpu=1152), 0.5, False),  # all tail
-    (dict(SPLIT=3, TAIL_SPLIT=2, TAIL_ROWS=9, ROWSUM_PAIRS=False), _S8_H, None, True),  # coarser tail, no weights
 ]
 
 

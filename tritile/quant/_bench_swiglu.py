@@ -232,12 +232,7 @@ _BWD_TUNE = (
     # 879.12, + PEEL 889.30 / 889.33, SPLIT=4 897.66 / 897.46, SPLIT=3 905.10, SPLIT=3 / 4 + PEEL + maxnreg=128 905.2
     # / 905.1, SPLIT=7 + PEEL + maxnreg=128 915.73.  SPLIT=2 is the default since; its parts were then made even (7 +
     # 7 chunks instead of 8 + 6)
-    # Fourth sweep (7 + 7, the default: 878.00): SPLIT=2 + PEEL + maxnreg=128 881.88, + FUSED_BWD=8 882.69, SPLIT=3
-    # 883.08, SPLIT=1 890.89.  TAIL_SPLIT: the last TAIL_ROWS rows split finer (short programs for the tail, the
-    # per-program cost of a fine split on those rows only; sm_90a 110 registers, no stack).  Expected: a few us
     + [dict(SPLIT=1), dict(SPLIT=3), dict(SPLIT=2, FUSED_BWD=8), dict(SPLIT=2, PEEL=True, maxnreg=128)]
-    + [dict(TAIL_SPLIT=t, TAIL_ROWS=r) for t in (7, 4) for r in (1056, 2112, 4224)]
-    + [dict(TAIL_SPLIT=7, TAIL_ROWS=2112, PEEL=True, maxnreg=128)]
 )
 
 

@@ -392,7 +392,7 @@ def _bwd_chunk(qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, 
 def _swiglu_backward_and_per_token_cast_kernel(
         q_ptr, sfx_ptr, g_ptr, ptt_ptr, w_ptr,
         out_ptr, dq_ptr, dsf_ptr, xg_ptr, rowsum_ptr,
-        num_rows, num_weights, head_rb,
+        num_rows, num_weights,
         stride_qm, stride_sfm, stride_sfk, stride_gm, stride_om, stride_dqm, stride_dsm, stride_xgm,
         clamp_value,
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
@@ -402,8 +402,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
         ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
         INT_SCALE: tl.constexpr = False, SPLIT_STORE: tl.constexpr = False, UNROLL: tl.constexpr = 1,
         PERSIST: tl.constexpr = False, PEEL: tl.constexpr = False, LD_EVICT: tl.constexpr = "",
-        ST_CACHE: tl.constexpr = "", SPLIT: tl.constexpr = 1, TAIL_SPLIT: tl.constexpr = 1,
-        PDL: tl.constexpr = False):
+        ST_CACHE: tl.constexpr = "", SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
     held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
@@ -448,9 +447,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
     ceil(chunks / SPLIT) chunks a part but the last; ROWSUM_PAIRS' pairs are the row's chunk pairs, cut at the parts'
     ends), so the programs are SPLIT times shorter and the launch's tail, which runs at low occupancy, too.  Each part
     writes its own row sums (``rowsum_ptr + part * num_rows``); ``_swiglu_weight_grad_kernel`` adds them in part
-    order.  Every output but weight_grad keeps its bits; weight_grad is the same float32 sum in another order.
-    TAIL_SPLIT (> 1, with SPLIT): the row blocks from ``head_rb`` on (the launch's last ones, run last) split
-    TAIL_SPLIT ways instead: short programs for the tail without the per-program cost of a fine split everywhere."""
+    order.  Every output but weight_grad keeps its bits; weight_grad is the same float32 sum in another order."""
     pdl_enter(PDL)
     G: tl.constexpr = CH // NPC
     num_rb = (num_rows + BLOCK_R - 1) // BLOCK_R
@@ -458,19 +455,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
     START: tl.constexpr = CH * UNROLL if PEEL else 0  # the chunk loop's first column
     NCH: tl.constexpr = (H + CH - 1) // CH
     PART: tl.constexpr = ((NCH + SPLIT - 1) // SPLIT) * CH  # SPLIT's columns a part
-    if TAIL_SPLIT > 1:
-        TPART: tl.constexpr = ((NCH + TAIL_SPLIT - 1) // TAIL_SPLIT) * CH  # a tail part's columns
-        q = tl.program_id(0) - head_rb * SPLIT  # >= 0: a program of the tail
-        qq = tl.maximum(q, 0)
-        rb = tl.where(q >= 0, head_rb + qq // TAIL_SPLIT, tl.program_id(0) // SPLIT)
-        part = tl.where(q >= 0, qq % TAIL_SPLIT, tl.program_id(0) % SPLIT)
-        p_lo = part * tl.where(q >= 0, TPART, PART)
-        p_hi = tl.minimum(p_lo + tl.where(q >= 0, TPART, PART), H)
-    else:
-        part = tl.program_id(0) % SPLIT  # (0 without SPLIT)
-        rb = tl.program_id(0) // SPLIT
-        p_lo = part * PART
-        p_hi = tl.minimum(p_lo + PART, H)
+    part = tl.program_id(0) % SPLIT  # (0 without SPLIT)
+    rb = tl.program_id(0) // SPLIT
     if WPIPE:
         nprog = tl.num_programs(0)
         step = nprog * BLOCK_R  # rows from one row block of a program to its next
@@ -512,7 +498,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
             # the first loop step before the loop: its chunk loads go out before the weight's index is loaded and
             # the weight gathered (w is kept in a uniform register, waited for before the loop that uses it: here
             # the two dependent round trips overlap the first step's loads); with SPLIT the first chunk of the part
-            c_first = p_lo if SPLIT > 1 else 0
+            c_first = part * PART if SPLIT > 1 else 0
             qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c_first, row_ok, stride_qm,
                                                        stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
                                                        LD_EVICT)
@@ -544,8 +530,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         w3 = w[:, None, None]
         if SPLIT > 1:  # this part's chunks (a while loop: range() over program ids breaks the interpreter)
-            c0 = p_lo + (CH if PEEL else 0)
-            while c0 < p_hi:
+            c0 = part * PART + (CH if PEEL else 0)
+            while c0 < tl.minimum(part * PART + PART, H):
                 qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
                                                            stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
                                                            LD_EVICT)
@@ -587,7 +573,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
             if SPLIT > 1:  # the part's last chunk has an even index: no partner (a part may start at an odd one)
-                rowsum = tl.where(((p_hi - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
+                rowsum = tl.where(((tl.minimum(part * PART + PART, H) - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
             elif ((H + CH - 1) // CH) % 2 == 1:
                 rowsum += pend  # an odd chunk count: the last chunk has no partner
         tl.store(rowsum_ptr + part * num_rows + rows, rowsum, mask=row_ok)
@@ -598,24 +584,17 @@ def _swiglu_backward_and_per_token_cast_kernel(
 
 
 @triton.jit
-def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, head_rows, BLOCK: tl.constexpr,
-                               SPLIT: tl.constexpr = 1, TAIL_SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """weight_grad[i] = the row sum of row ttp[i] (0 where ttp[i] is -1): the SPLIT parts' sums added in order
-    (TAIL_SPLIT parts from row ``head_rows`` on)."""
+def _swiglu_weight_grad_kernel(ttp_ptr, rowsum_ptr, wg_ptr, n, num_rows, BLOCK: tl.constexpr,
+                               SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """weight_grad[i] = the row sum of row ttp[i] (0 where ttp[i] is -1): the SPLIT parts' sums added in order."""
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     p = tl.load(ttp_ptr + offs, mask=ok, other=-1).to(tl.int64)
     hit = ok & (p >= 0) & (p < num_rows)
     v = tl.load(rowsum_ptr + p, mask=hit, other=0.0)
-    if TAIL_SPLIT > 1:
-        parts = tl.where(p < head_rows, SPLIT, TAIL_SPLIT)
-        for part in tl.static_range(1, max(SPLIT, TAIL_SPLIT)):
-            v = tl.where(part < parts, v + tl.load(rowsum_ptr + part * num_rows + p, mask=hit & (part < parts),
-                                                   other=0.0), v)
-    else:
-        for part in tl.static_range(1, SPLIT):
-            v += tl.load(rowsum_ptr + part * num_rows + p, mask=hit, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        v += tl.load(rowsum_ptr + part * num_rows + p, mask=hit, other=0.0)
     tl.store(wg_ptr + offs, tl.where(hit, v, 0.0), mask=ok)
 
 
@@ -686,7 +665,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     dsf = alloc_sf(num_rows, two_h, (1, npc), False, False, dev)
     xg = empty((num_rows, two_h), torch.bfloat16, dev)
     wg = empty(tuple(weight.shape), torch.float32, dev)
-    split, tail_split, head_rb, head_rows = 1, 1, 0, 0
+    split = 1
     rowsum = empty((1,), torch.float32, dev)  # E = 0: weight_grad reads no row sum
     if num_rows > 0:
         cfg = tuned("swiglu_backward_and_per_token_cast", _config(H, npc))
@@ -704,22 +683,14 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             else 1
         stream = int(cfg.get("STREAM", 0) or 0)
         peel = bool(cfg.get("PEEL", False)) and not prefetch
-        head_rb = num_rb
         if not persist and unroll == 1:
-            nch = ceil_div(H, cfg["CH"])
-            split = _split_parts(nch, int(cfg.get("SPLIT", 1) or 1))
-            # TAIL_SPLIT / TAIL_ROWS: the last TAIL_ROWS rows' blocks split TAIL_SPLIT ways (with SPLIT > 1)
-            tail_split = _split_parts(nch, int(cfg.get("TAIL_SPLIT", 1) or 1)) if split > 1 else 1
-            tail_rb = min(num_rb, ceil_div(int(cfg.get("TAIL_ROWS", 0) or 0), block_r)) if tail_split > 1 else 0
-            tail_split = tail_split if tail_rb > 0 else 1
-            head_rb = num_rb - tail_rb
-            head_rows = head_rb * block_r
-            grid = (head_rb * split + tail_rb * tail_split,)
-        rowsum = empty((max(num_rows, 1) * max(split, tail_split),), torch.float32, dev)
+            split = _split_parts(ceil_div(H, cfg["CH"]), int(cfg.get("SPLIT", 1) or 1))
+            grid = (num_rb * split,)
+        rowsum = empty((max(num_rows, 1) * split,), torch.float32, dev)
         _swiglu_backward_and_per_token_cast_kernel[grid](
             q.view(torch.uint8), sfi.tensor, grad_out.view(torch.int16), ptt, weight,
             out.view(torch.int16), dq.view(torch.uint8), dsf, xg.view(torch.int16), rowsum,
-            num_rows, weight.numel(), head_rb,
+            num_rows, weight.numel(),
             q.stride(0), sfi.stride_m, sfi.stride_k, grad_out.stride(0), out.stride(0), dq.stride(0),
             dsf.stride(0), xg.stride(0),
             clamp if clamp is not None else 0.0,
@@ -738,7 +709,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             SPLIT_STORE=bool(cfg.get("SPLIT_STORE", False)) and cfg["CH"] >= 16,
             # memory-side candidates (config keys, off by default; same bits): UNROLL, PERSIST, PEEL (see the
             # kernel); STREAM bit 1: evict-first loads of the codes and grad_out, bit 2: streaming (.cs) stores
-            UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=peel, SPLIT=split, TAIL_SPLIT=tail_split,
+            UNROLL=unroll, PERSIST=persist and not prefetch, PEEL=peel, SPLIT=split,
             LD_EVICT="evict_first" if stream & 1 else "",
             ST_CACHE=".cs" if stream & 2 else "",
             num_warps=cfg["num_warps"],
@@ -747,8 +718,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     n = ttp.numel()
     if n > 0:
         block = 16384 if interpreter_configs() else 1024
-        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, head_rows,
-                                                          BLOCK=block, SPLIT=split, TAIL_SPLIT=tail_split,
+        _swiglu_weight_grad_kernel[(ceil_div(n, block),)](ttp, rowsum, wg, n, num_rows, BLOCK=block, SPLIT=split,
                                                           num_warps=4, **pdl_args(wg.device, launch=False))
     return out, (dq, dsf), xg, wg
 
