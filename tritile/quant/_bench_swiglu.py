@@ -232,6 +232,10 @@ _BWD_TUNE = (
     # 879.12, + PEEL 889.30 / 889.33, SPLIT=4 897.66 / 897.46, SPLIT=3 905.10, SPLIT=3 / 4 + PEEL + maxnreg=128 905.2
     # / 905.1, SPLIT=7 + PEEL + maxnreg=128 915.73.  SPLIT=2 is the default since; its parts were then made even (7 +
     # 7 chunks instead of 8 + 6)
+    # Fourth sweep (7 + 7, the default: 878.00): SPLIT=2 + PEEL + maxnreg=128 881.88, + FUSED_BWD=8 882.69, SPLIT=3
+    # 883.08, SPLIT=1 890.89.  Fifth / sixth (copy 4248 GB/s; the default 870.10 / 870.12, 90.0-90.1 % of copy):
+    # TAIL_SPLIT (the last TAIL_ROWS rows split finer: short programs for the tail only; removed) 7 ways over 1056
+    # rows 870.91 / 870.87, over 2112 871.74 / 871.88, over 4224 873.60; 4 ways 871.84-873.66; with PEEL 884.38
     + [dict(SPLIT=1), dict(SPLIT=3), dict(SPLIT=2, FUSED_BWD=8), dict(SPLIT=2, PEEL=True, maxnreg=128)]
 )
 
