@@ -418,11 +418,19 @@ _S8_CASES = [
 ]
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-@pytest.mark.parametrize("path,hidden,clamp,no_weights", _S8_CASES,
-                         ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items()) if isinstance(p, dict)
-                         else str(p))
+def _path_cases(cases):
+    """Parametrize over ``(path, hidden, clamp, no_weights)`` (ids from the config keys), with the interpreter's
+    overflow / NaN warnings of the random codes filtered."""
+    def deco(fn):
+        fn = pytest.mark.parametrize("path,hidden,clamp,no_weights", cases,
+                                     ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items())
+                                     if isinstance(p, dict) else str(p))(fn)
+        fn = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")(fn)
+        return pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")(fn)
+    return deco
+
+
+@_path_cases(_S8_CASES)
 def test_session8_candidates_same_bits(device, path, hidden, clamp, no_weights):
     npc = 32
     # SPLIT=1: UNROLL and PERSIST take whole rows (the GPU default's SPLIT=2 sums weight_grad in another order)
@@ -456,11 +464,7 @@ _SPLIT_CASES = [
 ]
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-@pytest.mark.parametrize("path,hidden,clamp,no_weights", _SPLIT_CASES,
-                         ids=lambda p: "-".join(f"{k}{int(v)}" for k, v in p.items()) if isinstance(p, dict)
-                         else str(p))
+@_path_cases(_SPLIT_CASES)
 def test_split_parts(device, path, hidden, clamp, no_weights):
     npc = 32
     # ROWSUM_PAIRS (the GPU default's row-sum order: chunk pairs): a part's odd last chunk adds its pending sum
