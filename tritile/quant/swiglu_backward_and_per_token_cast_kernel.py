@@ -3,7 +3,8 @@
 ``tile_kernels.quant.swiglu_backward_and_per_token_cast`` (``spec/quant.md`` §3.9).  One pass over the
 FP8 input: each program dequantizes ``[BLOCK_R, CH]`` tiles of both halves, recomputes the forward
 activation, writes ``out`` (bf16), ``x_grad`` (bf16), the e4m3 codes and scales of the **float32**
-dx, and the per-row sum ``sum_j g * act``.  A second, tiny launch gathers those row sums into
+dx, and the per-row sum ``sum_j g * act`` (on GPUs a row's chunks go to two programs, each writing its part's
+sum: ``SPLIT``, for a shorter launch tail).  A second, tiny launch gathers those row sums into
 ``weight_grad[t, k]`` through ``token_topk_to_pos`` (0 where it is -1), so every element of
 ``weight_grad`` is written, whatever the maps hold, and no zero-fill is needed.
 """
@@ -740,7 +741,8 @@ def swiglu_backward_and_per_token_cast(
         out[e, j]     = bf16(act * w)
         dx[e, j]      = cx ? +0 : (gws * yf) * fma(xf, 1 - s, 1)     (one rounding on GPUs)
         dx[e, j + H]  = cy ? +0 : gws * xf
-        weight_grad[t, k] = sum_j g * act of row token_topk_to_pos[t, k]  (0 where that is -1)
+        weight_grad[t, k] = sum_j g * act of row token_topk_to_pos[t, k]  (0 where that is -1; a float32 sum whose
+                            order is the kernel's: compare it with a tolerance, as TileKernels' test does)
 
     ``dx`` (float32) is quantized per (row, npc columns) as ``spec/quant.md`` §2.2 says (clamp 1e-4).
 
