@@ -94,7 +94,8 @@ def test_per_channel_cast_and_transpose_bad_inputs(device):
                                     dict(BLOCK_M=256, BLOCK_K=128, PACK_WORDS=True, num_warps=4),
                                     dict(BLOCK_M=256, BLOCK_K=256, PACK_WORDS=False),
                                     dict(BLOCK_M="npt", BLOCK_K=128, num_warps=4),
-                                    dict(BLOCK_M="npt", BLOCK_K=64, PACK_WORDS=False)])
+                                    dict(BLOCK_M="npt", BLOCK_K=64, PACK_WORDS=False),
+                                    dict(BLOCK_M="npt", BLOCK_K=64, KFAST=True)])
 @pytest.mark.parametrize("num_per_tokens", [32, 128])
 def test_per_channel_cast_and_transpose_launch_configs(config, num_per_tokens, device):
     """Every tile shape and store path the launch rule may pick (the GPU's, too, under the interpreter):

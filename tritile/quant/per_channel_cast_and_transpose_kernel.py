@@ -24,7 +24,8 @@ def _per_channel_cast_and_transpose_kernel(
         x_ptr, out_ptr, sf_ptr, num_rows, hidden, stride_xm, stride_om, stride_sm,
         NPT: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PACK_WORDS: tl.constexpr,
         FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, PERM_ROWS: tl.constexpr = 0,
-        SIGNED_ENC: tl.constexpr = 0, INT_POW2: tl.constexpr = False, PDL: tl.constexpr = False):
+        SIGNED_ENC: tl.constexpr = 0, INT_POW2: tl.constexpr = False, KFAST: tl.constexpr = False,
+        PDL: tl.constexpr = False):
     """One ``[BM, BK]`` tile of x per program.  ``PACK_WORDS``: ``out_ptr`` is an int32 view of the
     output (``stride_om`` in words) and four codes of consecutive rows are packed into one
     little-endian word before the transpose, so the tile is transposed as 32-bit elements.
@@ -40,10 +41,16 @@ def _per_channel_cast_and_transpose_kernel(
     ``SIGNED_ENC`` (1, or 2 with ``BM == NPT``): the NaN codes' sign merged from the bf16 patterns instead of
     a compare-and-select per element; 2 also unpacks and multiplies inside the same per-four assembly
     (``_per_channel_common.per_channel_encode_signed`` / ``per_channel_encode_bf16``; same bits).
-    ``INT_POW2`` (round_sf): power-of-two scales from amax's bits (``per_channel_scale``; same bits)."""
+    ``INT_POW2`` (round_sf): power-of-two scales from amax's bits (``per_channel_scale``; same bits).
+    ``KFAST``: the grid's first dimension runs over the column blocks (consecutive programs read consecutive column
+    blocks of the same rows; without it they write consecutive token blocks of the same output rows)."""
     pdl_enter(PDL)
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_k = tl.program_id(1).to(tl.int64)
+    if KFAST:
+        pid_m = tl.program_id(1).to(tl.int64)
+        pid_k = tl.program_id(0).to(tl.int64)
+    else:
+        pid_m = tl.program_id(0).to(tl.int64)
+        pid_k = tl.program_id(1).to(tl.int64)
     if PERM_ROWS > 0:
         REPS: tl.constexpr = BM // PERM_ROWS
         tl.static_assert(BM == REPS * PERM_ROWS and REPS % 4 == 0 and BM == NPT and PACK_WORDS)
@@ -133,7 +140,7 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
                "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None, "SIGNED_ENC": 2,
-               "INT_POW2": False,
+               "INT_POW2": False, "KFAST": False,
                **(config or {})})
     bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]
     if bm % num_per_tokens != 0:
@@ -141,13 +148,16 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     perm = _perm_rows(bm, bk, warps, c["VEC"], num_per_tokens, words) if c["PERM"] else 0
     out_arg = out.view(torch.uint8).view(torch.int32) if words else out.view(torch.uint8)
     grid = (ceil_div(m, bm), ceil_div(k, bk))
+    kfast = bool(c["KFAST"]) and grid[0] <= 65535  # the grid's second dimension is limited to 65535
+    if kfast:
+        grid = grid[::-1]
     extra = {} if c["maxnreg"] is None else {"maxnreg": c["maxnreg"]}
     _per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),
         NPT=num_per_tokens, ROUND_SF=round_sf, BM=bm, BK=bk, PACK_WORDS=words,
         FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=c["VEC"], PERM_ROWS=perm,
         SIGNED_ENC=int(c["SIGNED_ENC"]) if bm == num_per_tokens else min(int(c["SIGNED_ENC"]), 1),
-        INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
+        INT_POW2=bool(c["INT_POW2"]), KFAST=kfast, num_warps=warps,
         num_stages=c["num_stages"], **extra, **pdl_args(x.device))
     return out, sf
 

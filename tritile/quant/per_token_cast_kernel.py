@@ -460,7 +460,7 @@ def _block_cast_kernel(
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
     FINITE: tl.constexpr = False, WIDE: tl.constexpr = False, WIDE_VEC: tl.constexpr = 16, INT_SF: tl.constexpr = False,
-    WORDS: tl.constexpr = False, PDL: tl.constexpr = False
+    WORDS: tl.constexpr = False, KFAST: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -486,8 +486,12 @@ def _block_cast_kernel(
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
     FASTQ: tl.constexpr = FAST and SF_MODE == 0
-    pm = tl.program_id(0).to(tl.int64)
-    pk = tl.program_id(1).to(tl.int64)
+    if KFAST:  # the grid's first dimension over the chunk groups: consecutive programs on the same rows
+        pm = tl.program_id(1).to(tl.int64)
+        pk = tl.program_id(0).to(tl.int64)
+    else:
+        pm = tl.program_id(0).to(tl.int64)
+        pk = tl.program_id(1).to(tl.int64)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     row_ok = rows < M
     mblk = pm * MB + tl.arange(0, MB).to(tl.int64)
@@ -985,10 +989,14 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # WORDS (plain bf16 -> e4m3, computed sf, not npc == K): the raw words stay packed until a per-four-element
         # assembly encode (see _block_cast_kernel); maxnreg (None: no cap): ptxas' register cap
         words, maxnreg = bool(cfg.get("WORDS", False)), cfg.get("maxnreg")
+        kfast = bool(cfg.get("KFAST", False))  # the grid's first dimension over the chunk groups
     else:
         fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
-        words, maxnreg = False, None
+        words, maxnreg, kfast = False, None, False
     grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
+    kfast = kfast and grid[0] <= 65535  # the grid's second dimension is limited to 65535
+    if kfast:
+        grid = grid[::-1]
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
     if pairs:  # words of two elements (needs an even row stride and an aligned start; else the plain path)
@@ -1016,7 +1024,7 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
         PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, WIDE=wide, WIDE_VEC=wide_vec if wide else 16,
-        INT_SF=int_sf, WORDS=words, num_warps=warps, **extra, **pdl_args(xv.device),
+        INT_SF=int_sf, WORDS=words, KFAST=kfast, num_warps=warps, **extra, **pdl_args(xv.device),
     )
     return out, sf
 
