@@ -71,6 +71,10 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=1),
     dict(CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
+    # session 11: KFAST (the grid's first dimension over the chunk groups) with programs of one chunk (it took
+    # per_block 128 x 128 from 46.7 to 44.4 us)
+    dict(KFAST=True, CHUNKS_PER_PROG=1), dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
+    dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=1, num_warps=1),
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
 # Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
@@ -130,8 +134,12 @@ _PER_BLOCK_128_TUNE = [
     dict(maxnreg=None), dict(maxnreg=72), dict(maxnreg=96),
     dict(INT_SF=False), dict(CHUNKS_PER_PROG=1), dict(num_warps=16, maxnreg=None),
     # KFAST (session 11): the grid's first dimension over the chunk groups (consecutive programs read whole rows'
-    # runs).  scripts/steady_probe.py: 93.7 % of copy in steady state, 3.75 us fixed cost against a copy's 2.29
-    dict(KFAST=True), dict(KFAST=True, CHUNKS_PER_PROG=1, PREFETCH=False, maxnreg=None, num_warps=16),
+    # runs).  scripts/steady_probe.py: 93.7 % of copy in steady state, 3.75 us fixed cost against a copy's 2.29.
+    # Two sweeps (CUPTI, the then-default 46.73-46.75 us): KFAST + one block a program at 16 warps, no prefetch
+    # 44.42-44.44 (the new default), KFAST alone 44.77-44.90, maxnreg=96 46.32-46.52
+    dict(KFAST=False, CHUNKS_PER_PROG=2, PREFETCH=True, maxnreg=80, num_warps=8),  # the session-6 default (46.7)
+    dict(KFAST=True, CHUNKS_PER_PROG=2, PREFETCH=True, maxnreg=80, num_warps=8),
+    dict(num_warps=8), dict(maxnreg=64),
 ]
 # 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 4 warps, FAST,
 # PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)
@@ -168,6 +176,8 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     # session 6: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
     # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
     dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
+    # session 11: KFAST (the grid's first dimension over the chunk groups; it took per_block 128 x 128 -4 %)
+    dict(KFAST=True), dict(KFAST=True, CHUNKS_PER_PROG=8, num_warps=8),
     # session 8: WARP_BLOCKS (the wide tile held so that each warp owns whole 32x32 blocks: amax by 5 SHFL, no shared
     # memory, no barrier, 55 registers, 19.09 instructions per element against 20.56 / 80; scripts/fp4_block_sass.py
     # prints these figures) lost on the H200: 74.68 us against 68.15 (8 chunks at 8 warps 70.53, 2 warps 75.38,
