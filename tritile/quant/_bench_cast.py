@@ -46,7 +46,8 @@ def _tune(device, name, candidates):
 
 # Launch-config candidates at the anchor shape (8001 x 7168), overriding the defaults that the wrappers pass
 # to tritile.runtime.tuned.  FAST=False / HW_DECODE=False select the previous code paths (same bits).
-# per-token, npc 128, packed UE8M0; default BLOCK_M=2, BLOCK_K=1024, CHUNKS_PER_PROG=7, 2 warps, FAST, no prefetch
+# per-token, npc 128, packed UE8M0; default (the shape rule): [4, 1024] tiles, one a program, 4 warps, FAST, no
+# prefetch, KFAST (session 11: 43.67 us CUPTI against 44.67 without; the last candidates below)
 _PER_TOKEN_TUNE = [
     dict(FAST=False),
     dict(PREFETCH=True),
@@ -73,8 +74,7 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
     # session 11: KFAST (the grid's first dimension over the chunk groups) with programs of one chunk (it took
     # per_block 128 x 128 from 46.7 to 44.4 us)
-    dict(KFAST=True, CHUNKS_PER_PROG=1), dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
-    dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=1, num_warps=1),
+    dict(KFAST=False), dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=1, num_warps=1),  # 44.67 / 68.28
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
 # Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
@@ -114,7 +114,10 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # Session 11: a persistent grid whose tile loop the compiler software-pipelines (cp.async into shared memory, the
     # general tiles after the loop; sm_90a: spill-free at 128 registers) lost and was removed: 27.98 us at PIPE=2, 16
     # programs an SM, 29.97-31.62 at PIPE=3 and 8-16 programs, 32.69 at [16, 512] x 2 warps (the default 19.43)
-    dict(KFAST=True), dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024), dict(KFAST=True, BLOCK_M=16, num_warps=2)]
+    # Session 11 sweep (the then-default 19.40): KFAST [16, 512] x 2 18.33 (the new default), KFAST [4, 1024] x 1
+    # 19.05, KFAST alone 19.33
+    dict(KFAST=False, BLOCK_M=8, num_warps=1), dict(KFAST=True, BLOCK_M=8, num_warps=1),
+    dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024, num_warps=1), dict(KFAST=False)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
@@ -176,8 +179,8 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     # session 6: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
     # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
     dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
-    # session 11: KFAST (the grid's first dimension over the chunk groups; it took per_block 128 x 128 -4 %)
-    dict(KFAST=True), dict(KFAST=True, CHUNKS_PER_PROG=8, num_warps=8),
+    # session 11: KFAST (the grid's first dimension over the chunk groups) is the default: 66.75 us against 68.66
+    dict(KFAST=False), dict(KFAST=True, CHUNKS_PER_PROG=8, num_warps=8),  # 68.66 / 68.17
     # session 8: WARP_BLOCKS (the wide tile held so that each warp owns whole 32x32 blocks: amax by 5 SHFL, no shared
     # memory, no barrier, 55 registers, 19.09 instructions per element against 20.56 / 80; scripts/fp4_block_sass.py
     # prints these figures) lost on the H200: 74.68 us against 68.15 (8 chunks at 8 warps 70.53, 2 warps 75.38,

@@ -936,11 +936,13 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # ([rows, groups, blocks, words] words, SWAR block maxima, [4, 512] x 2 warps) 37.42 us; session 10, the words
         # as [blocks, groups, rows, words] with one-hot maxima, integer scale exponents and the maps from a table,
         # [8, 512] tiles, 1 warp, 80 registers (the general branch in the same kernel would take 255): 19.21 us
-        # (19.28-19.37 for [8, 512] x 2 warps at 48, [4, 1024] x 1 at 80, [8, 1024] x 2 at 80, 72 registers)
+        # (19.28-19.37 for [8, 512] x 2 warps at 48, [4, 1024] x 1 at 80, [8, 1024] x 2 at 80, 72 registers);
+        # session 11: KFAST (the grid's first dimension over a row block's chunks) with [16, 512] x 2 warps 18.33 us
+        # against 19.40 (18.58 against 19.34 in session 10)
         gpu = not interpreter_configs()
         fcfg = tuned("per_token_cast", dict(FP4_REQUANT=True, FAST_LIMIT=252,
-                                            BLOCK_M=8 if gpu else min(next_power_of_two(m), 16),
-                                            num_warps=1 if gpu else 2, maxnreg=80 if gpu else None))
+                                            BLOCK_M=16 if gpu else min(next_power_of_two(m), 16),
+                                            num_warps=2, maxnreg=80 if gpu else None, KFAST=gpu))
         if fcfg["FP4_REQUANT"] and _fp4_requant_launch(data, x_sf, out, sf, m, k, xbm, xbk, bk, packed, fcfg):
             return out, sf
     BLOCK_M, BLOCK_K, BK, num_chunks, cpp, warps = _config(m, k, bm, bk, row_group, packed, block_m, block_k,
@@ -974,7 +976,11 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
                    PREFETCH=(bm > 1 and bm * bk <= 1024 and in_kind in (IN_BF16, IN_FP32)
                              and not interpreter_configs()) or words_default, PAIRS=bm > 1, FINITE=bm > 1,
                    WIDE=wide_default, WIDE_VEC=4 if wide_default else 16, WORDS=words_default,
-                   INT_SF=words_default, maxnreg=80 if words_default else None)
+                   INT_SF=words_default, maxnreg=80 if words_default else None,
+                   # Session 11 (8001 x 7168, CUPTI): the grid's first dimension over the chunks (consecutive programs
+                   # on the same rows): per-token bf16 -> e4m3 43.67 us against 44.67, FP4 32 x 32 blocks 66.75 against
+                   # 68.66, 128 x 128 blocks (below) 44.77-44.90 against 46.73-46.75
+                   KFAST=not interpreter_configs() and ((bm == 1 and in_kind in (IN_BF16, IN_FP32)) or wide_default))
         if words_default and (bm, bk) == (128, 128) and not packed:
             # Session 11 (same shape, CUPTI): the grid's first dimension over the chunks (KFAST: consecutive programs
             # on the same rows) with one 128 x 128 block a program at 16 warps, no prefetch: 44.42-44.44 us against
