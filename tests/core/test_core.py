@@ -149,3 +149,13 @@ def test_pdl_gating():
         if use_pdl("cuda"):
             assert pdl_args("cuda") == {"PDL": True, "launch_pdl": True}
             assert pdl_args("cuda", launch=False) == {"PDL": True}
+
+
+def test_tile_grid_order():
+    from tritile.language.grid import tile_grid
+
+    assert tile_grid(5, 3, True) == ((3, 5), True)  # KFAST: the column blocks first
+    assert tile_grid(5, 3, False) == ((5, 3), False)
+    # row blocks past the grid's second dimension (65535): the rows stay first, KFAST off
+    assert tile_grid(70000, 3, True) == ((70000, 3), False)
+    assert tile_grid(65535, 3, True) == ((3, 65535), True)

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
                        interpreter_configs, tuned)
@@ -45,12 +46,7 @@ def _per_channel_cast_and_transpose_kernel(
     ``KFAST``: the grid's first dimension runs over the column blocks (consecutive programs read consecutive column
     blocks of the same rows; without it they write consecutive token blocks of the same output rows)."""
     pdl_enter(PDL)
-    if KFAST:
-        pid_m = tl.program_id(1).to(tl.int64)
-        pid_k = tl.program_id(0).to(tl.int64)
-    else:
-        pid_m = tl.program_id(0).to(tl.int64)
-        pid_k = tl.program_id(1).to(tl.int64)
+    pid_m, pid_k = tile_ids(KFAST)
     if PERM_ROWS > 0:
         REPS: tl.constexpr = BM // PERM_ROWS
         tl.static_assert(BM == REPS * PERM_ROWS and REPS % 4 == 0 and BM == NPT and PACK_WORDS)
@@ -147,10 +143,7 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         raise ValueError(f"config BLOCK_M must be a multiple of num_per_tokens={num_per_tokens}, got {bm}")
     perm = _perm_rows(bm, bk, warps, c["VEC"], num_per_tokens, words) if c["PERM"] else 0
     out_arg = out.view(torch.uint8).view(torch.int32) if words else out.view(torch.uint8)
-    grid = (ceil_div(m, bm), ceil_div(k, bk))
-    kfast = bool(c["KFAST"]) and grid[0] <= 65535  # the grid's second dimension is limited to 65535
-    if kfast:
-        grid = grid[::-1]
+    grid, kfast = tile_grid(ceil_div(m, bm), ceil_div(k, bk), c["KFAST"])
     extra = {} if c["maxnreg"] is None else {"maxnreg": c["maxnreg"]}
     _per_channel_cast_and_transpose_kernel[grid](
         x.view(torch.int16), out_arg, sf, m, k, x.stride(0), out_arg.stride(0), sf.stride(0),

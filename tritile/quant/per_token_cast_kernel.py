@@ -43,6 +43,7 @@ from ..language.cast import (
     f32_to_e2m1_code_finite,
     f32_to_e4m3_bits_satfinite,
 )
+from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (
     check_choice,
@@ -486,12 +487,7 @@ def _block_cast_kernel(
     MB: tl.constexpr = BLOCK_M // BM
     G: tl.constexpr = BLOCK_K // BK
     FASTQ: tl.constexpr = FAST and SF_MODE == 0
-    if KFAST:  # the grid's first dimension over the chunk groups: consecutive programs on the same rows
-        pm = tl.program_id(1).to(tl.int64)
-        pk = tl.program_id(0).to(tl.int64)
-    else:
-        pm = tl.program_id(0).to(tl.int64)
-        pk = tl.program_id(1).to(tl.int64)
+    pm, pk = tile_ids(KFAST)  # KFAST: the grid's first dimension over the chunk groups
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     row_ok = rows < M
     mblk = pm * MB + tl.arange(0, MB).to(tl.int64)
@@ -741,12 +737,7 @@ def _fp4_requant_kernel(
     first dimension runs over the chunks (consecutive programs read consecutive chunks of the same rows)."""
     pdl_enter(PDL)
     G: tl.constexpr = BLOCK_K // BK
-    if KFAST:
-        pm = tl.program_id(1).to(tl.int64)
-        pk = tl.program_id(0).to(tl.int64)
-    else:
-        pm = tl.program_id(0).to(tl.int64)
-        pk = tl.program_id(1).to(tl.int64)
+    pm, pk = tile_ids(KFAST)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     col0 = pk * BLOCK_K
     if BLOCKS:
@@ -1004,10 +995,7 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
     else:
         fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
         words, maxnreg, kfast = False, None, False
-    grid = (ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp))
-    kfast = kfast and grid[0] <= 65535  # the grid's second dimension is limited to 65535
-    if kfast:
-        grid = grid[::-1]
+    grid, kfast = tile_grid(ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp), kfast)
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
     if pairs:  # words of two elements (needs an even row stride and an aligned start; else the plain path)
@@ -1051,10 +1039,7 @@ def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int,
     block_k, block_m = int(cfg.get("BLOCK_K", 512)), int(cfg["BLOCK_M"])
     if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
         raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
-    grid = (ceil_div(m, block_m), ceil_div(k, block_k))
-    kfast = bool(cfg.get("KFAST", False)) and grid[0] <= 65535  # the grid's second dimension is limited to 65535
-    if kfast:
-        grid = grid[::-1]
+    grid, kfast = tile_grid(ceil_div(m, block_m), ceil_div(k, block_k), cfg.get("KFAST", False))
     extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
     lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
