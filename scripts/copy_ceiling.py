@@ -33,15 +33,22 @@ def _copy(src, dst, n, BLOCK: tl.constexpr):
     tl.store(dst + off, tl.load(src + off, mask=off < n), mask=off < n)
 
 
+def neg_copy_us(nbytes: float) -> float:
+    """CUPTI µs (L2 flushed) of torch.neg over int32 words moving ``nbytes`` (half read, half written)."""
+    s = torch.empty(int(nbytes) // 2 // 16 * 4, dtype=torch.int32, device="cuda").random_(0, 1 << 30)
+    d = torch.empty_like(s)
+    return time_kernels(lambda: torch.neg(s, out=d))
+
+
 def main():
     ref = copy_bandwidth_gbs()
     print(f"copy 1 GiB (events): {ref:.0f} GB/s", flush=True)
     rows = []
     for name, nbytes in OPS.items():
         n = int(nbytes) // 2 // 16 * 16  # n bytes read, n written
+        bn = neg_copy_us(nbytes)
         s32 = torch.empty(n // 4, dtype=torch.int32, device="cuda").random_(0, 1 << 30)
         d32 = torch.empty_like(s32)
-        bn = time_kernels(lambda s=s32, d=d32: torch.neg(s, out=d))
         tri = {}
         for block, warps in ((1024, 4), (2048, 4), (4096, 8), (8192, 8)):
             tri[f"{block}x{warps}"] = time_kernels(

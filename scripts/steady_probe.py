@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from copy_ceiling import neg_copy_us
 from tritile.quant import (per_block_cast, per_channel_cast, per_channel_cast_and_transpose, per_token_cast,
                            swiglu_backward_and_per_token_cast)
 from tritile.quant._bench_swiglu import _moe
@@ -59,12 +60,6 @@ OPS = {"per_token_cast FP4 -> FP4": (_fp4, 8001), "per_block_cast 128x128": (_pe
        "transpose fp8": (_transpose_fp8, 8064), "swiglu backward": (_swiglu_bwd, 36207)}
 
 
-def _copy(nbytes):
-    s = torch.empty(int(nbytes) // 8, dtype=torch.int32, device="cuda")
-    d = torch.empty_like(s)
-    return time_kernels(lambda: torch.neg(s, out=d))
-
-
 def main():
     want = sys.argv[1:]
     ref = copy_bandwidth_gbs()
@@ -80,7 +75,7 @@ def main():
             t.append(time_kernels(fn))
             del fn, inputs, out
             torch.cuda.empty_cache()
-        c = [_copy(v) for v in b]
+        c = [neg_copy_us(v) for v in b]
         steady = (b[1] - b[0]) / (t[1] - t[0]) / 1e3
         csteady = (b[1] - b[0]) / (c[1] - c[0]) / 1e3
         print(f"{name:32s} N: {t[0]:8.2f} us {b[0] / t[0] / 1e3 / ref:6.1%} (copy {c[0]:8.2f} us "

@@ -69,7 +69,8 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2, INT_POW2=True),
          # session 11: KFAST (the grid's first dimension over the column blocks) and a register cap (95 -> 80: 6
          # blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady state, 4.22 us fixed cost
-         # against a copy's 2.50
+         # against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
+         # spread: not switched), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
          dict(KFAST=True), dict(maxnreg=80), dict(KFAST=True, maxnreg=80)],
     32: [dict(SIGNED_ENC=0),  # the session-3 default (57.5-59.1 us)
          dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),

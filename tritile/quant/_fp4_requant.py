@@ -18,8 +18,9 @@ Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> n
 [blocks, groups, rows, words]: the exponent of a block's largest value from one-hot bytes (``_block_max_exp``), one
 scale byte and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the
 output scale's exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed
-UE8M0, CUPTI): 19.2 us at [8, 512] tiles, 1 warp, 80 registers (37.4 in session 9 with [rows, groups, blocks, words]
-words and a SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 71 % of the copy bandwidth for
+UE8M0, CUPTI): 18.6 us at [16, 512] tiles, 2 warps, 80 registers, the grid's first dimension over the chunks
+(session 11; 19.2 us at [8, 512] x 1 warp in row-block order, 37.4 in session 9 with [rows, groups, blocks, words]
+words and a SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 74 % of the copy bandwidth for
 its 58 MB.  The register cap matters: the general branch in the same kernel would take 255 registers and set the
 occupancy.
 """

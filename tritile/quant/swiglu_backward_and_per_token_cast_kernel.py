@@ -458,6 +458,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
     PART: tl.constexpr = ((NCH + SPLIT - 1) // SPLIT) * CH  # SPLIT's columns a part
     part = tl.program_id(0) % SPLIT  # (0 without SPLIT)
     rb = tl.program_id(0) // SPLIT
+    p_lo = part * PART  # SPLIT: this part's columns [p_lo, p_hi)
+    p_hi = tl.minimum(p_lo + PART, H)
     if WPIPE:
         nprog = tl.num_programs(0)
         step = nprog * BLOCK_R  # rows from one row block of a program to its next
@@ -499,7 +501,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
             # the first loop step before the loop: its chunk loads go out before the weight's index is loaded and
             # the weight gathered (w is kept in a uniform register, waited for before the loop that uses it: here
             # the two dependent round trips overlap the first step's loads); with SPLIT the first chunk of the part
-            c_first = part * PART if SPLIT > 1 else 0
+            c_first = p_lo if SPLIT > 1 else 0
             qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c_first, row_ok, stride_qm,
                                                        stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
                                                        LD_EVICT)
@@ -531,8 +533,8 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         w3 = w[:, None, None]
         if SPLIT > 1:  # this part's chunks (a while loop: range() over program ids breaks the interpreter)
-            c0 = part * PART + (CH if PEEL else 0)
-            while c0 < tl.minimum(part * PART + PART, H):
+            c0 = p_lo + (CH if PEEL else 0)
+            while c0 < p_hi:
                 qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
                                                            stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
                                                            LD_EVICT)
@@ -542,39 +544,40 @@ def _swiglu_backward_and_per_token_cast_kernel(
                     BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
                 c0 += CH
-        for c0 in range(START, H if SPLIT == 1 else START, CH * UNROLL):
-            if PREFETCH:
-                qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
-                # the next chunk of this row block, or after the last one the next row block's first
-                last = c0 + CH >= H
-                n_rows = rows + tl.where(last, step, 0)
-                qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(
-                    q_ptr, sfx_ptr, g_ptr, n_rows, tl.where(last, 0, c0 + CH), n_rows < num_rows, stride_qm,
-                    stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH, LD_EVICT)
-            else:
-                qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
-                                                           stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
-                                                           LD_EVICT)
-                if UNROLL == 2:  # the second chunk's loads issued before the first chunk's arithmetic
-                    qx2, qy2, sfx2, sfy2, gbits2 = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0 + CH, row_ok,
-                                                                    stride_qm, stride_sfm, stride_sfk, stride_gm, H,
-                                                                    NPC, SF_PACKED, CH, LD_EVICT)
-            rowsum, pend, rs = _bwd_chunk(
-                qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
-                dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF, BLOCK_R,
-                CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS,
-                FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
-            if UNROLL == 2:
+        else:
+            for c0 in range(START, H, CH * UNROLL):
+                if PREFETCH:
+                    qx, qy, sfx, sfy, gbits = qx_n, qy_n, sfx_n, sfy_n, g_n
+                    # the next chunk of this row block, or after the last one the next row block's first
+                    last = c0 + CH >= H
+                    n_rows = rows + tl.where(last, step, 0)
+                    qx_n, qy_n, sfx_n, sfy_n, g_n = _bwd_chunk_loads(
+                        q_ptr, sfx_ptr, g_ptr, n_rows, tl.where(last, 0, c0 + CH), n_rows < num_rows, stride_qm,
+                        stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH, LD_EVICT)
+                else:
+                    qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm,
+                                                               stride_sfm, stride_sfk, stride_gm, H, NPC, SF_PACKED, CH,
+                                                               LD_EVICT)
+                    if UNROLL == 2:  # the second chunk's loads issued before the first chunk's arithmetic
+                        qx2, qy2, sfx2, sfy2, gbits2 = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0 + CH, row_ok,
+                                                                        stride_qm, stride_sfm, stride_sfk, stride_gm, H,
+                                                                        NPC, SF_PACKED, CH, LD_EVICT)
                 rowsum, pend, rs = _bwd_chunk(
-                    qx2, qy2, sfx2, sfy2, gbits2, c0 + CH, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr,
-                    dq_ptr, dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP,
-                    ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
+                    qx, qy, sfx, sfy, gbits, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                    dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP, ROUND_SF,
+                    BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
                     ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
+                if UNROLL == 2:
+                    rowsum, pend, rs = _bwd_chunk(
+                        qx2, qy2, sfx2, sfy2, gbits2, c0 + CH, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr,
+                        dq_ptr, dsf_ptr, xg_ptr, stride_om, stride_dqm, stride_dsm, stride_xgm, H, NPC, HAS_CLAMP,
+                        ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP, MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV,
+                        ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE, SPLIT_STORE, ST_CACHE)
         if TILE_ROWSUM:
             rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
         elif ROWSUM_PAIRS:
             if SPLIT > 1:  # the part's last chunk has an even index: no partner (a part may start at an odd one)
-                rowsum = tl.where(((tl.minimum(part * PART + PART, H) - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
+                rowsum = tl.where(((p_hi - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
             elif ((H + CH - 1) // CH) % 2 == 1:
                 rowsum += pend  # an odd chunk count: the last chunk has no partner
         tl.store(rowsum_ptr + part * num_rows + rows, rowsum, mask=row_ok)
