@@ -44,7 +44,7 @@ def compile_variant(over: dict, round_sf: bool, has_map: bool):
         consts.update(SXM=0, SOM=0, FAST_DIV=False)  # the launcher's defaults (candidates off)
         if c.get("STATIC_STRIDES"):  # the anchor's contiguous x (int32 words) and out (int16 words of two codes)
             consts.update(SXM=H // 2, SOM=H // 2)
-        for key in ("FAST_DIV",):
+        for key in ("FAST_DIV", "KFAST"):
             if c.get(key):
                 consts[key] = True
         if has_map:

@@ -28,11 +28,14 @@ Instr = Tuple[int, str]  # (address, instruction text without the trailing ';')
 def compile_kernel(fn, sig: Dict[str, str], consts: Dict[str, object], div16: Iterable[str] = (),
                    **options):
     """Compile the ``@triton.jit`` function ``fn`` for sm_90a.  ``sig`` maps run-time argument names to Triton types
-    (missing ones are ``i32``); ``consts`` the constexprs (names ``fn`` does not take are dropped); ``div16`` the
-    arguments to mark divisible by 16 (as the launcher's specialization does); ``options`` the compile options
+    (missing ones are ``i32``); ``consts`` the constexprs (names ``fn`` does not take are dropped; those left out take
+    their defaults); ``div16`` the arguments to mark divisible by 16 (as the launcher's specialization does);
+    ``options`` the compile options
     (``num_warps``, ``maxnreg``, ``enable_fp_fusion``, ...; None values are dropped)."""
     params = list(fn.arg_names)
-    consts = {k: v for k, v in consts.items() if k in params}
+    # constexprs left out take their defaults (else they would compile as run-time i32 arguments)
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    consts = dict(defaults, **{k: v for k, v in consts.items() if k in params})
     full = {n: ("constexpr" if n in consts else sig.get(n, "i32")) for n in params}
     div16 = set(div16)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(params) if n in div16 and n not in consts}

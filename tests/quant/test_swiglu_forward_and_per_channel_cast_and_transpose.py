@@ -116,6 +116,7 @@ _WORDS_CFGS = [
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4, HMUL_ENC=True),  # even tiles (NO_MASK)
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4),                # H=192: masked tail
     dict(WORDS=True, BLOCK_K=32, VEC=4, num_warps=1, SCALE_BITS=False, PACKED_MAX=False, NO_MASK=False),
+    dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=4, KFAST=True),  # the column blocks first
 ]
 
 
@@ -124,7 +125,7 @@ def _words_call(x, cfg, npt, rnd, wt, clamp):
         return swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", npt, rnd, wt, clamp)
 
 
-@pytest.mark.parametrize("cfg", _WORDS_CFGS, ids=["even-hmul", "masked", "plain"])
+@pytest.mark.parametrize("cfg", _WORDS_CFGS, ids=["even-hmul", "masked", "plain", "kfast"])
 @pytest.mark.parametrize("npt,without_transpose,rnd,clamp", [(32, True, True, None), (32, False, True, 0.5),
                                                              (128, True, False, 10.0), (128, False, False, None)])
 def test_words_path(device, cfg, npt, without_transpose, rnd, clamp):

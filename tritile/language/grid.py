@@ -17,12 +17,17 @@ _MAX_GRID_Y = 65535  # a CUDA grid's second dimension
 
 
 @triton.jit
-def tile_ids(KFAST: tl.constexpr):
-    """``(row block, column block)`` of this program in a grid built by :func:`tile_grid`, as int64."""
+def tile_ids(KFAST: tl.constexpr, INT64: tl.constexpr = True):
+    """``(row block, column block)`` of this program in a grid built by :func:`tile_grid` (int64, or the int32 program
+    ids without ``INT64``)."""
     if KFAST:
-        return tl.program_id(1).to(tl.int64), tl.program_id(0).to(tl.int64)
+        pm, pk = tl.program_id(1), tl.program_id(0)
     else:
-        return tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+        pm, pk = tl.program_id(0), tl.program_id(1)
+    if INT64:
+        return pm.to(tl.int64), pk.to(tl.int64)
+    else:
+        return pm, pk
 
 
 def tile_grid(row_blocks: int, col_blocks: int, kfast: bool) -> Tuple[Tuple[int, int], bool]:

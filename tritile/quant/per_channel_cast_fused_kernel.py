@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
 from ..language.cast import EMULATE
+from ..language.grid import tile_grid
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
                        custom_op, empty, interpreter_configs, tuned)
@@ -190,7 +191,7 @@ def _per_channel_cast_words_kernel(
         stride_xm, stride_pos, stride_om, stride_sm,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr,
         EVEN: tl.constexpr, INT_POW2: tl.constexpr, HMUL_ENC: tl.constexpr, PDL: tl.constexpr = False,
-        SXM: tl.constexpr = 0, SOM: tl.constexpr = 0, FAST_DIV: tl.constexpr = False):
+        SXM: tl.constexpr = 0, SOM: tl.constexpr = 0, FAST_DIV: tl.constexpr = False, KFAST: tl.constexpr = False):
     """WORDS path (bf16 x without an input sf): the ``[BM, 2 * BKW]`` block held as int32 words of two bf16
     (adjacent columns, the low column in the low half), half the registers of the int16 tile.  ``x_ptr``
     int32 words (``stride_xm`` in words), ``out_ptr`` int16 words of two codes (``stride_om`` in words),
@@ -211,7 +212,7 @@ def _per_channel_cast_words_kernel(
     off) computes the two IEEE divisions of the scales on the mantissa of ``a`` only (``_column_scale_fast_div``: no
     range check, no slow-path call)."""
     pdl_enter(PDL)
-    pid_m, pid_k, r, c, rows, cw = _word_tile_index(BM, BKW, VECW)
+    pid_m, pid_k, r, c, rows, cw = _word_tile_index(BM, BKW, VECW, KFAST)
     col_ok = cw < num_words
     out_row_ok = rows < num_rows_out
     if HAS_MAP:
@@ -305,14 +306,14 @@ def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: to
     num_words = hidden // 2
     has_map = pos_to_token is not None
     even = not has_map and num_rows_out % block_m == 0 and num_words % bkw == 0
-    grid = (ceil_div(num_rows_out, block_m), ceil_div(num_words, bkw))
+    grid, kfast = tile_grid(ceil_div(num_rows_out, block_m), ceil_div(num_words, bkw), c.get("KFAST", False))
     x_words = x.view(torch.int32)
     _per_channel_cast_words_kernel[grid](
         x_words, pos_to_token if has_map else x_words, out.view(torch.int16), sf,
         num_rows_in, num_rows_out, num_words, x.stride(0) // 2, pos_to_token.stride(0) if has_map else 0,
         out.stride(0) // 2, sf.stride(0),
         HAS_MAP=has_map, ROUND_SF=round_sf, BM=block_m, BKW=bkw, VECW=vecw, EVEN=even,
-        INT_POW2=bool(c["INT_POW2"]), HMUL_ENC=bool(c["HMUL_ENC"]), num_warps=c["num_warps"],
+        INT_POW2=bool(c["INT_POW2"]), HMUL_ENC=bool(c["HMUL_ENC"]), KFAST=kfast, num_warps=c["num_warps"],
         **_words_candidates(c, x, out),
         **({} if c.get("maxnreg") is None else dict(maxnreg=c["maxnreg"])), **pdl_args(out.device))
     return True

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
 from ..language.cast import EMULATE, f32_to_bf16_bits_sw, f32_to_e4m3_bits_sw
+from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs,
                        tuned)
@@ -182,12 +183,12 @@ def _silu_words(lw, rw, clamp_value, HAS_CLAMP: tl.constexpr, FUSED: tl.constexp
 
 
 @triton.jit
-def _word_tile_index(BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr):
+def _word_tile_index(BM: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr, KFAST: tl.constexpr = False):
     """Program ``(pid_m, pid_k)``'s ``[BM, BKW]`` tile of int32 words: ``(pid_m, pid_k, r, c, rows, cw)`` with ``r``
     / ``c`` the in-tile row and word offsets (``c`` marked contiguous in runs of ``VECW`` words when ``VECW > 1``)
-    and ``rows`` / ``cw`` the global ones (int32)."""
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    and ``rows`` / ``cw`` the global ones (int32).  KFAST: the grid's first dimension is the column block
+    (``tritile.language.grid``)."""
+    pid_m, pid_k = tile_ids(KFAST, False)
     r = tl.arange(0, BM)
     c = tl.arange(0, BKW)
     if VECW > 1:
@@ -267,7 +268,7 @@ def _swiglu_channel_words_kernel(
         HW: tl.constexpr, NPT: tl.constexpr, ROUND_SF: tl.constexpr, HAS_CLAMP: tl.constexpr,
         TRANSPOSE: tl.constexpr, BKW: tl.constexpr, VECW: tl.constexpr, EVEN: tl.constexpr,
         FUSED: tl.constexpr, SCALE_BITS: tl.constexpr, HMUL_ENC: tl.constexpr, PACKED_MAX: tl.constexpr,
-        PDL: tl.constexpr = False):
+        KFAST: tl.constexpr = False, PDL: tl.constexpr = False):
     """WORDS path: ``x_ptr`` int32 words (two bf16 each, ``stride_xm`` in words, H = 2 * HW columns per
     half), one row group of ``NPT`` rows x ``BKW`` words per program.  Codes are stored as int16 words
     (two codes; ``stride_om`` in int16) or, with TRANSPOSE, as bytes of the ``(H, M)`` output.  Same bits
@@ -300,7 +301,7 @@ def _swiglu_channel_words_kernel(
     |x * s| <= 448, so no overflow); inf/NaN x meet s = 0 and give NaN, patched to ``0x7F | sign`` in
     both.  ``EVEN``: no masks (M % NPT == 0 and HW % BKW == 0).  ``VECW``: words per thread run."""
     pdl_enter(PDL)
-    pid_m, pid_k, r, c, rows, cw = _word_tile_index(NPT, BKW, VECW)
+    pid_m, pid_k, r, c, rows, cw = _word_tile_index(NPT, BKW, VECW, KFAST)
     # a 64-bit base per program, int32 offsets inside the tile (the launcher checks NPT * stride < 2^31)
     x_tile = x_ptr + pid_m.to(tl.int64) * NPT * stride_xm + pid_k * BKW + r[:, None] * stride_xm + c[None, :]
     if EVEN:
@@ -386,7 +387,7 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
               {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False,
                "VEC": 0 if interpreter_configs() else 8, "FAST_DIV": True, "SIGNED_ENC": 2,
                "INT_POW2": True, "WORDS": words, "FUSED_SILU": 4 if words else 2, "PACKED_MAX": True,
-               "SCALE_BITS": True, "HMUL_ENC": words, "NO_MASK": True})
+               "SCALE_BITS": True, "HMUL_ENC": words, "NO_MASK": True, "KFAST": False})
     if c["WORDS"] and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0:
         return _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c)
     bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
@@ -420,14 +421,14 @@ def _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c):
     if npt * max(x.stride(0), out.stride(0)) >= 2 ** 31:
         raise ValueError("swiglu_forward_and_per_channel_cast_and_transpose WORDS: row stride too large")
     even = bool(c["NO_MASK"]) and m % npt == 0 and hw % bkw == 0
-    grid = (ceil_div(m, npt), ceil_div(hw, bkw))
+    grid, kfast = tile_grid(ceil_div(m, npt), ceil_div(hw, bkw), c.get("KFAST", False))
     _swiglu_channel_words_kernel[grid](
         x.view(torch.int32), out.view(torch.uint8) if not without_transpose else out.view(torch.int16), sf, m,
         x.stride(0) // 2, out.stride(0) if not without_transpose else out.stride(0) // 2, sf.stride(0),
         clamp if clamp is not None else 0.0,
         HW=hw, NPT=npt, ROUND_SF=round_sf, HAS_CLAMP=clamp is not None, TRANSPOSE=not without_transpose,
         BKW=bkw, VECW=vec // 2, EVEN=even, FUSED=fused, SCALE_BITS=bool(c["SCALE_BITS"]),
-        HMUL_ENC=bool(c["HMUL_ENC"]), PACKED_MAX=bool(c["PACKED_MAX"]), num_warps=c["num_warps"],
+        HMUL_ENC=bool(c["HMUL_ENC"]), PACKED_MAX=bool(c["PACKED_MAX"]), KFAST=kfast, num_warps=c["num_warps"],
         enable_fp_fusion=False, **pdl_args(out.device))
     return out, sf
 
