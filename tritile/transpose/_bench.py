@@ -24,6 +24,10 @@ def _tune(dt: str, batched: bool):
                   dict(PDL=True, STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(PDL=True, STREAM=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
                   dict(PDL=True, BLOCK_M4=16, BLOCK_N4=32, num_warps=4), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=16, num_warps=2)]
+        # session 12: the grid's first dimension over the m blocks (MFAST; the programs running together then write
+        # whole output rows' runs and read narrow strips of many input rows)
+        cands += [dict(MFAST=True), dict(MFAST=True, BLOCK_M4=64, BLOCK_N4=32, num_warps=4),
+                  dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
     # PDL (the default on sm_90+; H200, session 5: bf16 58.9 us graph against 59.5 without): programmatic dependent
@@ -31,9 +35,10 @@ def _tune(dt: str, batched: bool):
     pdl = [dict(PDL=False), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
            dict(PDL=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STREAM=True), dict(PDL=True, BLOCK_M=128, BLOCK_N=256,
                                                                                     num_warps=8)]
-    return pdl + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st) for bm, bn in [(64, 64), (128, 64), (128, 128),
-                                                                            (256, 64), (64, 128)]
-            for w in (4, 8) for st in ((False, True) if batched else (False,))]
+    mfast = [dict(MFAST=True), dict(MFAST=True, BLOCK_M=64, BLOCK_N=64, num_warps=8)]  # session 12 (see fp8)
+    return pdl + mfast + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st)
+                          for bm, bn in [(64, 64), (128, 64), (128, 128), (256, 64), (64, 128)]
+                          for w in (4, 8) for st in ((False, True) if batched else (False,))]
 
 
 def _x(shape, dtype, device):
