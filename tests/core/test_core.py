@@ -6,9 +6,12 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import tritile
 from tritile import config
+from tritile.language.grid import grouped_ids
 from tritile.runtime import check_tensor, empty, is_interpreter, poison_outputs
 from tritile.testing import assert_equal, calc_diff, check_bias, clear_unused_sf, count_bytes
 from tritile.utils import align, ceil_div
@@ -159,3 +162,22 @@ def test_tile_grid_order():
     # row blocks past the grid's second dimension (65535): the rows stay first, KFAST off
     assert tile_grid(70000, 3, True) == ((70000, 3), False)
     assert tile_grid(65535, 3, True) == ((3, 65535), True)
+
+
+@triton.jit
+def _grouped_ids_kernel(out_ptr, GROUP: tl.constexpr):
+    i, j = grouped_ids(GROUP)
+    lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    tl.store(out_ptr + 2 * lin, i)
+    tl.store(out_ptr + 2 * lin + 1, j)
+
+
+@pytest.mark.parametrize("a, b, group", [(4, 7, 3), (3, 6, 2), (5, 2, 4), (1, 5, 1)])
+def test_grouped_ids(a, b, group, device):
+    """grouped_ids maps the launch order onto every tile exactly once, GROUP consecutive j per i, the last group
+    shorter when GROUP does not divide B."""
+    out = torch.full((a * b, 2), -1, dtype=torch.int32, device=device)
+    _grouped_ids_kernel[(a, b)](out, GROUP=group)
+    got = [tuple(r) for r in out.tolist()]
+    want = [(i, j) for g0 in range(0, b, group) for i in range(a) for j in range(g0, min(g0 + group, b))]
+    assert got == want

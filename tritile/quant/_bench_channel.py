@@ -53,9 +53,11 @@ _TUNE_CHANNEL = [
     # 25.28, HMUL_ENC=False 25.09 / 25.22, maxnreg=88 25.61 / 25.80
     dict(STATIC_STRIDES=False, FAST_DIV=False), dict(STATIC_STRIDES=False), dict(FAST_DIV=False),
     dict(maxnreg=80),
-    # session 11, not yet timed: KFAST on the WORDS kernel (the grid's first dimension over the column blocks; it took
-    # four casts -2 to -5 %)
-    dict(KFAST=True), dict(KFAST=True, BLOCK_K=64),
+    # session 12: KFAST on the WORDS kernel (the grid's first dimension over the column blocks; it took four casts -2
+    # to -5 % in session 11).  First sweep (CUPTI, per_channel_cast / _fused, the default 25.03 / 24.93 us): KFAST
+    # 23.89 / 24.13, with BLOCK_K=64 24.63 / 24.69
+    dict(KFAST=True), dict(KFAST=True, BLOCK_K=64), dict(KFAST=True, BLOCK_K=256, num_warps=8),
+    dict(KFAST=True, num_warps=8), dict(KFAST=True, maxnreg=80), dict(KFAST=False),
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
 # npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),

@@ -271,9 +271,13 @@ _CHANNEL_TUNE = [_ELEMENT_DEFAULT] + _CHANNEL_TUNE + [
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=2, HMUL_ENC=True),
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=False),
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=0),                 # 32.0 (no PTX silu)
-    # session 11, not yet timed: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to
-    # -5 %).  This op runs at 86 % of a copy of its own size (scripts/copy_ceiling.py)
+    # session 12: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to -5 % in session
+    # 11).  This op ran at 86 % of a copy of its own size (scripts/copy_ceiling.py).  First sweep (CUPTI, without
+    # transpose, the default 41.96 us): KFAST 41.07, with [32, 256] x 4 warps 40.38
     dict(KFAST=True), dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4),
+    dict(KFAST=False, BLOCK_K=256, VEC=8, num_warps=4), dict(KFAST=True, BLOCK_K=512, VEC=8, num_warps=8),
+    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=8), dict(KFAST=True, BLOCK_K=128, VEC=8, num_warps=4),
+    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4, FUSED_SILU=2),
 ]
 
 

@@ -26,8 +26,13 @@ def _tune(dt: str, batched: bool):
                   dict(PDL=True, BLOCK_M4=16, BLOCK_N4=32, num_warps=4), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=16, num_warps=2)]
         # session 12: the grid's first dimension over the m blocks (MFAST; the programs running together then write
         # whole output rows' runs and read narrow strips of many input rows)
+        # First sweep (CUPTI, plain 8064 x 7168, the default 30.90 us): 30.81-31.05, within the spread.  GROUP: the
+        # grid walked in groups of GROUP m blocks (tritile.language.grid.grouped_ids), so that the ~1000 programs
+        # running together cover a near-square patch: runs of ~4 KB on both the read and the write side, against
+        # whole rows on one side and ~2 KB on the other in either plain order
         cands += [dict(MFAST=True), dict(MFAST=True, BLOCK_M4=64, BLOCK_N4=32, num_warps=4),
-                  dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4)]
+                  dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
+                  dict(GROUP=16), dict(GROUP=32), dict(GROUP=48), dict(GROUP=8)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
     # PDL (the default on sm_90+; H200, session 5: bf16 58.9 us graph against 59.5 without): programmatic dependent
@@ -35,7 +40,10 @@ def _tune(dt: str, batched: bool):
     pdl = [dict(PDL=False), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
            dict(PDL=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STREAM=True), dict(PDL=True, BLOCK_M=128, BLOCK_N=256,
                                                                                     num_warps=8)]
-    mfast = [dict(MFAST=True), dict(MFAST=True, BLOCK_M=64, BLOCK_N=64, num_warps=8)]  # session 12 (see fp8)
+    # session 12 (see fp8).  First sweep (CUPTI): fp32 batched MFAST 3542.7 us against 3647.1, bf16 plain 64.51
+    # against 65.41 (64 x 64 x 8 warps 66.95)
+    mfast = [dict(MFAST=True), dict(MFAST=True, BLOCK_M=64, BLOCK_N=64, num_warps=8), dict(GROUP=8), dict(GROUP=16),
+             dict(GROUP=32)]
     return pdl + mfast + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st)
                           for bm, bn in [(64, 64), (128, 64), (128, 128), (256, 64), (64, 128)]
                           for w in (4, 8) for st in ((False, True) if batched else (False,))]

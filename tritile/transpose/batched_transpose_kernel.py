@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..config import get_num_sms
-from ..language.grid import tile_grid, tile_ids
+from ..language.grid import grouped_ids, tile_grid, tile_ids
 from ..language.pdl import pdl_enter, use_pdl
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
@@ -30,11 +30,16 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 @triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False, MFAST: tl.constexpr = False):
+                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False, MFAST: tl.constexpr = False,
+                              GROUP: tl.constexpr = 0):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m.  The grid's first
-    dimension walks the n blocks (``MFAST``: the m blocks, see ``tritile.language.grid``)."""
+    dimension walks the n blocks (``MFAST``: the m blocks; ``GROUP``: groups of GROUP m blocks, see
+    ``tritile.language.grid``)."""
     pdl_enter(PDL)
-    pid_n, pid_m = tile_ids(MFAST, False)
+    if GROUP:
+        pid_n, pid_m = grouped_ids(GROUP)
+    else:
+        pid_n, pid_m = tile_ids(MFAST, False)
     b = tl.program_id(2).to(tl.int64)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -84,13 +89,16 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                    BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
                                    PDL: tl.constexpr = False, STREAM: tl.constexpr = False,
-                                   MFAST: tl.constexpr = False):
+                                   MFAST: tl.constexpr = False, GROUP: tl.constexpr = 0):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts.  The grid's first dimension walks the n blocks
-    (``MFAST``: the m blocks)."""
+    (``MFAST``: the m blocks; ``GROUP``: groups of GROUP m blocks)."""
     pdl_enter(PDL)
-    pid_n, pid_m = tile_ids(MFAST, False)
+    if GROUP:
+        pid_n, pid_m = grouped_ids(GROUP)
+    else:
+        pid_n, pid_m = tile_ids(MFAST, False)
     b = tl.program_id(2).to(tl.int64)
     r = pid_m.to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)  # word index along m of the output
     w = pid_n.to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)  # word index along n of the input
@@ -170,7 +178,12 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     pdl = use_pdl(x.device) and bool((config or {}).get("PDL", True))  # PDL: on where supported (sm_90+)
     pdl_kw = dict(launch_pdl=True) if pdl else {}
     stream = bool(config.get("STREAM", False)) if config else False
-    mfast = bool(config.get("MFAST", False)) if config else False  # grid order: the m blocks first (candidate)
+    # grid order candidates: MFAST (the m blocks first), GROUP (groups of GROUP m blocks, tritile.language.grid)
+    mfast = bool(config.get("MFAST", False)) if config else False
+    group = int(config.get("GROUP", 0)) if config else 0
+    if group < 0:
+        raise ValueError(f"transpose launch config: GROUP must be >= 0, got {group}")
+    mfast = mfast and not group
     if _u8x4_ok(x) and (config is None or config.get("word_path", True)):
         # H200 sweeps: 256x128-byte tiles for batches; 128x128 for one matrix (8064x7168: 31.0 us graph against
         # 31.2, twice the programs for the tail; in batches of 32 it is 0.4 % slower)
@@ -193,7 +206,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             grid, mfast = tile_grid(ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), mfast)
             _batched_transpose_u8x4_kernel[grid + (xs.shape[0],)](
                 xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0), os_.stride(1), BLOCK_M4=bm4,
-                BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, num_warps=warps, **pdl_kw)
+                BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, GROUP=group, num_warps=warps,
+                **pdl_kw)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
     if config:
@@ -205,8 +219,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         grid, mfast = tile_grid(ceil_div(n, bn), ceil_div(m, bm), mfast)
         _batched_transpose_kernel[grid + (xs.shape[0],)](
             xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0), os_.stride(1), BLOCK_M=bm,
-            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast, num_warps=warps,
-            **pdl_kw)
+            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast, GROUP=group,
+            num_warps=warps, **pdl_kw)
 
 
 def _check(x, ndim: int) -> None:
@@ -261,6 +275,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
     """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
     ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PERSIST`` (word path on a persistent grid of PERSIST programs
-    per SM), ``PDL``, ``STREAM``, ``MFAST`` (the grid's first dimension over the m blocks)."""
+    per SM), ``PDL``, ``STREAM``, ``MFAST`` (the grid's first dimension over the m blocks), ``GROUP`` (the grid
+    walked in groups of GROUP m blocks)."""
     _check(x, 3)
     return _batched_transpose_impl(x, config)
