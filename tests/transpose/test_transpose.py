@@ -93,14 +93,16 @@ def test_word_path_persistent(shape, device):
 
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])
 def test_grid_orders(dtype, device):
-    """MFAST (the grid's first dimension over the m blocks, the kernel swapping its ids back) and GROUP (groups of m
-    blocks; 4 or 7 m blocks here, so the last group is short) give the reference's bytes on ragged shapes whose m
-    and n block counts differ, on the word path and on the generic one."""
+    """Both plain grid orders (MFAST: the grid's first dimension over the m blocks, the kernel swapping its ids back;
+    the default of the word path and of 2- and 4-byte elements) and GROUP (groups of m blocks; 4 or 7 m blocks here,
+    so the last group is short) give the reference's bytes on ragged shapes whose m and n block counts differ, on
+    the word path and on the generic one."""
     x = _rand((2, 100, 36), DTYPES[dtype], device)
-    cfgs = [{"MFAST": True, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False},
-            {"GROUP": 3, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False}]
+    cfgs = [{"MFAST": mfast, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False} for mfast in (False, True)]
+    cfgs.append({"GROUP": 3, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False})
     if dtype == "fp8":
-        cfgs += [{"MFAST": True, "BLOCK_M4": 4, "BLOCK_N4": 4}, {"GROUP": 2, "BLOCK_M4": 4, "BLOCK_N4": 4}]
+        cfgs += [{"MFAST": mfast, "BLOCK_M4": 4, "BLOCK_N4": 4} for mfast in (False, True)]
+        cfgs.append({"GROUP": 2, "BLOCK_M4": 4, "BLOCK_N4": 4})
     for cfg in cfgs:
         assert_equal(batched_transpose_with_config(x, cfg), batched_transpose_ref(x))
 

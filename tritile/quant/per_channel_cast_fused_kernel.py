@@ -344,7 +344,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
     kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
-    only, on with it by default since session 7, same bits): see ``_words_candidates``.  sm_90a figures at 4096 x 7168
+    only, on with it by default since session 7, same bits): see ``_words_candidates``.  ``KFAST`` (WORDS only, on with
+    it since session 12): the grid's first dimension over the column blocks (``tritile.language.grid``).  sm_90a figures at 4096 x 7168
     (scripts/per_channel_sass.py; registers, SASS instructions per element, round_sf off / on), [128, 128] x 4
     warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
     94 / 96, 8.24 / 5.97 (5 blocks per SM instead of 4: 1.25x the bytes in flight); with maxnreg=80: 80
@@ -377,11 +378,14 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     # off / on, 25.22 / 25.06 us against 26.52 / 26.39 (per_channel_cast_fused: 25.17 against 26.66).  Session 7:
     # + STATIC_STRIDES + FAST_DIV, 24.99 / 24.96 us (per_channel_cast / _fused, round_sf off) against 25.28 / 25.28
     # for WORDS + HMUL_ENC in the same sweep (TileKernels 25.1 / 25.0); same bits (the division's exhaustive GPU test)
+    # Session 12: + KFAST (the grid's first dimension over the column blocks, tritile.language.grid), two sweeps
+    # (CUPTI, round_sf off): per_channel_cast 23.89 / 24.03 us against 25.03 / 24.91, round_sf on 23.74 against
+    # 24.60, per_channel_cast_fused 24.13 / 24.04 against 24.93 / 24.78
     words = gpu and not has_sf
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
                      "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": words,
-                     "HMUL_ENC": words, "STATIC_STRIDES": words, "FAST_DIV": words,
+                     "HMUL_ENC": words, "STATIC_STRIDES": words, "FAST_DIV": words, "KFAST": words,
                      **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -371,7 +371,9 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     # WORDS by default where it was measured: npt 32 without a clamp (H200, 4096 x 7168, no transpose, CUPTI with
     # L2 flushed: 41.98 us on [32 rows, 128 columns] x 2 warps with FUSED_SILU=4 and HMUL_ENC, against 56.53 for
     # the element kernel; TileKernels 45.09).  A clamp compiles to ~190 registers there, and npt 128 puts 4x the
-    # elements on each thread.
+    # elements on each thread.  Session 12: KFAST (the grid's first dimension over the column blocks,
+    # tritile.language.grid), two sweeps (CUPTI): 41.07 / 40.76 us against 41.96 / 42.55 without transpose, 42.64
+    # against 43.25 with it.
     words = not interpreter_configs() and npt == 32 and clamp is None
     if words:
         bk, num_warps = 128, 2
@@ -387,7 +389,7 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
               {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": num_warps, "FINITE_BRANCH": False,
                "VEC": 0 if interpreter_configs() else 8, "FAST_DIV": True, "SIGNED_ENC": 2,
                "INT_POW2": True, "WORDS": words, "FUSED_SILU": 4 if words else 2, "PACKED_MAX": True,
-               "SCALE_BITS": True, "HMUL_ENC": words, "NO_MASK": True, "KFAST": False})
+               "SCALE_BITS": True, "HMUL_ENC": words, "NO_MASK": True, "KFAST": words})
     if c["WORDS"] and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0:
         return _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c)
     bm, bk, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
