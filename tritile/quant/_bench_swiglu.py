@@ -271,13 +271,16 @@ _CHANNEL_TUNE = [_ELEMENT_DEFAULT] + _CHANNEL_TUNE + [
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=2, HMUL_ENC=True),
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=False),
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=0),                 # 32.0 (no PTX silu)
-    # session 12: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to -5 % in session
-    # 11).  This op ran at 86 % of a copy of its own size (scripts/copy_ceiling.py).  First sweep (CUPTI, without
-    # transpose, the default 41.96 us): KFAST 41.07, with [32, 256] x 4 warps 40.38
-    dict(KFAST=True), dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4),
-    dict(KFAST=False, BLOCK_K=256, VEC=8, num_warps=4), dict(KFAST=True, BLOCK_K=512, VEC=8, num_warps=8),
-    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=8), dict(KFAST=True, BLOCK_K=128, VEC=8, num_warps=4),
-    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4, FUSED_SILU=2),
+    # Session 12: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to -5 % in session
+    # 11), now the default (the candidates above run with it), with 4 warps without transpose (2 with it).  This op
+    # ran at 86 % of a copy of its own size (scripts/copy_ceiling.py).  Three sweeps (CUPTI, us; without / with
+    # transpose): the old default 41.96 / 42.55 / - and 43.25 / -, KFAST 41.07 / 40.76 / 41.25 and 42.64 / 42.60,
+    # KFAST with 4 warps 39.74 / 39.67 and 43.45 / 43.51, KFAST with [32, 256] x 4 warps 40.38 / 41.33 / 41.43 and
+    # 43.51 / 43.51
+    dict(KFAST=False, num_warps=2), dict(KFAST=True, num_warps=2), dict(KFAST=True, num_warps=4),
+    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4), dict(KFAST=False, BLOCK_K=256, VEC=8, num_warps=4),
+    dict(KFAST=True, BLOCK_K=512, VEC=8, num_warps=8), dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=8),
+    dict(KFAST=True, BLOCK_K=256, VEC=8, num_warps=4, FUSED_SILU=2), dict(KFAST=True, BLOCK_K=64, VEC=8, num_warps=2),
 ]
 
 

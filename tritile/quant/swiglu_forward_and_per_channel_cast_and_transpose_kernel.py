@@ -372,11 +372,12 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     # L2 flushed: 41.98 us on [32 rows, 128 columns] x 2 warps with FUSED_SILU=4 and HMUL_ENC, against 56.53 for
     # the element kernel; TileKernels 45.09).  A clamp compiles to ~190 registers there, and npt 128 puts 4x the
     # elements on each thread.  Session 12: KFAST (the grid's first dimension over the column blocks,
-    # tritile.language.grid), two sweeps (CUPTI): 41.07 / 40.76 us against 41.96 / 42.55 without transpose, 42.64
-    # against 43.25 with it.
+    # tritile.language.grid), three sweeps (CUPTI): 41.07 / 40.76 / 41.25 us against 41.96 / 42.55 / 41.59 (the
+    # last one KFAST against itself) without transpose, 42.64 / 42.60 against 43.25 with it; without transpose
+    # 4 warps on the same tile (16 words a thread instead of 32) 39.74 / 39.67, with it 43.45 / 43.51.
     words = not interpreter_configs() and npt == 32 and clamp is None
     if words:
-        bk, num_warps = 128, 2
+        bk, num_warps = 128, 4 if without_transpose else 2
     # tritile.runtime.tuned("swiglu_forward_and_per_channel_cast_and_transpose", ...): BLOCK_M (a multiple of
     # npt), BLOCK_K (a power of two), num_warps, FINITE_BRANCH (GPU: a uniform branch drops the NaN patch of
     # the e4m3 encode when the tile is finite; fewer instructions, more registers), FAST_DIV, SIGNED_ENC, INT_POW2
