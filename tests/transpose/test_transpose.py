@@ -86,7 +86,8 @@ def test_word_path_persistent(shape, device):
     tritile.config.set_num_sms(5)
     try:
         for cfg in ({"PERSIST": 1, "BLOCK_M4": 4, "BLOCK_N4": 4}, {"PERSIST": 2, "BLOCK_M4": 8, "BLOCK_N4": 4}):
-            assert_equal(batched_transpose_with_config(x, cfg), batched_transpose_ref(x))
+            for mfast in (False, True):  # the tiles walked n first or m first
+                assert_equal(batched_transpose_with_config(x, dict(cfg, MFAST=mfast)), batched_transpose_ref(x))
     finally:
         tritile.config.set_num_sms(old)
 

@@ -116,13 +116,26 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
 
 
 @triton.jit
-def _u8x4_tile_words(x_ptr, t, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
-                     BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
-    """The [BLOCK_M4, 4, BLOCK_N4] input words of tile ``t`` (tiles ordered batch, then m, then n)."""
+def _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, MFAST: tl.constexpr):
+    """``(b, r, w)`` of tile ``t``: its batch, its output word rows and its input word columns.  Tiles are ordered
+    batch, then m, then n (``MFAST``: batch, then n, then m)."""
     b = (t // tiles_mn).to(tl.int64)
     rem = t % tiles_mn
-    r = (rem // tiles_n).to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
-    w = (rem % tiles_n).to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
+    if MFAST:
+        tiles_m = tiles_mn // tiles_n
+        pm, pn = rem % tiles_m, rem // tiles_m
+    else:
+        pm, pn = rem // tiles_n, rem % tiles_n
+    r = pm.to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
+    w = pn.to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
+    return b, r, w
+
+
+@triton.jit
+def _u8x4_tile_words(x_ptr, t, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
+                     BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr, MFAST: tl.constexpr):
+    """The [BLOCK_M4, 4, BLOCK_N4] input words of tile ``t`` (ordered as ``_u8x4_tile_coords`` says)."""
+    b, r, w = _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4, BLOCK_N4, MFAST)
     i = tl.arange(0, 4)
     x_ptrs = x_ptr + b * stride_xb + (4 * r[:, None, None] + i[None, :, None]) * stride_xm + w[None, None, :]
     if EVEN:
@@ -134,23 +147,22 @@ def _u8x4_tile_words(x_ptr, t, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
 @triton.jit
 def _batched_transpose_u8x4_persist_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                            tiles_n, tiles_mn, num_tiles,
-                                           BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr):
+                                           BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
+                                           MFAST: tl.constexpr = False):
     """The word transpose of ``_batched_transpose_u8x4_kernel`` on a persistent grid: program ``p`` handles
     tiles ``p, p + P, p + 2P, ...`` and loads its next tile before it shuffles and stores the current one
-    (two tiles of loads in flight per program, no tail wave)."""
+    (two tiles of loads in flight per program, no tail wave).  ``MFAST``: the tiles walk m first."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    words = _u8x4_tile_words(x_ptr, pid, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm, BLOCK_M4, BLOCK_N4, EVEN)
+    words = _u8x4_tile_words(x_ptr, pid, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm, BLOCK_M4, BLOCK_N4, EVEN,
+                             MFAST)
     t = pid
     while t < num_tiles:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
         # prefetch the next tile (the last program re-reads its own tile instead of running past the end)
         nxt = tl.minimum(t + nprog, num_tiles - 1)
         words_next = _u8x4_tile_words(x_ptr, nxt, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
-                                      BLOCK_M4, BLOCK_N4, EVEN)
-        b = (t // tiles_mn).to(tl.int64)
-        rem = t % tiles_mn
-        r = (rem // tiles_n).to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
-        w = (rem % tiles_n).to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
+                                      BLOCK_M4, BLOCK_N4, EVEN, MFAST)
+        b, r, w = _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4, BLOCK_N4, MFAST)
         _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
         words = words_next
         t += nprog
@@ -205,7 +217,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             grid = (min(num_tiles, int(config["PERSIST"]) * get_num_sms()),)
             _batched_transpose_u8x4_persist_kernel[grid](
                 xw, ow, m // 4, n // 4, xw.stride(0), xw.stride(1), ow.stride(0), ow.stride(1), tiles_n,
-                tiles_m * tiles_n, num_tiles, BLOCK_M4=bm4, BLOCK_N4=bn4, EVEN=even, num_warps=warps)
+                tiles_m * tiles_n, num_tiles, BLOCK_M4=bm4, BLOCK_N4=bn4, EVEN=even, MFAST=mfast, num_warps=warps)
             return
         for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
