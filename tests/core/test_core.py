@@ -162,6 +162,9 @@ def test_tile_grid_order():
     # row blocks past the grid's second dimension (65535): the rows stay first, KFAST off
     assert tile_grid(70000, 3, True) == ((70000, 3), False)
     assert tile_grid(65535, 3, True) == ((3, 65535), True)
+    # column blocks past it in the rows-first order: the columns go first instead, KFAST on
+    assert tile_grid(3, 70000, False) == ((70000, 3), True)
+    assert tile_grid(3, 65535, False) == ((3, 65535), False)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ import torch
 
 import tritile.config
 
-from tritile.testing import assert_equal, pick
+from tritile.testing import assert_equal, is_gpu_run, pick
 from tritile.torch.transpose import batched_transpose_ref, transpose_ref
 from tritile.transpose import batched_transpose, transpose
 from tritile.transpose.batched_transpose_kernel import batched_transpose_with_config
@@ -106,6 +106,22 @@ def test_grid_orders(dtype, device):
         cfgs.append({"GROUP": 2, "BLOCK_M4": 4, "BLOCK_N4": 4})
     for cfg in cfgs:
         assert_equal(batched_transpose_with_config(x, cfg), batched_transpose_ref(x))
+
+
+@pytest.mark.skipif(not is_gpu_run(), reason="over 65535 row blocks: millions of interpreter programs")
+@pytest.mark.parametrize("shape, dtype, cfg", [
+    ((8_388_736, 4), torch.float8_e4m3fn, {}),                      # word path, m blocks first by default
+    ((8_388_736, 4), torch.float8_e4m3fn, {"MFAST": False}),        # ... asked for n first: swapped back
+    ((8_388_736, 4), torch.float8_e4m3fn, {"GROUP": 8}),            # ... GROUP dropped
+    ((4_194_368, 3), torch.float8_e4m3fn, {}),                      # 1-byte generic path (n % 4 != 0)
+    ((4_194_368, 1), torch.float64, {}),                            # 8-byte generic path
+    ((8_388_736, 2), torch.bfloat16, {"MFAST": False, "GROUP": 4}),  # 2-byte generic path
+])
+def test_tall_grid(shape, dtype, cfg, device):
+    """Tensors with more than 65535 blocks of rows (the grid's second dimension) launch on every path: the grid puts
+    the m blocks first whatever the config asks (tritile.language.grid.tile_grid)."""
+    x = _rand(shape, dtype, device)
+    assert_equal(batched_transpose_with_config(x.unsqueeze(0), cfg).squeeze(0), transpose_ref(x))
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])

@@ -47,7 +47,12 @@ def grouped_ids(GROUP: tl.constexpr):
 
 
 def tile_grid(row_blocks: int, col_blocks: int, kfast: bool) -> Tuple[Tuple[int, int], bool]:
-    """``(grid, KFAST)`` for ``row_blocks x col_blocks`` tiles: the column blocks first when ``kfast`` and the row
-    blocks fit the grid's second dimension (else the rows first, with ``KFAST`` False)."""
-    kfast = bool(kfast) and row_blocks <= _MAX_GRID_Y
+    """``(grid, KFAST)`` for ``row_blocks x col_blocks`` tiles: the column blocks first when ``kfast``, the row blocks
+    first otherwise, unless the block count that would go second exceeds the grid's second dimension (65535) and the
+    other one fits there: then the order is swapped and ``KFAST`` says so (a tall or a wide tensor still launches)."""
+    kfast = bool(kfast)
+    if kfast and row_blocks > _MAX_GRID_Y:
+        kfast = False
+    elif not kfast and col_blocks > _MAX_GRID_Y and row_blocks <= _MAX_GRID_Y:
+        kfast = True
     return ((col_blocks, row_blocks) if kfast else (row_blocks, col_blocks)), kfast

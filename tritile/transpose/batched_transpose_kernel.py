@@ -222,6 +222,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
             grid, mfast = tile_grid(ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), mfast)
+            group = 0 if mfast else group  # a tall tensor's grid puts the m blocks first even when GROUP asks not
             _batched_transpose_u8x4_kernel[grid + (xs.shape[0],)](
                 xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0), os_.stride(1), BLOCK_M4=bm4,
                 BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, GROUP=group, num_warps=warps,
@@ -235,6 +236,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
         xs, os_ = xi[b0:b0 + _MAX_GRID_Z], oi[b0:b0 + _MAX_GRID_Z]
         grid, mfast = tile_grid(ceil_div(n, bn), ceil_div(m, bm), mfast)
+        group = 0 if mfast else group
         _batched_transpose_kernel[grid + (xs.shape[0],)](
             xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0), os_.stride(1), BLOCK_M=bm,
             BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast, GROUP=group,
