@@ -76,7 +76,13 @@ _TUNE_TRANSPOSE = {
          # blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady state, 4.22 us fixed cost
          # against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
          # spread: not switched), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
-         dict(KFAST=True), dict(maxnreg=80), dict(KFAST=True, maxnreg=80)],
+         dict(KFAST=True), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
+         # session 12: its fixed cost (4.46 us against a copy's 2.86, steady_probe) is the tail of ~4 us programs;
+         # shorter programs ([128, 32]: 64-byte row reads, 52.3 us in session 4 without KFAST, whose programs read
+         # a row's neighbouring halves together) and fewer elements a thread (8 warps)
+         dict(KFAST=True, BLOCK_K=32, num_warps=2), dict(KFAST=True, BLOCK_K=32, num_warps=1),
+         dict(KFAST=False, num_warps=8), dict(KFAST=True, num_warps=8), dict(KFAST=True, BLOCK_K=128, num_warps=8),
+         dict(KFAST=False, BLOCK_K=128, num_warps=8)],
     32: [dict(SIGNED_ENC=0),  # the session-3 default (57.5-59.1 us)
          dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
          dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),
