@@ -72,17 +72,17 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=4),
           dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
           dict(SIGNED_ENC=2, INT_POW2=True),
-         # session 11: KFAST (the grid's first dimension over the column blocks) and a register cap (95 -> 80: 6
-         # blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady state, 4.22 us fixed cost
+         # session 11: KFAST (the grid's first dimension over the column blocks; the default since session 12) and a
+         # register cap (95 -> 80: 6 blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady state, 4.22 us fixed cost
          # against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
          # spread: not switched), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
-         dict(KFAST=True), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
-         # session 12: its fixed cost (4.46 us against a copy's 2.86, steady_probe) is the tail of ~4 us programs;
-         # shorter programs ([128, 32]: 64-byte row reads, 52.3 us in session 4 without KFAST, whose programs read
-         # a row's neighbouring halves together) and fewer elements a thread (8 warps)
-         dict(KFAST=True, BLOCK_K=32, num_warps=2), dict(KFAST=True, BLOCK_K=32, num_warps=1),
-         dict(KFAST=False, num_warps=8), dict(KFAST=True, num_warps=8), dict(KFAST=True, BLOCK_K=128, num_warps=8),
-         dict(KFAST=False, BLOCK_K=128, num_warps=8)],
+         dict(KFAST=False), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
+         # session 12: a third sweep, KFAST 46.87 against 47.75, made it the default at npt 128 (KFAST=False above
+         # is the old order).  Its fixed cost (4.46 us against a copy's 2.86, steady_probe) is the tail of ~4 us
+         # programs; shorter programs and fewer elements a thread lost (KFAST, us): [128, 32] x 2 warps 51.59, x 1
+         # warp 51.21 (64-byte row reads), [128, 64] x 8 warps 63.42 (59.79 without KFAST), [128, 128] x 8 warps
+         # 56.22 (56.98); removed
+         ],
     32: [dict(SIGNED_ENC=0),  # the session-3 default (57.5-59.1 us)
          dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
          dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),

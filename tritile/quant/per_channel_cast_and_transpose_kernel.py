@@ -127,7 +127,9 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         # 60.4 us (npt 128), [32, 128] 57.0 us against [32, 256] x 4 warps 93.4 us (npt 32).
         # Session 4 sweep: SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 46.9-47.2 us at npt 32 (this tile),
         # and at npt 128 [128, 64] x 4 warps 45.6-46.4 us ([128, 32] x 2 warps: 52.3), against 57.5-59.1 us
-        # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.
+        # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.  KFAST (the grid's first dimension over the
+        # column blocks, tritile.language.grid), three sweeps (CUPTI): 46.94 / 46.87 / 46.87 us against 47.05 / 47.07
+        # / 47.75 (npt 128; npt 32 not measured), the default at npt 128 since session 12.
         if num_per_tokens == 128:
             cfg = cfg._replace(block_m=128, block_k=64, num_warps=4)
         else:
@@ -136,7 +138,7 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     c = tuned("per_channel_cast_and_transpose",
               {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "num_warps": cfg.num_warps, "num_stages": 3,
                "PACK_WORDS": True, "FINITE_BRANCH": False, "VEC": vec, "PERM": True, "maxnreg": None, "SIGNED_ENC": 2,
-               "INT_POW2": False, "KFAST": False,
+               "INT_POW2": False, "KFAST": not interpreter_configs() and num_per_tokens == 128,
                **(config or {})})
     bm, bk, warps, words = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"], c["PACK_WORDS"]
     if bm % num_per_tokens != 0:
