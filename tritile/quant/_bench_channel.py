@@ -73,8 +73,8 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
           dict(SIGNED_ENC=2, INT_POW2=True),
          # session 11: KFAST (the grid's first dimension over the column blocks; the default since session 12) and a
-         # register cap (95 -> 80: 6 blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady state, 4.22 us fixed cost
-         # against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
+         # register cap (95 -> 80: 6 blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady
+         # state, 4.22 us fixed cost against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
          # spread: not switched), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
          dict(KFAST=False), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
          # session 12: a third sweep, KFAST 46.87 against 47.75, made it the default at npt 128 (KFAST=False above
