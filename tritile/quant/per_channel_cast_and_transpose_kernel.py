@@ -128,9 +128,9 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
         # Session 4 sweep: SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 46.9-47.2 us at npt 32 (this tile),
         # and at npt 128 [128, 64] x 4 warps 45.6-46.4 us ([128, 32] x 2 warps: 52.3), against 57.5-59.1 us
         # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.  KFAST (the grid's first dimension over the
-        # column blocks, tritile.language.grid), three sweeps (CUPTI): 46.94 / 46.87 / 46.87 us against 47.05 / 47.07
-        # / 47.75 and 46.99 against 47.56 (npt 128), the default there since session 12; at npt 32 it lost (49.36 against
-        # 48.53).
+        # column blocks, tritile.language.grid), four sweeps (CUPTI, npt 128): 46.94 / 46.87 / 46.87 / 46.99 us
+        # against 47.05 / 47.07 / 47.75 / 47.56, the default there since session 12; at npt 32 it lost (49.36
+        # against 48.53).
         if num_per_tokens == 128:
             cfg = cfg._replace(block_m=128, block_k=64, num_warps=4)
         else:
