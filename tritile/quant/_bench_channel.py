@@ -59,9 +59,9 @@ _TUNE_CHANNEL = [
     dict(KFAST=True), dict(KFAST=True, BLOCK_K=64), dict(KFAST=True, BLOCK_K=256, num_warps=8),
     dict(KFAST=True, num_warps=8), dict(KFAST=True, maxnreg=80), dict(KFAST=False),
 ]
-# per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps,
-# npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive tokens: words packed in registers),
-# FINITE_BRANCH off, words.  The first candidate of each list is the first version (npt 128: 121.2 us).
+# per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps
+# (KFAST since session 12), npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive
+# tokens: words packed in registers), FINITE_BRANCH off, words.  The first candidate of each list is the first version (npt 128: 121.2 us).
 _TUNE_TRANSPOSE = {
     128: [dict(BLOCK_K=32, num_warps=2, SIGNED_ENC=0),  # the session-3 default (57.9-58.6 us)
           dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False, SIGNED_ENC=0), dict(BLOCK_K=32, num_warps=2),
@@ -74,8 +74,8 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2, INT_POW2=True),
          # session 11: KFAST (the grid's first dimension over the column blocks; the default since session 12) and a
          # register cap (95 -> 80: 6 blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady
-         # state, 4.22 us fixed cost against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST 46.94 / 46.87 (within the
-         # spread: not switched), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
+         # state, 4.22 us fixed cost against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST
+         # 46.94 / 46.87 (within the spread: not switched then), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
          dict(KFAST=False), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
          # session 12: a third sweep, KFAST 46.87 against 47.75, made it the default at npt 128 (KFAST=False above
          # is the old order).  Its fixed cost (4.46 us against a copy's 2.86, steady_probe) is the tail of ~4 us
