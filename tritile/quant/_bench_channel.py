@@ -61,7 +61,8 @@ _TUNE_CHANNEL = [
 ]
 # per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps
 # (KFAST since session 12), npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive
-# tokens: words packed in registers), FINITE_BRANCH off, words.  The first candidate of each list is the first version (npt 128: 121.2 us).
+# tokens: words packed in registers), FINITE_BRANCH off, words.  The first candidate of each list is the first version
+# (npt 128: 121.2 us).
 _TUNE_TRANSPOSE = {
     128: [dict(BLOCK_K=32, num_warps=2, SIGNED_ENC=0),  # the session-3 default (57.9-58.6 us)
           dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False, SIGNED_ENC=0), dict(BLOCK_K=32, num_warps=2),
