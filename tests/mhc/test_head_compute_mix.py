@@ -1,0 +1,87 @@
+"""``mhc_head_compute_mix`` (forward + backward) against the reference and its autograd."""
+
+import pytest
+import torch
+
+from tritile.config import set_num_sms, get_num_sms
+from tritile.modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
+from tritile.testing import pick
+from tritile.torch.mhc import mhc_head_compute_mix_ref
+
+EPS = 1e-2
+
+
+def _tester(impl, x, scale, base, grad):
+    x_, s_, b_ = (t.clone().requires_grad_() for t in (x, scale, base))
+    out = impl(x_, s_, b_, EPS)
+    out.backward(grad)
+    return out, x_.grad, s_.grad, b_.grad
+
+
+@pytest.mark.parametrize("n0,n1", pick(cpu=[(1, 1), (2, 37), (1, 1100)],
+                                       gpu=[(n0, n1) for n0 in (1, 2) for n1 in (1024, 4096)]))
+def test_head_compute_mix_comprehensive(device, n0, n1):
+    x = torch.randn(n0, n1, 4, device=device)
+    scale = torch.randn(1, device=device)
+    base = torch.randn(4, device=device)
+    grad = torch.randn(n0, n1, 4, device=device)
+    res = _tester(mhc_head_compute_mix, x, scale, base, grad)
+    ref = _tester(mhc_head_compute_mix_ref, x, scale, base, grad)
+    for a, b in zip(res, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_head_compute_mix_deterministic_and_strided(device):
+    mixes = torch.randn(2, 9, 24, device=device)
+    x = mixes[..., :4]  # the strided view mhc_head passes
+    scale, base = torch.randn(1, device=device), torch.randn(4, device=device)
+    grad = torch.randn(2, 9, 4, device=device)
+    a = _tester(mhc_head_compute_mix, x, scale, base, grad)
+    old = get_num_sms()
+    set_num_sms(1)
+    try:
+        b = _tester(mhc_head_compute_mix, x.contiguous(), scale, base, grad)
+    finally:
+        set_num_sms(old)
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-6)
+    ref = _tester(mhc_head_compute_mix_ref, x, scale, base, grad)
+    for u, v in zip(a, ref):
+        torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-5)
+    c = _tester(mhc_head_compute_mix, x, scale, base, grad)
+    for u, v in zip(a, c):
+        assert torch.equal(u, v)
+
+
+def test_head_compute_mix_zero_tokens(device):
+    x = torch.randn(1, 0, 4, device=device, requires_grad=True)
+    s = torch.randn(1, device=device, requires_grad=True)
+    b = torch.randn(4, device=device, requires_grad=True)
+    out = mhc_head_compute_mix(x, s, b, EPS)
+    assert out.shape == (1, 0, 4)
+    out.sum().backward()
+    assert torch.equal(s.grad, torch.zeros(1, device=device)) and torch.equal(b.grad, torch.zeros(4, device=device))
+
+
+def test_head_compute_mix_bad_input(device):
+    x = torch.randn(1, 3, 4, device=device)
+    s, b = torch.randn(1, device=device), torch.randn(4, device=device)
+    with pytest.raises(ValueError, match="input_mix"):
+        mhc_head_compute_mix(x.view(3, 4), s, b, EPS)
+    with pytest.raises(TypeError, match="input_mix"):
+        mhc_head_compute_mix(x.double(), s, b, EPS)
+    with pytest.raises(ValueError, match="mhc_scale"):
+        mhc_head_compute_mix(x, torch.randn(2, device=device), b, EPS)
+    with pytest.raises(ValueError, match="mhc_base"):
+        mhc_head_compute_mix(x, s, torch.randn(3, device=device), EPS)
+    with pytest.raises(TypeError, match="mhc_base"):
+        mhc_head_compute_mix(x, s, b.bfloat16(), EPS)
+
+
+def test_head_compute_mix_compile(device):
+    x = torch.randn(1, 5, 4, device=device)
+    s, b = torch.randn(1, device=device), torch.randn(4, device=device)
+    grad = torch.randn(1, 5, 4, device=device)
+    fn = torch.compile(mhc_head_compute_mix, fullgraph=True, backend=pick(cpu="eager", gpu="inductor"))
+    for u, v in zip(_tester(fn, x, s, b, grad), _tester(mhc_head_compute_mix, x, s, b, grad)):
+        assert torch.equal(u, v)

@@ -1,0 +1,301 @@
+"""Benchmarks of the mHC stream ops (``python -m tritile bench --module mhc``).
+
+GPU shapes: n = 4 streams, T = 8192 tokens as ``(n0, n1) = (2, 4096)``, H in {2560, 7168}.  TileKernels ships no mHC
+benchmark; its H200 figures (``tritile/data/tilekernels-h200.json``, kernels ``mhc_post``,
+``mhc_pre_apply_mix``, ``sinkhorn``) were timed around its tests' helpers, so the ``fwd+bwd`` cases here time the
+same thing: clone the inputs, ``requires_grad_``, forward, ``torch.autograd.backward`` (and, for the apply-mix, the
+zero ``grad_from_mhc_post`` buffer its test attaches before the backward).  Bytes (each tensor read or written once)
+follow the mHC spec §4: expand ``T H 2 + T n H 2`` (each way); split ``T n3 4 + 2 T n 4 + T n^2 4``; Sinkhorn fwd
+``2 T n^2 4``, fwd+bwd ``5 T n^2 4``; apply-mix fwd ``T n H 2 + T n 4 + T H 2``; post fwd
+``T (n^2 4 + n H 2 + n 4 + H 2 + n H 2)``, post bwd ``T (3 n H 2 + 2 H 2 + 2 n^2 4 + 2 n 4)``; head mix ``2 T n 4``;
+the multilayer recompute: TileKernels' ``io_fused``.
+
+Liger-Kernel (``liger_kernel.ops.mhc``, where installed) has the same two stream ops; its cases (label ``liger``)
+time ``LigerMHCPreFunction`` / ``LigerMHCPostResFunction`` on the same data.  Where they differ from tritile's:
+
+- ``h_res`` (Liger's comb) is indexed ``[out, in]``; tritile's ``comb_res_mix`` ``[in, out]`` (the cases pass the
+  transpose).  Liger's ``h_pre`` / ``h_post`` are ``(..., n)``, tritile's ``(..., n, 1)``.
+- Liger's kernels write fp32 outputs that ``.to(bf16)`` rounds afterwards (an extra fp32 round trip through memory),
+  sum the streams with ``acc += w * x`` (contracted by the compiler) and round gradients the same way; tritile
+  rounds once in the kernel.  Values agree to bf16 rounding; bits may differ.
+- Liger has no residual-gradient protocol (``grad_from_mhc_post``): each op returns its own residual gradient and
+  autograd adds them.
+- Liger's Sinkhorn is fused with the split into ``LigerMHCCoeffsFunction`` (after its own RMS-norm GEMM), uses
+  ``tl.sum`` and approximate division, ``tmax = 20`` by default and a saved history for the backward; there is no
+  standalone Sinkhorn op to time against ``sinkhorn_normalize``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..bench import Case, register
+from ..modeling.mhc.ops.expand import expand_to_mhc
+from ..modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
+from ..modeling.mhc.ops.post import mhc_post
+from ..modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
+from ..modeling.mhc.ops.pre_split_mixes import mhc_pre_split_mixes
+from ..modeling.mhc.ops.sinkhorn import sinkhorn_normalize
+from ..torch.mhc import (expand_to_mhc_ref, mhc_head_compute_mix_ref, mhc_post_ref, mhc_pre_apply_mix_ref,
+                         mhc_pre_split_mixes_ref, sinkhorn_normalize_ref)
+from .multilayer_recompute_kernel import mhc_multilayer_recompute
+from .post_kernel import mhc_post_fwd
+
+try:  # the norm_fn / big_fuse / mhc_pre cases live in their own file
+    from . import _bench_norm  # noqa: F401  (registers its cases)
+except ModuleNotFoundError as _e:
+    if _e.name != f"{__package__}._bench_norm":
+        raise
+
+_M = "mhc"
+N = 4
+
+# Launch-config candidates (``python -m tritile tune --module mhc``).  Forward kernels: every candidate gives the same
+# bits (per-element math).  Backward kernels: the hidden chunk (BH) and warps change the fp32 summation order of the
+# per-token reductions over H (d_post, d_comb, d_mix: "output differs" within the tests' tolerances).
+_TILE_TUNE = [dict(BT=bt, BH=bh, num_warps=w) for bt, bh, w in
+              ((1, 1024, 4), (1, 1024, 8), (2, 1024, 8), (1, 512, 2), (2, 512, 4), (4, 512, 8), (1, 2048, 8),
+               (2, 256, 2), (4, 256, 4))]
+_BWD_TUNE = [dict(BT=1, BH=bh, num_warps=w) for bh in (512, 1024, 2048) for w in (2, 4, 8)] + [
+    dict(BT=2, BH=512, num_warps=4), dict(BT=2, BH=1024, num_warps=8)]
+_SK_TUNE = [dict(BT=bt, num_warps=w) for bt in (8, 16, 32, 64, 128) for w in (1, 2, 4)]
+
+
+def _gpu(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _shapes(device, quick):
+    """``(n0, n1, h)`` cases."""
+    if not _gpu(device):
+        return [(1, 7, 256)]
+    return [(2, 4096, 7168)] if quick else [(2, 4096, 2560), (2, 4096, 7168)]
+
+
+def _close(tol=None):
+    def check(out, ref):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        for a, b in zip(outs, refs):
+            if a is None and b is None:
+                continue
+            torch.testing.assert_close(a, b, **(tol or {}))
+    return check
+
+
+def _fwd_bwd(impl, inputs, grads, attach_zero_buffer=None):
+    """TileKernels' test helper: clone, requires_grad_, forward, backward; returns the outputs and the grads."""
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    outs = impl(*leaves)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    if attach_zero_buffer is not None:
+        leaf = leaves[attach_zero_buffer]
+        leaf.untyped_storage().grad_from_mhc_post = torch.zeros_like(leaf)
+    torch.autograd.backward(list(outs), list(grads))
+    gs = []
+    for k, t in enumerate(leaves):
+        g = t.grad
+        if g is None and attach_zero_buffer == k:
+            g = t.untyped_storage().grad_from_mhc_post
+        gs.append(g)
+    return (*outs, *gs)
+
+
+# ------------------------------------------------------------------------------------------------
+@register(_M, "expand_to_mhc")
+def _expand_cases(device, quick):
+    for n0, n1, h in _shapes(device, quick):
+        t = n0 * n1
+        x = torch.randn(n0, n1, h, dtype=torch.bfloat16, device=device)
+        g = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
+        nb = t * h * 2 + t * N * h * 2
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), fn=lambda x=x: expand_to_mhc(x, N),
+                   ref=lambda x=x: expand_to_mhc_ref(x, N), check=_close(dict(atol=0, rtol=0)), nbytes=nb)
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
+                   fn=lambda x=x, g=g: _fwd_bwd(lambda a: expand_to_mhc(a, N), [x], [g]),
+                   ref=lambda x=x, g=g: _fwd_bwd(lambda a: expand_to_mhc_ref(a, N), [x], [g]),
+                   check=_close(), nbytes=2 * nb)
+
+
+@register(_M, "mhc_pre_split_mixes")
+def _split_cases(device, quick):
+    n3 = N * (N + 2)
+    for n0, n1 in ([(1, 7)] if not _gpu(device) else [(2, 4096)]):
+        t = n0 * n1
+        args = [torch.randn(n0, n1, n3, device=device), torch.randn(3, device=device),
+                torch.randn(n3, device=device)]
+        grads = [torch.randn(n0, n1, N, 1, device=device), torch.randn(n0, n1, N, 1, device=device),
+                 torch.randn(n0, n1, N, N, device=device)]
+        nb = t * n3 * 4 + 2 * t * N * 4 + t * N * N * 4
+
+        def impl(f):
+            return lambda m, s, b: f(m, s, b, N, 2.0, 1e-2)
+
+        yield Case(params=dict(n0=n0, n1=n1, op="fwd+bwd"),
+                   fn=lambda: _fwd_bwd(impl(mhc_pre_split_mixes), args, grads),
+                   ref=lambda: _fwd_bwd(impl(mhc_pre_split_mixes_ref), args, grads),
+                   check=_close(dict(rtol=1e-5, atol=2e-5)), nbytes=2 * nb, latency_bound=True)
+
+
+@register(_M, "sinkhorn_normalize")
+def _sinkhorn_cases(device, quick):
+    for n0, n1 in ([(1, 7)] if not _gpu(device) else [(2, 4096)]):
+        t = n0 * n1
+        x = torch.randn(n0, n1, N, N, device=device)
+        g = torch.randn(n0, n1, N, N, device=device)
+        yield Case(params=dict(n0=n0, n1=n1, mhc=N, op="fwd"), fn=lambda: sinkhorn_normalize(x, 10, 1e-6),
+                   ref=lambda: sinkhorn_normalize_ref(x, 10, 1e-6), check=_close(), nbytes=2 * t * N * N * 4,
+                   latency_bound=True, tune=("mhc_sinkhorn_fwd", _SK_TUNE))
+        yield Case(params=dict(n0=n0, n1=n1, mhc=N, op="fwd+bwd"),
+                   fn=lambda: _fwd_bwd(lambda a: sinkhorn_normalize(a, 10, 1e-6), [x], [g]),
+                   ref=lambda: _fwd_bwd(lambda a: sinkhorn_normalize_ref(a, 10, 1e-6), [x], [g]),
+                   check=_close(), nbytes=5 * t * N * N * 4, latency_bound=True,
+                   anchor=("sinkhorn/fwd+bwd", dict(n0=n0, n1=n1, mhc=N)), tune=("mhc_sinkhorn_bwd", _SK_TUNE))
+
+
+def _apply_data(n0, n1, h, device):
+    x = torch.randn(n0, n1, N, h, device=device).sigmoid().bfloat16()
+    mix = torch.randn(n0, n1, N, 1, device=device).softmax(-2)
+    g = torch.randn(n0, n1, h, device=device).bfloat16()
+    return x, mix, g
+
+
+@register(_M, "mhc_pre_apply_mix")
+def _apply_cases(device, quick):
+    tol = dict(atol=1e-2, rtol=1e-3)
+    for n0, n1, h in _shapes(device, quick):
+        t = n0 * n1
+        x, mix, g = _apply_data(n0, n1, h, device)
+        fwd_b = t * N * h * 2 + t * N * 4 + t * h * 2
+        bwd_b = t * h * 2 + t * N * h * 2 + 2 * t * N * h * 2 + 2 * t * N * 4
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), fn=lambda x=x, m=mix: mhc_pre_apply_mix(x, m),
+                   ref=lambda x=x, m=mix: mhc_pre_apply_mix_ref(x, m), check=_close(tol), nbytes=fwd_b,
+                   tune=("mhc_pre_apply_mix_fwd", _TILE_TUNE))
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
+                   fn=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix, [x, m], [g], attach_zero_buffer=0),
+                   ref=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix_ref, [x, m], [g], attach_zero_buffer=0),
+                   check=_close(tol), nbytes=fwd_b + bwd_b,
+                   anchor=("mhc_pre_apply_mix/fwd+bwd", dict(n0=n0, n1=n1, h=h)),
+                   tune=("mhc_pre_apply_mix_bwd", _BWD_TUNE))
+        liger = _liger()
+        if liger is not None:
+            pre_fn = liger.LigerMHCPreFunction.apply
+            yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"), label="liger",
+                       fn=lambda x=x, m=mix, g=g: _fwd_bwd(lambda a, b: pre_fn(a, b.squeeze(-1)), [x, m], [g]),
+                       ref=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix, [x, m], [g]),
+                       check=_close(tol), nbytes=fwd_b + bwd_b)
+
+
+def _post_data(n0, n1, h, device):
+    x = torch.randn(n0, n1, h, dtype=torch.bfloat16, device=device)
+    r = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
+    p = torch.randn(n0, n1, N, 1, device=device)
+    c = torch.randn(n0, n1, N, N, device=device)
+    g = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
+    return x, r, p, c, g
+
+
+def _post_tol(out, ref):
+    o, gx, gr, gp, gc = out
+    ro, rgx, rgr, rgp, rgc = ref
+    for a, b in ((o, ro), (gx, rgx), (gr, rgr)):
+        torch.testing.assert_close(a, b)
+    for a, b in ((gp, rgp), (gc, rgc)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@register(_M, "mhc_post")
+def _post_cases(device, quick):
+    for n0, n1, h in _shapes(device, quick):
+        t = n0 * n1
+        x, r, p, c, g = _post_data(n0, n1, h, device)
+        fwd_b = t * (N * N * 4 + N * h * 2 + N * 4 + h * 2 + N * h * 2)
+        bwd_b = t * (3 * N * h * 2 + 2 * h * 2 + 2 * N * N * 4 + 2 * N * 4)
+        out = torch.empty_like(r)
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"),
+                   fn=lambda x=x, r=r, p=p, c=c, o=out: mhc_post_fwd(x, r, p, c, out=o),
+                   ref=lambda x=x, r=r, p=p, c=c: mhc_post_ref(x, r, p, c), check=_close(), nbytes=fwd_b,
+                   anchor=("mhc_post/fwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_fwd", _TILE_TUNE))
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
+                   fn=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post, [x, r, p, c], [g]),
+                   ref=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post_ref, [x, r, p, c], [g]),
+                   check=_post_tol, nbytes=fwd_b + bwd_b,
+                   anchor=("mhc_post/fwd+bwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_bwd", _BWD_TUNE))
+        liger = _liger()
+        if liger is not None:
+            post_fn = liger.LigerMHCPostResFunction.apply
+
+            def lig(xx, rr, pp, cc):
+                return post_fn(rr, xx, pp.squeeze(-1), cc.transpose(-1, -2))
+
+            yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), label="liger",
+                       fn=lambda x=x, r=r, p=p, c=c: lig(x, r, p, c),
+                       ref=lambda x=x, r=r, p=p, c=c: mhc_post_fwd(x, r, p, c), check=_close(), nbytes=fwd_b)
+            yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"), label="liger",
+                       fn=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(lig, [x, r, p, c], [g]),
+                       ref=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post, [x, r, p, c], [g]),
+                       check=_post_tol, nbytes=fwd_b + bwd_b)
+
+
+@register(_M, "mhc_head_compute_mix")
+def _head_cases(device, quick):
+    for n0, n1 in ([(1, 7)] if not _gpu(device) else [(2, 4096)]):
+        t = n0 * n1
+        args = [torch.randn(n0, n1, N, device=device), torch.randn(1, device=device), torch.randn(N, device=device)]
+        g = [torch.randn(n0, n1, N, device=device)]
+        yield Case(params=dict(n0=n0, n1=n1, op="fwd+bwd"),
+                   fn=lambda: _fwd_bwd(lambda a, s, b: mhc_head_compute_mix(a, s, b, 1e-2), args, g),
+                   ref=lambda: _fwd_bwd(lambda a, s, b: mhc_head_compute_mix_ref(a, s, b, 1e-2), args, g),
+                   check=_close(dict(rtol=1e-4, atol=1e-5)), nbytes=4 * t * N * 4, latency_bound=True)
+
+
+@register(_M, "mhc_multilayer_recompute")
+def _multilayer_cases(device, quick, grid: bool = False):
+    if not _gpu(device):
+        shapes = [(3, 2, 5, 256)]
+    elif quick:
+        shapes = [(10, 10, 8192, 7168)]
+    else:
+        hs = (2560, 4096, 7168, 8192) if grid else (2560, 7168)
+        shapes = [(10, lp, 8192, h) for h in hs for lp in (9, 10)]
+    for num_layers, num_post, seq, h in shapes:
+        t = seq
+        r0 = torch.randn(1, seq, N, h, device=device).bfloat16()
+        pre = [torch.randn(1, seq, N, 1, device=device) for _ in range(num_layers)]
+        y = [torch.randn(1, seq, h, device=device).bfloat16() for _ in range(num_post)]
+        post = [torch.randn(1, seq, N, 1, device=device) for _ in range(num_post)]
+        comb = [torch.randn(1, seq, N, N, device=device) for _ in range(num_post)]
+        li = [torch.empty(1, seq, h, dtype=torch.bfloat16, device=device) for _ in range(num_layers)]
+        res = [torch.empty(1, seq, N, h, dtype=torch.bfloat16, device=device) for _ in range(num_post)]
+        io = t * N * h * 2 + num_layers * (t * N * 4 + t * h * 2) + num_post * (
+            t * h * 2 + t * N * 4 + t * N * N * 4 + t * N * h * 2)
+
+        def fused(r0=r0, pre=pre, y=y, post=post, comb=comb, li=li, res=res):
+            mhc_multilayer_recompute(r0, pre, y, post, comb, li, res)
+            return li + res
+
+        def chain(r0=r0, pre=pre, y=y, post=post, comb=comb):
+            r, outs_li, outs_res = r0, [], []
+            for i in range(len(pre)):
+                outs_li.append(mhc_pre_apply_mix(r, pre[i]))
+                if i < len(y):
+                    r = mhc_post_fwd(y[i], r, post[i], comb[i])
+                    outs_res.append(r)
+            return outs_li + outs_res
+
+        yield Case(params=dict(num_layers=num_layers, num_post=num_post, bs=1, seq=seq, mhc_mult=N, hidden=h),
+                   fn=fused, ref=chain, check=_close(dict(atol=0, rtol=0)), nbytes=io,
+                   anchor=("mhc_multilayer_recompute", dict(num_layers=num_layers, num_post=num_post, bs=1,
+                                                            seq=seq, mhc_mult=N, hidden=h)),
+                   tune=("mhc_multilayer_recompute", _TILE_TUNE))
+
+
+def _liger():
+    """``liger_kernel.ops.mhc`` where Liger-Kernel is installed and can run here (CUDA), else None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from liger_kernel.ops import mhc as liger_mhc
+    except ImportError:
+        return None
+    return liger_mhc

@@ -1,0 +1,101 @@
+"""``mhc_head_compute_mix`` kernels: ``sigmoid(mix * scale + base) + eps`` for the head, and its backward.
+
+The autograd op is ``tritile.modeling.mhc.ops.mhc_head_compute_mix``.  The backward writes per-program partial
+sums of the scale and base gradients (deterministic, no atomics) that the host adds up.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tritile.config import get_num_sms
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.mhc._common import mix_affine, next_pow2, pre_from_logit, sigmoid_f32
+from tritile.runtime import custom_op, empty, interpreter_configs
+from tritile.utils import ceil_div
+
+
+@triton.jit
+def _head_fwd_kernel(x_ptr, scale_ptr, base_ptr, out_ptr, T, pre_eps, N: tl.constexpr, BN: tl.constexpr,
+                     BT: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    n = tl.arange(0, BN)
+    m2 = (tok < T)[:, None] & (n < N)[None, :]
+    offs = tok[:, None] * N + n[None, :]
+    x = tl.load(x_ptr + offs, mask=m2, other=0.0)
+    base = tl.load(base_ptr + n, mask=n < N, other=0.0)
+    tl.store(out_ptr + offs, pre_from_logit(mix_affine(x, tl.load(scale_ptr), base[None, :]), pre_eps), mask=m2)
+
+
+@triton.jit
+def _head_bwd_kernel(x_ptr, scale_ptr, base_ptr, g_ptr, dx_ptr, pscale_ptr, pbase_ptr, T, N: tl.constexpr,
+                     BN: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
+    """``q = g * s * (1 - s)`` with ``s`` the recomputed sigmoid; ``dx = q * scale``; program ``p`` (token blocks
+    ``p, p + P, ...``) writes ``pscale[p, j] = sum q_j x_j`` and ``pbase[p, j] = sum q_j``."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n = tl.arange(0, BN)
+    scale = tl.load(scale_ptr)
+    base = tl.load(base_ptr + n, mask=n < N, other=0.0)
+    acc_s = tl.zeros([BT, BN], tl.float32)
+    acc_b = tl.zeros([BT, BN], tl.float32)
+    blk = pid
+    while blk * BT < T:
+        tok = blk.to(tl.int64) * BT + tl.arange(0, BT)
+        m2 = (tok < T)[:, None] & (n < N)[None, :]
+        offs = tok[:, None] * N + n[None, :]
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0)
+        g = tl.load(g_ptr + offs, mask=m2, other=0.0)
+        s = sigmoid_f32(mix_affine(x, scale, base[None, :]))
+        q = tl.where(m2, g * (s * (1.0 - s)), 0.0)
+        tl.store(dx_ptr + offs, q * scale, mask=m2)
+        acc_s += q * x
+        acc_b += q
+        blk += nprog
+    tl.store(pscale_ptr + pid * BN + n, tl.sum(acc_s, axis=0))
+    tl.store(pbase_ptr + pid * BN + n, tl.sum(acc_b, axis=0))
+
+
+def _config(n: int) -> dict:
+    if interpreter_configs():
+        return dict(BT=1024, num_warps=4)
+    return dict(BT=max(1, 512 // next_pow2(n)), num_warps=4)
+
+
+@custom_op("mhc_head_compute_mix_fwd", fake=lambda x, scale, base, eps: x.new_empty(x.shape))
+def head_fwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: float) -> torch.Tensor:
+    """fp32 ``x (T, n)`` (contiguous, checked by the caller), ``scale (1,)``, ``base (n,)`` -> fp32 ``(T, n)``."""
+    t, n = x.shape
+    out = empty((t, n), torch.float32, x.device)
+    if t == 0 or n == 0:
+        return out
+    cfg = _config(n)
+    _head_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, scale, base, out, t, float(pre_eps), N=n, BN=next_pow2(n),
+                                                BT=cfg["BT"], num_warps=cfg["num_warps"], **pdl_args(x.device))
+    return out
+
+
+@custom_op("mhc_head_compute_mix_bwd",
+           fake=lambda x, scale, base, g: (x.new_empty(x.shape), x.new_empty((1,)), x.new_empty((x.shape[1],))))
+def head_bwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+             grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`head_fwd` for fp32 ``grad (T, n)`` -> ``(dx (T, n), dscale (1,), dbase (n,))``."""
+    t, n = x.shape
+    dev = x.device
+    dx = empty((t, n), torch.float32, dev)
+    if t == 0 or n == 0:
+        return dx, torch.zeros(1, dtype=torch.float32, device=dev), torch.zeros(n, dtype=torch.float32, device=dev)
+    cfg = _config(n)
+    bn = next_pow2(n)
+    nprog = max(1, min(get_num_sms(), ceil_div(t, cfg["BT"])))
+    pscale = empty((nprog, bn), torch.float32, dev)
+    pbase = empty((nprog, bn), torch.float32, dev)
+    _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=bn, BT=cfg["BT"],
+                               num_warps=cfg["num_warps"], **pdl_args(dev))
+    return dx, pscale[:, :n].sum().reshape(1), pbase[:, :n].sum(0)

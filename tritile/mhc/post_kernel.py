@@ -1,0 +1,221 @@
+"""``mhc_post`` kernels: ``R'_o = post_o * y + sum_i comb[i][o] * R_i`` and its one-pass backward.
+
+Public (as in ``tile_kernels.mhc.post_kernel``): :func:`mhc_post_fwd` and :func:`mhc_post_bwd`.  The autograd
+op is ``tritile.modeling.mhc.ops.mhc_post``.  The forward computes through ``tritile.mhc._common.post_mix``
+(shared with ``multilayer_recompute``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tritile.language import f32_to_bf16
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.mhc._common import apply_mix, extract, hidden_block, next_pow2, post_mix, set_post_grad_buffer
+from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
+                             empty, interpreter_configs, tuned)
+from tritile.utils import ceil_div
+
+__all__ = ["mhc_post_fwd", "mhc_post_bwd"]
+
+
+@triton.jit
+def _post_fwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr,
+                     BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
+    """``out[t, o, h] = bf16(post[t, o] * y[t, h] + sum_i comb[t, i, o] * x[t, i, h])`` (``_common.post_mix``)."""
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    n = tl.arange(0, BN)
+    n2 = n[None, :]
+    n3 = n[None, :, None]
+    o3 = n[None, None, :]
+    tm = tok < T
+    hm = h < H
+    post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3,
+                   mask=tm[:, None, None] & (n3 < N) & (o3 < N), other=0.0)
+    y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=tm[:, None] & hm[None, :], other=0.0)
+    m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
+    offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+    x = tl.load(x_ptr + offs, mask=m3, other=0.0)
+    out = post_mix(y.to(tl.float32), x.to(tl.float32), post, comb, n2, n3, N)
+    tl.store(out_ptr + offs, f32_to_bf16(out), mask=m3)
+
+
+@triton.jit
+def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dpost_ptr, dcomb_ptr, T,
+                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                     NCH: tl.constexpr, PDL: tl.constexpr):
+    """One pass over ``y``, ``x``, ``g``; one program owns ``BT`` whole tokens and walks their hidden chunks.
+
+    ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in
+    ``o`` order), ``dpost[t, o] = sum_h y[h] g_o[h]``, ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` (fp32)."""
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    n = tl.arange(0, BN)
+    n2 = n[None, :]
+    n3 = n[None, :, None]
+    o3 = n[None, None, :]
+    tm = tok < T
+    post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    cmask = tm[:, None, None] & (n3 < N) & (o3 < N)
+    comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cmask, other=0.0)
+    dpost = tl.zeros([BT, BN], tl.float32)
+    dcomb = tl.zeros([BT, BN, BN], tl.float32)
+    for c in range(NCH):
+        h = c * BH + tl.arange(0, BH)
+        hm = h < H
+        m2 = tm[:, None] & hm[None, :]
+        m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
+        offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+        y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=m2, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+        tl.store(dy_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(apply_mix(g, post, n2, n3, N)), mask=m2)
+        dx = tl.zeros([BT, BN, BH], tl.float32)
+        for o in tl.static_range(N):
+            g_o = extract(g, n3, o, 1)
+            dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], g_o[:, None, :], dx)
+            dcomb += tl.where(o3 == o, tl.sum(x * g_o[:, None, :], axis=2)[:, :, None], 0.0)
+        tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
+        dpost += tl.sum(y[:, None, :] * g, axis=2)
+    tl.store(dpost_ptr + tok[:, None] * N + n2, dpost, mask=tm[:, None] & (n2 < N))
+    tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, dcomb, mask=cmask)
+
+
+def _fwd_config(hidden: int, bn: int) -> dict:
+    """``[BT, BN, BH]`` residual tiles of about 4096 elements (8 KiB of bf16 per program and operand)."""
+    if interpreter_configs():
+        bh = hidden_block(hidden, cap=2048)
+        return dict(BT=max(1, 8192 // (bh * bn)), BH=bh, num_warps=4)
+    bh = hidden_block(hidden)
+    return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
+
+
+def _bwd_config(hidden: int, bn: int) -> dict:
+    """One token per program on the GPU (its hidden chunks walked in turn: per-token sums need no atomics)."""
+    if interpreter_configs():
+        bh = hidden_block(hidden, cap=2048)
+        return dict(BT=max(1, 8192 // (bh * bn)), BH=bh, num_warps=4)
+    bh = hidden_block(hidden)
+    return dict(BT=1, BH=bh, num_warps=4)
+
+
+def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optional[int] = None) -> Tuple[int, int]:
+    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=3)
+    check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=4)
+    check_tensor("post_layer_mix", post_layer_mix, dtypes=(torch.float32,), ndim=4)
+    check_tensor("comb_res_mix", comb_res_mix, dtypes=(torch.float32,), ndim=4)
+    b, s, n, h = residual.shape
+    if exact_n is not None and n != exact_n:
+        raise ValueError(f"residual must have {exact_n} streams (mhc_mult), got {n} (shape {tuple(residual.shape)})")
+    check_shape("x", x, (b, s, h))
+    check_shape("post_layer_mix", post_layer_mix, (b, s, n, 1))
+    check_shape("comb_res_mix", comb_res_mix, (b, s, n, n))
+    for name, t in (("x", x), ("post_layer_mix", post_layer_mix), ("comb_res_mix", comb_res_mix)):
+        check_contiguous(name, t)
+    check_device("residual", residual)
+    check_same_device(x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix)
+    return n, h
+
+
+def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """mHC post combination (no autograd).
+
+    Args:
+        x: bf16 ``(B, S, H)``, contiguous: the sublayer output ``y``.
+        residual: bf16 ``(B, S, n, H)`` (copied when not contiguous).
+        post_layer_mix: fp32 ``(B, S, n, 1)``, contiguous.
+        comb_res_mix: fp32 ``(B, S, n, n)``, contiguous, indexed ``[input stream i, output stream o]``.
+        out: optional bf16 ``(B, S, n, H)``, contiguous, written in place and returned.
+
+    Returns:
+        bf16 ``(B, S, n, H)``: ``out[..., o, :] = post[..., o] * x + sum_i comb[..., i, o] * residual[..., i, :]``,
+        in fp32 (the post term first, then ``i = 0..n-1`` as fused multiply-adds), rounded once.
+    """
+    n, h = _check_post_args(x, residual, post_layer_mix, comb_res_mix)
+    residual = residual.contiguous()
+    if out is None:
+        out = empty(residual.shape, torch.bfloat16, residual.device)
+    else:
+        check_tensor("out", out, dtypes=(torch.bfloat16,))
+        check_shape("out", out, residual.shape)
+        check_contiguous("out", out)
+        check_same_device(out=out, residual=residual)
+    _post_fwd_op(x, residual, post_layer_mix, comb_res_mix, out)
+    return out
+
+
+@custom_op("mhc_post_fwd", mutates_args=("out",), fake=lambda x, r, p, c, out: None)
+def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+                 out: torch.Tensor) -> None:
+    b, s, n, h = residual.shape
+    t = b * s
+    if t == 0 or h == 0:
+        return
+    bn = next_pow2(n)
+    cfg = tuned("mhc_post_fwd", _fwd_config(h, bn))
+    grid = (ceil_div(t, cfg["BT"]), ceil_div(h, cfg["BH"]))
+    _post_fwd_kernel[grid](x, residual, post_layer_mix, comb_res_mix, out, t, H=h, N=n, BN=bn, BT=cfg["BT"],
+                           BH=cfg["BH"], num_warps=cfg["num_warps"], **pdl_args(x.device))
+
+
+def _post_bwd_fake(x, residual, post_layer_mix, comb_res_mix, d_o):
+    return (x.new_empty(x.shape), residual.new_empty(residual.shape), post_layer_mix.new_empty(post_layer_mix.shape),
+            comb_res_mix.new_empty(comb_res_mix.shape))
+
+
+@custom_op("mhc_post_bwd", fake=_post_bwd_fake)
+def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+                 d_o: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = x.device
+    b, s, n, h = residual.shape
+    t = b * s
+    d_x = empty((b, s, h), torch.bfloat16, dev)
+    d_res = empty((b, s, n, h), torch.bfloat16, dev)
+    d_post = empty((b, s, n, 1), torch.float32, dev)
+    d_comb = empty((b, s, n, n), torch.float32, dev)
+    if t > 0 and h == 0:
+        d_post.zero_()
+        d_comb.zero_()
+    elif t > 0:
+        bn = next_pow2(n)
+        cfg = tuned("mhc_post_bwd", _bwd_config(h, bn))
+        _post_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
+            x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, N=n, BN=bn,
+            BT=cfg["BT"], BH=cfg["BH"], NCH=ceil_div(h, cfg["BH"]), num_warps=cfg["num_warps"], **pdl_args(dev))
+    return d_x, d_res, d_post, d_comb
+
+
+def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+                 d_o: torch.Tensor, fuse_grad_acc: bool = True
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`mhc_post_fwd` (``n = 4`` streams, as TileKernels), one kernel.
+
+    Args:
+        x, residual, post_layer_mix, comb_res_mix: as in :func:`mhc_post_fwd` (``residual`` contiguous).
+        d_o: bf16 ``(B, S, 4, H)``: the output gradient (made contiguous).
+        fuse_grad_acc: when True, ``residual.untyped_storage().grad_from_mhc_post`` is set to ``d_residual``, the
+            buffer into which the other consumers of the residual (``mhc_pre_apply_mix``, ``mhc_pre_norm_fn``)
+            accumulate their gradients in place.
+
+    Returns:
+        ``(d_x, d_residual, d_post_layer_mix, d_comb_res_mix)``: bf16 ``(B, S, H)`` ``= sum_o post_o g_o``, bf16
+        ``(B, S, 4, H)`` ``d_residual_i = sum_o comb[i, o] g_o``, fp32 ``(B, S, 4, 1)`` ``sum_h x g_o`` and fp32
+        ``(B, S, 4, 4)`` ``[i, o] = sum_h residual_i g_o``.
+    """
+    n, h = _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n=4)
+    check_contiguous("residual", residual)
+    check_tensor("d_o", d_o, dtypes=(torch.bfloat16,))
+    check_shape("d_o", d_o, residual.shape)
+    check_same_device(d_o=d_o, residual=residual)
+    d_x, d_res, d_post, d_comb = _post_bwd_op(x, residual, post_layer_mix, comb_res_mix, d_o.contiguous())
+    if fuse_grad_acc:
+        set_post_grad_buffer(residual, d_res)
+    return d_x, d_res, d_post, d_comb

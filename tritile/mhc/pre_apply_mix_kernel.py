@@ -1,0 +1,140 @@
+"""``mhc_pre_apply_mix`` kernels: ``u = sum_m mix_m * x_m`` over the residual streams, and its backward.
+
+The autograd op is ``tritile.modeling.mhc.ops.mhc_pre_apply_mix``.  The forward computes through
+``tritile.mhc._common.apply_mix`` (shared with ``pre_big_fuse`` and ``multilayer_recompute``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tritile.language import f32_to_bf16
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.mhc._common import apply_mix, hidden_block, next_pow2
+from tritile.runtime import custom_op, empty, interpreter_configs, tuned
+from tritile.utils import ceil_div
+
+
+@triton.jit
+def _apply_mix_fwd_kernel(x_ptr, mix_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
+                          BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
+    """``out[t, h] = bf16(sum_m mix[t, m] * x[t, m, h])`` (``_common.apply_mix`` order)."""
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    n = tl.arange(0, BN)
+    n2 = n[None, :]
+    n3 = n[None, :, None]
+    tm = tok < T
+    w = tl.load(mix_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    m3 = tm[:, None, None] & (n3 < N) & (h < H)[None, None, :]
+    x = tl.load(x_ptr + tok[:, None, None] * (N * H) + n3 * H + h[None, None, :], mask=m3, other=0.0)
+    u = apply_mix(x.to(tl.float32), w, n2, n3, N)
+    tl.store(out_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(u), mask=tm[:, None] & (h < H)[None, :])
+
+
+@triton.jit
+def _apply_mix_bwd_kernel(x_ptr, mix_ptr, g_ptr, dx_ptr, dmix_ptr, T, H: tl.constexpr, N: tl.constexpr,
+                          BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, NCH: tl.constexpr,
+                          ACC: tl.constexpr, PDL: tl.constexpr):
+    """One program owns ``BT`` whole tokens and walks their hidden chunks.
+
+    ``dmix[t, m] = sum_h g[t, h] * x[t, m, h]`` (fp32); ``dx[t, m, h] = bf16(fma(mix[t, m], g[t, h], acc))`` with
+    ``acc`` the fp32 value already in ``dx`` when ``ACC`` (in-place accumulation), else 0."""
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    n = tl.arange(0, BN)
+    n2 = n[None, :]
+    n3 = n[None, :, None]
+    tm = tok < T
+    w = tl.load(mix_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    dmix = tl.zeros([BT, BN, BH], tl.float32)
+    for c in range(NCH):
+        h = c * BH + tl.arange(0, BH)
+        hm = h < H
+        g = tl.load(g_ptr + tok[:, None] * H + h[None, :], mask=tm[:, None] & hm[None, :], other=0.0).to(tl.float32)
+        m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
+        offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+        x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+        dmix += x * g[:, None, :]
+        if ACC:
+            acc = tl.load(dx_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+            dx = tl.fma(w[:, :, None], g[:, None, :], acc)
+        else:
+            dx = w[:, :, None] * g[:, None, :]
+        tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
+    tl.store(dmix_ptr + tok[:, None] * N + n2, tl.sum(dmix, axis=2), mask=tm[:, None] & (n2 < N))
+
+
+def _fwd_config(hidden: int, bn: int) -> dict:
+    if interpreter_configs():
+        bh = hidden_block(hidden, cap=2048)
+        return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
+    bh = hidden_block(hidden)
+    return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
+
+
+def _bwd_config(hidden: int, bn: int) -> dict:
+    if interpreter_configs():
+        bh = hidden_block(hidden, cap=2048)
+        return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
+    bh = hidden_block(hidden)
+    return dict(BT=1, BH=bh, num_warps=4)
+
+
+@custom_op("mhc_pre_apply_mix_fwd", mutates_args=("out",), fake=lambda x, mix, out: None)
+def apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor) -> None:
+    """bf16 ``x (T, n, H)`` and fp32 ``mix (T, n)`` (contiguous, checked by the caller) -> bf16 ``out (T, H)``,
+    written in place."""
+    t, n, hdim = x.shape
+    if t == 0 or hdim == 0:
+        return
+    bn = next_pow2(n)
+    cfg = tuned("mhc_pre_apply_mix_fwd", _fwd_config(hdim, bn))
+    grid = (ceil_div(t, cfg["BT"]), ceil_div(hdim, cfg["BH"]))
+    _apply_mix_fwd_kernel[grid](x, mix, out, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
+                                num_warps=cfg["num_warps"], **pdl_args(x.device))
+
+
+def _apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor,
+                   dx: Optional[torch.Tensor] = None) -> tuple:
+    """Backward of :func:`apply_mix_fwd`: bf16 ``grad (T, H)`` (contiguous) -> ``(dx, dmix)``.
+
+    ``dx``: bf16 ``(T, n, H)``; when given it is accumulated into in place (``dx += mix * grad``, one rounding),
+    else a new ``mix * grad``.  ``dmix``: fp32 ``(T, n)``."""
+    t, n, hdim = x.shape
+    acc = dx is not None
+    if dx is None:
+        dx = empty((t, n, hdim), torch.bfloat16, x.device)
+    dmix = empty((t, n), torch.float32, x.device)
+    if t == 0:
+        return dx, dmix
+    if hdim == 0:
+        dmix.zero_()
+        return dx, dmix
+    bn = next_pow2(n)
+    cfg = tuned("mhc_pre_apply_mix_bwd", _bwd_config(hdim, bn))
+    _apply_mix_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
+        x, mix, grad, dx, dmix, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
+        NCH=ceil_div(hdim, cfg["BH"]), ACC=acc,
+        num_warps=cfg["num_warps"], **pdl_args(x.device))
+    return dx, dmix
+
+
+@custom_op("mhc_pre_apply_mix_bwd",
+           fake=lambda x, mix, g: (x.new_empty(x.shape), mix.new_empty(mix.shape)))
+def apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Backward of :func:`apply_mix_fwd` for bf16 ``grad (T, H)``: ``(bf16 dx (T, n, H) = mix * grad,
+    fp32 dmix (T, n) = sum_h grad * x)``."""
+    return _apply_mix_bwd(x, mix, grad)
+
+
+@custom_op("mhc_pre_apply_mix_bwd_acc", mutates_args=("dx",), fake=lambda x, mix, g, dx: mix.new_empty(mix.shape))
+def apply_mix_bwd_acc(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Backward of :func:`apply_mix_fwd` accumulating into bf16 ``dx (T, n, H)`` in place
+    (``dx = bf16(dx + mix * grad)``, one rounding); returns fp32 ``dmix (T, n)``."""
+    return _apply_mix_bwd(x, mix, grad, dx)[1]

@@ -1,0 +1,141 @@
+"""``mhc_pre_split_mixes`` kernels: the sigmoid-affine split of the mixes into pre / post / comb, and its backward.
+
+The autograd op is ``tritile.modeling.mhc.ops.mhc_pre_split_mixes``.  The forward computes through
+``tritile.mhc._common.load_split_mixes`` (shared with ``pre_big_fuse``).  The backward writes per-program
+partial sums of the scale and base gradients (deterministic, no atomics) that the host adds up.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tritile.config import get_num_sms
+from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.mhc._common import load_split_mixes, mix_affine, next_pow2, sigmoid_f32
+from tritile.runtime import custom_op, empty, interpreter_configs
+from tritile.utils import ceil_div
+
+
+@triton.jit
+def _split_fwd_kernel(mixes_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, pre_eps, post_mult,
+                      N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    tm = tok < T
+    n = tl.arange(0, BN)
+    pre, post, comb = load_split_mixes(mixes_ptr, N * (N + 2), scale_ptr, base_ptr, tok, tm, n, n,
+                                       pre_eps, post_mult, N)
+    m2 = tm[:, None] & (n[None, :] < N)
+    tl.store(pre_ptr + tok[:, None] * N + n[None, :], pre, mask=m2)
+    tl.store(post_ptr + tok[:, None] * N + n[None, :], post, mask=m2)
+    i3 = n[None, :, None]
+    o3 = n[None, None, :]
+    tl.store(comb_ptr + tok[:, None, None] * (N * N) + i3 * N + o3, comb,
+             mask=tm[:, None, None] & (i3 < N) & (o3 < N))
+
+
+@triton.jit
+def _split_bwd_kernel(mixes_ptr, scale_ptr, base_ptr, post_ptr, gpre_ptr, gpost_ptr, gcomb_ptr, gmix_ptr,
+                      pscale_ptr, pbase_ptr, T, post_mult, N: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+                      PDL: tl.constexpr):
+    """Program ``p`` handles token blocks ``p, p + P, ...``; it writes ``pbase[p, j] = sum gz_j`` and
+    ``pscale[p, j] = sum gz_j * mixes_j`` over its tokens (the host sums over ``p`` and, for the scale, over each
+    group of ``j``)."""
+    pdl_enter(PDL)
+    NJ: tl.constexpr = N * (N + 2)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    j = tl.arange(0, BJ)
+    jm = j < NJ
+    grp = tl.minimum(j // N, 2)
+    scale = tl.load(scale_ptr + grp, mask=jm, other=0.0)
+    base = tl.load(base_ptr + j, mask=jm, other=0.0)
+    is_pre = j < N
+    is_post = (j >= N) & (j < 2 * N)
+    is_comb = (j >= 2 * N) & jm
+    acc_b = tl.zeros([BT, BJ], tl.float32)
+    acc_s = tl.zeros([BT, BJ], tl.float32)
+    blk = pid
+    while blk * BT < T:
+        tok = blk.to(tl.int64) * BT + tl.arange(0, BT)
+        tm = (tok < T)[:, None]
+        t2 = tok[:, None]
+        m = tl.load(mixes_ptr + t2 * NJ + j[None, :], mask=tm & jm[None, :], other=0.0)
+        gpre = tl.load(gpre_ptr + t2 * N + j[None, :], mask=tm & is_pre[None, :], other=0.0)
+        gpost = tl.load(gpost_ptr + t2 * N + (j[None, :] - N), mask=tm & is_post[None, :], other=0.0)
+        post = tl.load(post_ptr + t2 * N + (j[None, :] - N), mask=tm & is_post[None, :], other=0.0)
+        gcomb = tl.load(gcomb_ptr + t2 * (N * N) + (j[None, :] - 2 * N), mask=tm & is_comb[None, :], other=0.0)
+        sg = sigmoid_f32(mix_affine(m, scale[None, :], base[None, :]))
+        gz_pre = gpre * (sg * (1.0 - sg))
+        gz_post = gpost * (post * (1.0 - tl.math.div_rn(post, tl.full(post.shape, post_mult, tl.float32))))
+        gz = tl.where(is_pre[None, :], gz_pre, tl.where(is_post[None, :], gz_post, gcomb))
+        gz = tl.where(tm & jm[None, :], gz, 0.0)
+        tl.store(gmix_ptr + t2 * NJ + j[None, :], gz * scale[None, :], mask=tm & jm[None, :])
+        acc_b += gz
+        acc_s += gz * m
+        blk += nprog
+    tl.store(pbase_ptr + pid * BJ + j, tl.sum(acc_b, axis=0))
+    tl.store(pscale_ptr + pid * BJ + j, tl.sum(acc_s, axis=0))
+
+
+def _config() -> dict:
+    if interpreter_configs():
+        return dict(BT=256, num_warps=4)
+    return dict(BT=64, num_warps=4)
+
+
+def _split_fwd_fake(mixes, scale, base, n, post_mult, pre_eps):
+    t = mixes.shape[0]
+    return mixes.new_empty((t, n)), mixes.new_empty((t, n)), mixes.new_empty((t, n, n))
+
+
+@custom_op("mhc_pre_split_mixes_fwd", fake=_split_fwd_fake)
+def split_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int, post_mult: float,
+              pre_eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 ``mixes (T, n3)`` (contiguous, checked by the caller) -> fp32 ``pre (T, n)``, ``post (T, n)``,
+    ``comb (T, n, n)`` (raw logits)."""
+    t = mixes.shape[0]
+    dev = mixes.device
+    pre = empty((t, n), torch.float32, dev)
+    post = empty((t, n), torch.float32, dev)
+    comb = empty((t, n, n), torch.float32, dev)
+    if t == 0:
+        return pre, post, comb
+    cfg = _config()
+    _split_fwd_kernel[(ceil_div(t, cfg["BT"]),)](mixes, scale, base, pre, post, comb, t, float(pre_eps),
+                                                 float(post_mult), N=n, BN=next_pow2(n), BT=cfg["BT"],
+                                                 num_warps=cfg["num_warps"], **pdl_args(dev))
+    return pre, post, comb
+
+
+def _split_bwd_fake(mixes, scale, base, post, g_pre, g_post, g_comb, n, post_mult):
+    return mixes.new_empty(mixes.shape), mixes.new_empty((3,)), mixes.new_empty((mixes.shape[1],))
+
+
+@custom_op("mhc_pre_split_mixes_bwd", fake=_split_bwd_fake)
+def split_bwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, post: torch.Tensor,
+              g_pre: torch.Tensor, g_post: torch.Tensor, g_comb: torch.Tensor, n: int,
+              post_mult: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`split_fwd`: fp32 contiguous ``(T, n)`` / ``(T, n)`` / ``(T, n, n)`` gradients and the
+    saved ``post`` output -> ``(g_mixes (T, n3), g_scale (3,), g_base (n3,))``, fp32."""
+    t, nj = mixes.shape
+    dev = mixes.device
+    g_mixes = empty((t, nj), torch.float32, dev)
+    if t == 0:
+        return g_mixes, torch.zeros(3, dtype=torch.float32, device=dev), torch.zeros(nj, dtype=torch.float32,
+                                                                                        device=dev)
+    cfg = _config()
+    bj = next_pow2(nj)
+    nprog = max(1, min(get_num_sms(), ceil_div(t, cfg["BT"])))
+    pscale = empty((nprog, bj), torch.float32, dev)
+    pbase = empty((nprog, bj), torch.float32, dev)
+    _split_bwd_kernel[(nprog,)](mixes, scale, base, post, g_pre, g_post, g_comb, g_mixes, pscale, pbase, t,
+                                float(post_mult), N=n, BJ=bj, BT=cfg["BT"], num_warps=cfg["num_warps"],
+                                **pdl_args(dev))
+    ps = pscale[:, :nj].sum(0)
+    g_scale = torch.stack([ps[:n].sum(), ps[n:2 * n].sum(), ps[2 * n:].sum()])
+    return g_mixes, g_scale, pbase[:, :nj].sum(0)

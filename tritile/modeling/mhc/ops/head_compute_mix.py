@@ -1,0 +1,56 @@
+"""``mhc_head_compute_mix``: the head's pre-mix weights ``sigmoid(mix * scale + base) + eps``, with autograd
+(``tile_kernels.modeling.mhc.ops.head_compute_mix``)."""
+
+from __future__ import annotations
+
+import torch
+
+from tritile.mhc.head_compute_mix_kernel import head_bwd, head_fwd
+from tritile.runtime import check_device, check_same_device, check_shape, check_tensor
+
+__all__ = ["mhc_head_compute_mix", "MHCHeadComputeMix"]
+
+
+class MHCHeadComputeMix(torch.autograd.Function):
+    """Backward (``s`` the sigmoid, recomputed): ``q = g s (1 - s)``, ``g_in = q * scale``, ``g_scale = sum q * in``,
+    ``g_base[j] = sum_tokens q_j`` (per-program partials, then a deterministic sum)."""
+
+    @staticmethod
+    def forward(ctx, input_mix, mhc_scale, mhc_base, mhc_pre_eps):
+        b, s, n = input_mix.shape
+        x = input_mix.contiguous().view(b * s, n)
+        scale = mhc_scale.contiguous().view(1)
+        base = mhc_base.contiguous()
+        ctx.save_for_backward(x, scale, base)
+        ctx.shape, ctx.scale_shape = input_mix.shape, mhc_scale.shape
+        return head_fwd(x, scale, base, float(mhc_pre_eps)).view(b, s, n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale, base = ctx.saved_tensors
+        dx, dscale, dbase = head_bwd(x, scale, base, grad.contiguous().view(x.shape))
+        return dx.view(ctx.shape), dscale.view(ctx.scale_shape), dbase, None
+
+
+def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
+                         mhc_pre_eps: float) -> torch.Tensor:
+    """Head mix weights.
+
+    Args:
+        input_mix: fp32 ``(B, S, n)`` (any strides, e.g. the first ``n`` columns of the mixes).
+        mhc_scale: fp32 with one element (``(1,)``).
+        mhc_base: fp32 ``(n,)``.
+        mhc_pre_eps: added after the sigmoid.
+
+    Returns:
+        fp32 ``(B, S, n)`` contiguous: ``sigmoid(input_mix * scale + base) + mhc_pre_eps``.
+    """
+    check_tensor("input_mix", input_mix, dtypes=(torch.float32,), ndim=3)
+    check_tensor("mhc_scale", mhc_scale, dtypes=(torch.float32,))
+    check_tensor("mhc_base", mhc_base, dtypes=(torch.float32,), ndim=1)
+    if mhc_scale.numel() != 1:
+        raise ValueError(f"mhc_scale must hold one element, got shape {tuple(mhc_scale.shape)}")
+    check_shape("mhc_base", mhc_base, (input_mix.shape[-1],))
+    check_device("input_mix", input_mix)
+    check_same_device(input_mix=input_mix, mhc_scale=mhc_scale, mhc_base=mhc_base)
+    return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, float(mhc_pre_eps))
