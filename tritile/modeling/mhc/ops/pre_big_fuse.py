@@ -1,0 +1,69 @@
+"""``mhc_pre_big_fuse``: the inference form of ``mhc_pre`` in two launches
+(``tile_kernels.modeling.mhc.ops.pre_big_fuse``)."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from tritile.mhc.norm_fn_kernel import check_norm_fn_inputs, flatten_residual
+from tritile.mhc.pre_big_fuse_kernel import pre_big_fuse
+from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
+
+__all__ = ["mhc_pre_big_fuse"]
+
+
+def _fake(x, fn, scale, base, rms_eps, pre_eps, sk_eps, post_mult, repeat, n):
+    T, D = x.shape
+    return (x.new_empty((T, n), dtype=torch.float32), x.new_empty((T, n, n), dtype=torch.float32),
+            x.new_empty((T, D // n), dtype=torch.bfloat16))
+
+
+@custom_op("mhc_pre_big_fuse", fake=_fake)
+def _big_fuse_op(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+                 pre_eps: float, sk_eps: float, post_mult: float, repeat: int, n: int
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return pre_big_fuse(x, fn, scale, base, rms_eps, pre_eps, sk_eps, post_mult, repeat, n)
+
+
+def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
+                     rms_eps: float, mhc_pre_eps: float, mhc_sinkhorn_eps: float, mhc_post_mult_value: float,
+                     sinkhorn_repeat: int, n_splits: int = 16) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``mhc_pre_norm_fn`` (no norm weight) + ``mhc_pre_split_mixes`` + ``sinkhorn_normalize`` +
+    ``mhc_pre_apply_mix`` in two kernels, without autograd (inference).
+
+    Bitwise equal to ``mhc_pre_norm_fn(residual, fn, None, rms_eps, fuse_grad_acc=False)`` ->
+    ``mhc_pre_split_mixes(mixes, mhc_scale, mhc_base, n, mhc_post_mult_value, mhc_pre_eps)`` ->
+    ``sinkhorn_normalize(comb, sinkhorn_repeat, mhc_sinkhorn_eps)`` -> ``mhc_pre_apply_mix(residual, pre)``.
+
+    Args:
+        residual: bfloat16 ``(..., n, H)`` contiguous, ``n = 4``.
+        fn: float32 ``(n3, n H)`` with ``n3 = n (n + 2) = 24``, contiguous (fold a norm weight in beforehand).
+        mhc_scale: float32 ``(3,)``; mhc_base: float32 ``(n3,)``.
+        rms_eps, mhc_pre_eps, mhc_sinkhorn_eps: the epsilons of the RMS, the pre sigmoid and Sinkhorn.
+        mhc_post_mult_value: the post multiplier (non-zero).
+        sinkhorn_repeat: Sinkhorn iterations, ``>= 1``.
+        n_splits: accepted for compatibility and ignored.
+
+    Returns:
+        ``(post_mix, comb_mix, layer_input)``: float32 ``(..., n, 1)``, float32 ``(..., n, n)`` (after Sinkhorn,
+        indexed ``[input stream, output stream]``) and bfloat16 ``(..., H)``.  The pre mix is not returned.
+    """
+    n, H, n3 = check_norm_fn_inputs(residual, fn, "fn")
+    check_tensor("mhc_scale", mhc_scale, dtypes=(torch.float32,))
+    check_shape("mhc_scale", mhc_scale, (3,))
+    check_tensor("mhc_base", mhc_base, dtypes=(torch.float32,))
+    check_shape("mhc_base", mhc_base, (n3,))
+    check_same_device(residual=residual, mhc_scale=mhc_scale, mhc_base=mhc_base)
+    check_contiguous("mhc_scale", mhc_scale)
+    check_contiguous("mhc_base", mhc_base)
+    if int(sinkhorn_repeat) < 1:
+        raise ValueError(f"sinkhorn_repeat must be >= 1, got {sinkhorn_repeat}")
+    if float(mhc_post_mult_value) == 0.0:
+        raise ValueError("mhc_post_mult_value must be non-zero, got 0.0")
+    x = flatten_residual(residual)
+    post, comb, out = _big_fuse_op(x, fn, mhc_scale, mhc_base, float(rms_eps), float(mhc_pre_eps),
+                                   float(mhc_sinkhorn_eps), float(mhc_post_mult_value), int(sinkhorn_repeat), n)
+    outer = tuple(residual.shape[:-2])
+    return post.view(*outer, n, 1), comb.view(*outer, n, n), out.view(*outer, H)
