@@ -94,7 +94,7 @@ def test_expand_bad_input(device):
 def test_expand_compile(device):
     hidden = torch.randn(2, 3, 64, dtype=torch.bfloat16, device=device)
     grad = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16, device=device)
-    fn = torch.compile(lambda x: expand_to_mhc(x, 4), fullgraph=True, backend=pick(cpu="eager", gpu="inductor"))
+    fn = torch.compile(lambda x: expand_to_mhc(x, 4), fullgraph=True, backend=pick(cpu="aot_eager", gpu="inductor"))
     out, g = _tester(lambda x, m: fn(x), hidden, grad, 4)
     out_ref, g_ref = _tester(expand_to_mhc, hidden, grad, 4)
     assert torch.equal(out, out_ref)

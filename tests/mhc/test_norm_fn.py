@@ -10,7 +10,7 @@ backward formulas tightly against a float64 evaluation that applies the same TF3
 import pytest
 import torch
 
-from tritile.mhc import round_to_tf32
+from tritile.mhc import norm_fn_kernel, round_to_tf32
 from tritile.modeling.mhc.ops import mhc_pre_norm_fn
 from tritile.runtime import override_config
 from tritile.testing import pick
@@ -211,6 +211,28 @@ def test_round_to_tf32(device):
     masked = (y.view(torch.int32) & -8192).view(torch.float32)
     assert masked[0].item() == 1 + 2 ** -10 and masked[1].item() == -(1 + 2 ** -10)
     assert masked[2].item() == pytest.approx(1.0009766, abs=1e-7)
+
+
+def test_tf32_bf16_split(device):
+    """The GEMM's B operand: ``tf32(fn) = hi + lo`` exactly with bf16 ``hi``, ``lo`` (``hi`` = the top 16 bits), for
+    every finite value down to bf16's normal range; infinities and NaNs stay in ``hi`` with ``lo = 0``; the padding
+    columns are zero."""
+    D = 128
+    vals = torch.tensor([0.0, -0.0, 1.0, 1 + 2 ** -10, -(1 + 2 ** -11), 1 - 2 ** -24, 3.0e38, -3.3e38, 2.0 ** -110,
+                         -(2.0 ** -100) * 1.37, 1e-4, 12345.678, float("inf"), -float("inf"), float("nan")],
+                        device=device)
+    fn = torch.randn(N3, D, device=device) * torch.logspace(-30, 30, D, device=device)
+    fn.view(-1)[:vals.numel()] = vals
+    w = torch.empty((2, D, 32), dtype=torch.bfloat16, device=device)
+    norm_fn_kernel._fn_split_kernel[(1,)](fn, w, D, N3=N3, N3P=32, BLOCK_D=D, PDL=False)
+    v = (round_to_tf32(fn).view(torch.int32) & -8192).view(torch.float32)
+    hi, lo = w[0, :, :N3].t().float(), w[1, :, :N3].t().float()
+    assert torch.equal(w[:, :, N3:].float(), torch.zeros_like(w[:, :, N3:].float()))
+    assert torch.equal(hi.view(torch.int32) & 0xFFFF, torch.zeros_like(hi.view(torch.int32)))
+    finite = torch.isfinite(v)
+    assert torch.equal((hi + lo)[finite], v[finite])
+    assert torch.equal(hi[~finite].isnan(), v[~finite].isnan())
+    assert torch.equal(hi[v.isinf()], v[v.isinf()]) and bool((lo[~finite] == 0).all())
 
 
 def test_torch_compile(device):

@@ -109,7 +109,7 @@ def test_pre_apply_mix_bad_input(device):
 
 def test_pre_apply_mix_compile(device):
     x, mix, g = _data(1, 4, 64, device)
-    fn = torch.compile(mhc_pre_apply_mix, fullgraph=True, backend=pick(cpu="eager", gpu="inductor"))
+    fn = torch.compile(mhc_pre_apply_mix, fullgraph=True, backend=pick(cpu="aot_eager", gpu="inductor"))
     got = _tester(fn, x, mix, g, with_buffer=False)
     for a, b in zip(got, _tester(mhc_pre_apply_mix, x, mix, g, with_buffer=False)):
         assert torch.equal(a, b)

@@ -32,15 +32,18 @@ EPS = 1e-6
 
 # Launch-config candidates (python -m tritile tune --module mhc).  The GEMM's split count and tile change the
 # float32 summation order of p and s ("output differs" is expected; the tests' tolerances hold for each).
-_GEMM_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, PROGRAMS=p)
-              for bt, bd, w, p in ((64, 128, 4, 256), (64, 128, 4, 1024), (32, 128, 4, 512), (32, 256, 4, 512),
-                                   (64, 256, 8, 512), (128, 128, 8, 512), (128, 64, 4, 512), (64, 64, 4, 512))]
-_BWD_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, PROGRAMS=p)
-             for bt, bd, w, p in ((64, 128, 8, 256), (64, 128, 8, 1024), (64, 128, 4, 512), (32, 128, 4, 512),
-                                  (64, 64, 4, 512), (128, 128, 8, 512), (64, 256, 8, 512), (32, 256, 8, 512))]
+_GEMM_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
+              for bt, bd, w, st, p in ((64, 128, 4, 4, 512), (64, 128, 4, 3, 512), (64, 128, 4, 5, 512),
+                                       (64, 128, 4, 4, 1024), (64, 256, 8, 3, 512), (128, 64, 4, 3, 512),
+                                       (128, 128, 8, 3, 512), (256, 64, 8, 3, 512), (32, 128, 4, 4, 512),
+                                       (64, 64, 4, 4, 512))]
+_BWD_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
+             for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 128, 4, 4, 512), (64, 128, 4, 2, 512),
+                                      (64, 128, 4, 3, 1024), (64, 128, 4, 3, 264), (32, 128, 4, 3, 512),
+                                      (64, 64, 4, 3, 512), (128, 128, 8, 3, 512))]
 _FUSE_TUNE = [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=w)
-              for bt, bh, w in ((1, 512, 4), (1, 2048, 4), (1, 1024, 2), (1, 1024, 8), (2, 1024, 4), (2, 512, 4),
-                                (4, 512, 4), (4, 1024, 8))]
+              for bt, bh, w in ((1, 1024, 4), (4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 4), (16, 256, 8),
+                                (16, 512, 8), (32, 128, 4), (32, 256, 8), (64, 128, 8))]
 
 
 def _shapes(device, quick):

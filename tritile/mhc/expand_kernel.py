@@ -6,6 +6,7 @@ Public (as in ``tile_kernels.mhc.expand_kernel``): the launcher factories :func:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -74,6 +75,24 @@ def expand_fwd(x: torch.Tensor, out: torch.Tensor) -> None:
     """Write bf16 ``x (T, H)`` into every stream of bf16 ``out (T, n, H)`` (both contiguous, checked by the
     caller)."""
     _launch(_expand_fwd_kernel, x, out, x.shape[0], x.shape[1], out.shape[1])
+
+
+def _expand_fake(x: torch.Tensor, mhc_mult: int) -> torch.Tensor:
+    return x.new_empty(tuple(x.shape[:-1]) + (mhc_mult, x.shape[-1]))
+
+
+@custom_op("mhc_expand_alloc", fake=_expand_fake)
+def expand_alloc(x: torch.Tensor, mhc_mult: int) -> torch.Tensor:
+    """bf16 ``(..., mhc_mult, H)`` with every stream equal to bf16 ``x (..., H)`` (contiguous, checked by the
+    caller), in a new tensor.
+
+    The output is allocated (and, in tests, poisoned) inside the op, so a traced ``autograd.Function.forward``
+    holds no in-place tensor op: with one there, torch 2.11's ``torch.compile`` routes the output's gradient to
+    the wrong slot of the traced forward, and the backward receives zeros (pytorch/pytorch#180642)."""
+    h = x.shape[-1]
+    out = empty(tuple(x.shape[:-1]) + (mhc_mult, h), torch.bfloat16, x.device)
+    _launch(_expand_fwd_kernel, x, out, math.prod(x.shape[:-1]), h, mhc_mult)
+    return out
 
 
 def _expand_bwd_into(grad: torch.Tensor, out: torch.Tensor) -> None:

@@ -24,6 +24,27 @@ __all__ = ["mhc_multilayer_recompute"]
 
 
 @triton.jit
+def _layer_inputs(pre_tab, y_tab, post_tab, comb_tab, i: tl.constexpr, tok, offs2, n2, n3, o3, wm, cm, m2,
+                  N: tl.constexpr, LP: tl.constexpr):
+    """Layer ``i``'s pre weights ``[BT, BN]``, and where ``i < LP`` its bf16 sublayer output ``[BT, BH]``, post
+    weights ``[BT, BN]`` and comb ``[BT, BN, BN]`` (zeros otherwise: never used)."""
+    pre_ptr = tl.load(pre_tab + i).to(tl.pointer_type(tl.float32))
+    w = tl.load(pre_ptr + tok[:, None] * N + n2, mask=wm, other=0.0)
+    if i < LP:
+        y_ptr = tl.load(y_tab + i).to(tl.pointer_type(tl.bfloat16))
+        post_ptr = tl.load(post_tab + i).to(tl.pointer_type(tl.float32))
+        comb_ptr = tl.load(comb_tab + i).to(tl.pointer_type(tl.float32))
+        y = tl.load(y_ptr + offs2, mask=m2, other=0.0)
+        post = tl.load(post_ptr + tok[:, None] * N + n2, mask=wm, other=0.0)
+        comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cm, other=0.0)
+    else:
+        y = tl.zeros(offs2.shape, dtype=tl.bfloat16)
+        post = tl.zeros(w.shape, dtype=tl.float32)
+        comb = tl.zeros([w.shape[0], w.shape[1], w.shape[1]], dtype=tl.float32)
+    return w, y, post, comb
+
+
+@triton.jit
 def _multilayer_kernel(r0_ptr, pre_tab, y_tab, post_tab, comb_tab, li_tab, res_tab, T, H: tl.constexpr,
                        N: tl.constexpr, BN: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, BT: tl.constexpr,
                        BH: tl.constexpr, PDL: tl.constexpr):
@@ -43,22 +64,23 @@ def _multilayer_kernel(r0_ptr, pre_tab, y_tab, post_tab, comb_tab, li_tab, res_t
     offs2 = tok[:, None] * H + h[None, :]
     offs3 = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
     r = tl.load(r0_ptr + offs3, mask=m3, other=0.0).to(tl.float32)
-    for i in range(L):
-        pre_ptr = tl.load(pre_tab + i).to(tl.pointer_type(tl.float32))
+    # Software-pipelined over the (unrolled) layers: layer i + 1's small tensors and sublayer output are loaded
+    # before layer i's stores, so their latency overlaps layer i's work (inputs and outputs never alias).
+    w, y, post, comb = _layer_inputs(pre_tab, y_tab, post_tab, comb_tab, 0, tok, offs2, n2, n3, o3, wm, cm, m2,
+                                     N, LP)
+    for i in tl.static_range(L):
+        if i + 1 < L:
+            w_n, y_n, post_n, comb_n = _layer_inputs(pre_tab, y_tab, post_tab, comb_tab, i + 1, tok, offs2, n2, n3,
+                                                     o3, wm, cm, m2, N, LP)
         li_ptr = tl.load(li_tab + i).to(tl.pointer_type(tl.bfloat16))
-        w = tl.load(pre_ptr + tok[:, None] * N + n2, mask=wm, other=0.0)
         tl.store(li_ptr + offs2, f32_to_bf16(apply_mix(r, w, n2, n3, N)), mask=m2)
         if i < LP:
-            y_ptr = tl.load(y_tab + i).to(tl.pointer_type(tl.bfloat16))
-            post_ptr = tl.load(post_tab + i).to(tl.pointer_type(tl.float32))
-            comb_ptr = tl.load(comb_tab + i).to(tl.pointer_type(tl.float32))
             res_ptr = tl.load(res_tab + i).to(tl.pointer_type(tl.bfloat16))
-            y = tl.load(y_ptr + offs2, mask=m2, other=0.0).to(tl.float32)
-            post = tl.load(post_ptr + tok[:, None] * N + n2, mask=wm, other=0.0)
-            comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cm, other=0.0)
-            rb = f32_to_bf16(post_mix(y, r, post, comb, n2, n3, N))
+            rb = f32_to_bf16(post_mix(y.to(tl.float32), r, post, comb, n2, n3, N))
             tl.store(res_ptr + offs3, rb, mask=m3)
             r = rb.to(tl.float32)
+        if i + 1 < L:
+            w, y, post, comb = w_n, y_n, post_n, comb_n
 
 
 def _config(hidden: int, bn: int) -> dict:

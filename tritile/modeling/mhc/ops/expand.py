@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from tritile.mhc.expand_kernel import expand_bwd, expand_fwd
-from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor, empty
+from tritile.mhc.expand_kernel import expand_alloc, expand_bwd, expand_fwd
+from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor
 
 __all__ = ["expand_to_mhc", "MHCExpand"]
 
@@ -19,10 +19,10 @@ class MHCExpand(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tensor]) -> torch.Tensor:
         h = hidden.shape[-1]
-        shape = tuple(hidden.shape[:-1]) + (mhc_mult, h)
-        if out is None:
-            out = empty(shape, torch.bfloat16, hidden.device)
-        expand_fwd(hidden.view(-1, h), out.view(-1, mhc_mult, h))
+        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see expand_alloc)
+            out = expand_alloc(hidden, mhc_mult)
+        else:
+            expand_fwd(hidden.view(-1, h), out.view(-1, mhc_mult, h))
         ctx.hidden_shape = tuple(hidden.shape)
         ctx.mhc_mult = mhc_mult
         return out

@@ -8,9 +8,25 @@ from typing import Optional
 import torch
 
 from tritile.mhc.post_kernel import _check_post_args, mhc_post_bwd, mhc_post_fwd
-from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor
+from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
 
 __all__ = ["mhc_post", "mhc_post_fwd", "mhc_post_bwd", "MHCPost"]
+
+
+def _post_alloc_fake(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+                     comb_res_mix: torch.Tensor) -> torch.Tensor:
+    return residual.new_empty(residual.shape)
+
+
+@custom_op("mhc_post_alloc", fake=_post_alloc_fake)
+def _post_alloc(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+                comb_res_mix: torch.Tensor) -> torch.Tensor:
+    """:func:`mhc_post_fwd` into a new bf16 ``(B, S, n, H)`` tensor (arguments as there, checked by the caller).
+
+    The output is allocated (and, in tests, poisoned) inside the op, so the traced ``MHCPost.forward`` holds no
+    in-place tensor op: with one there, torch 2.11's ``torch.compile`` routes the output's gradient to the wrong
+    slot of the traced forward, and the backward receives zeros."""
+    return mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix)
 
 
 class MHCPost(torch.autograd.Function):
@@ -20,7 +36,10 @@ class MHCPost(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out):
-        out = mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
+        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see _post_alloc)
+            out = _post_alloc(x, residual, post_layer_mix, comb_res_mix)
+        else:
+            out = mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
         ctx.save_for_backward(x, residual, post_layer_mix, comb_res_mix)
         return out
 

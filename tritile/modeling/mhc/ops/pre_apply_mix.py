@@ -9,9 +9,28 @@ import torch
 
 from tritile.mhc._common import get_post_grad_buffer
 from tritile.mhc.pre_apply_mix_kernel import apply_mix_bwd, apply_mix_bwd_acc, apply_mix_fwd
-from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor, empty
+from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
+                             empty)
 
 __all__ = ["mhc_pre_apply_mix", "MHCPreApplyMix"]
+
+
+def _apply_mix_alloc_fake(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(tuple(x.shape[:-2]) + (x.shape[-1],))
+
+
+@custom_op("mhc_pre_apply_mix_alloc", fake=_apply_mix_alloc_fake)
+def _apply_mix_alloc(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """bf16 ``(..., H)`` pre-mix of bf16 ``x (..., n, H)`` with fp32 ``mix (..., n, 1)`` (contiguous, checked by
+    the caller), in a new tensor.
+
+    The output is allocated (and, in tests, poisoned) inside the op, so the traced ``MHCPreApplyMix.forward``
+    holds no in-place tensor op: with one there, torch 2.11's ``torch.compile`` routes the output's gradient to
+    the wrong slot of the traced forward, and the backward receives zeros."""
+    n, h = x.shape[-2], x.shape[-1]
+    out = empty(tuple(x.shape[:-2]) + (h,), torch.bfloat16, x.device)
+    apply_mix_fwd(x.view(-1, n, h), mix.view(-1, n), out.view(-1, h))
+    return out
 
 
 class MHCPreApplyMix(torch.autograd.Function):
@@ -21,13 +40,11 @@ class MHCPreApplyMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mix, out):
-        n, h = x.shape[-2], x.shape[-1]
-        lead = tuple(x.shape[:-2])
-        if out is None:
-            out = empty(lead + (h,), torch.bfloat16, x.device)
-        x3 = x.view(-1, n, h)
-        mix2 = mix.view(-1, n)
-        apply_mix_fwd(x3, mix2, out.view(-1, h))
+        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see _apply_mix_alloc)
+            out = _apply_mix_alloc(x, mix)
+        else:
+            n, h = x.shape[-2], x.shape[-1]
+            apply_mix_fwd(x.view(-1, n, h), mix.view(-1, n), out.view(-1, h))
         ctx.save_for_backward(x, mix)
         return out
 
