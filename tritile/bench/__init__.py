@@ -20,7 +20,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-MODULES = ("transpose", "quant", "moe", "engram", "mhc")
+MODULES = ("transpose", "quant", "moe", "engram", "mhc", "ep")
 
 
 @dataclass

@@ -1,0 +1,1156 @@
+"""``tritile.ep.Buffer``: DeepEP v1-shaped expert-parallel dispatch / combine on torch.distributed.
+
+See the package docstring (:mod:`tritile.ep`) for the contract, the supported arguments and the engine.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from ..runtime import check_inner_contiguous, check_tensor, checks_enabled, empty, kernel_device_ok
+from ..utils import align
+from ._dist import CommContext, EventOverlap, a2a_rows, group_device
+from .layout import check_layout_args, dispatch_layout
+from .ll import ll_positions
+from .pack import as_words, gather_rows, meta_width, pack_meta, pack_rows, scatter_rows_into, unpack_meta
+from .reduce import combine_reduce
+
+__all__ = ["Buffer", "Config", "EPHandle", "LowLatencyHandle", "EventOverlap", "topk_idx_t"]
+
+#: dtype of expert indices (DeepEP's ``topk_idx_t``); int32 ``topk_idx`` is accepted too.
+topk_idx_t = torch.int64
+
+_MAGIC = 0x7E9D15
+# header fields exchanged with the counts (every rank must agree on all but T and BAD)
+_HDR_FIELDS = ("magic", "op", "hidden", "x dtype", "scale words", "scale dtype", "num_topk", "has weights",
+               "num_experts", "capacity", "num_tokens", "bad ids")
+_HDR = len(_HDR_FIELDS)
+_F_T, _F_BAD = _HDR - 2, _HDR - 1
+_OP_DISPATCH, _OP_CACHED, _OP_COMBINE, _OP_LL_DISPATCH, _OP_LL_COMBINE = 1, 2, 3, 4, 5
+_DTYPES = {torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float32: 3, torch.int32: 4, torch.float16: 5}
+_DTYPE_NAMES = {v: str(k).replace("torch.", "") for k, v in _DTYPES.items()}
+
+
+class Config:
+    """DeepEP's tuning ``Config``, accepted for compatibility and **advisory only**: NCCL picks its own channels
+    and SMs, so SM counts and chunk sizes change nothing here."""
+
+    def __init__(self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 256) -> None:
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0: tritile allocates per call from PyTorch's caching allocator."""
+        return 0
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0: there is no RDMA buffer."""
+        return 0
+
+
+@dataclass
+class EPHandle:
+    """Routing of one high-throughput dispatch, reused by :meth:`Buffer.combine` and cached dispatch.
+
+    Send side (this rank's ``T`` tokens): ``is_token_in_rank`` bool ``(T, R)``; ``send_slot`` int32 ``(T, R)``
+    (row of token ``t`` in the block sent to rank ``r``, ``-1`` = not sent); ``send_base`` int32 ``(R,)`` (first row
+    of each block: the exclusive prefix of ``send_counts``, or ``r * capacity`` in fixed-capacity mode).
+    Receive side (``N`` rows, ascending source rank then source token): ``recv_src_idx`` int32 ``(N,)`` source
+    token index, ``recv_src_rank`` int32 ``(N,)``, ``recv_src_global`` int64 ``(N,)`` = ``src_rank * M + token``
+    (v2 convention, ``M = num_max_tokens_per_rank``), ``rank_prefix_matrix`` int32 ``(R, R)`` (entry ``[i][j]``: tokens
+    sent to rank ``j`` by ranks ``0..i``; rows ``[P[i-1][me], P[i][me])`` of ``recv_x`` came from rank ``i``),
+    ``recv_topk_idx`` int64 ``(N, k)`` local expert ids or None.  Counts: ``send_counts`` / ``recv_counts`` (host
+    lists; None in fixed-capacity mode) and ``send_counts_t`` / ``recv_counts_t`` (device int32 ``(R,)``);
+    ``num_recv_tokens_per_expert_list`` (aligned, host; ``[]`` in fixed-capacity mode),
+    ``psum_num_recv_tokens_per_expert`` int32 ``(L,)`` (non-expand: inclusive prefix of the aligned counts;
+    expand: aligned segment start + real count), ``num_unaligned_recv_tokens_per_expert`` int32 ``(L,)``.
+    Expand mode: ``token_topk_to_pos`` int32 ``(N, k)`` (expanded row of each (row, slot), ``-1`` = none),
+    ``pos_to_token_topk`` int32 ``(N_exp,)``, ``num_expanded_tokens``.  Fixed-capacity mode (``num_worst_tokens``):
+    ``capacity`` ``M`` rows per (source, destination) pair and ``recv_row_map`` / ``send_row_map`` int32 (receive
+    compaction and its reverse).
+    """
+
+    num_experts: int
+    expert_alignment: int
+    num_ranks: int
+    rank: int
+    num_tokens: int
+    num_topk: int
+    num_max_tokens_per_rank: int
+    is_token_in_rank: torch.Tensor
+    send_slot: torch.Tensor
+    send_base: torch.Tensor
+    send_counts: Optional[List[int]]
+    recv_counts: Optional[List[int]]
+    send_counts_t: torch.Tensor
+    recv_counts_t: torch.Tensor
+    num_recv_tokens: Optional[int]
+    num_recv_rows: int
+    recv_src_idx: torch.Tensor
+    recv_topk_idx: Optional[torch.Tensor]
+    num_recv_tokens_per_expert_list: List[int]
+    topk_idx: Optional[torch.Tensor]
+    recv_table: torch.Tensor
+    do_expand: bool = False
+    token_topk_to_pos: Optional[torch.Tensor] = None
+    pos_to_token_topk: Optional[torch.Tensor] = None
+    pos_to_expert: Optional[torch.Tensor] = None
+    num_expanded_tokens: int = 0
+    capacity: int = 0
+    recv_row_map: Optional[torch.Tensor] = None
+    send_row_map: Optional[torch.Tensor] = None
+    layout_id: int = 0
+    extra: dict = field(default_factory=dict)
+
+    # The inspection tensors below are computed on first use (a dispatch enqueues none of their kernels).
+    def _lazy(self, name: str, make):
+        v = self.extra.get(name)
+        if v is None:
+            v = make()
+            self.extra[name] = v
+        return v
+
+    @property
+    def num_unaligned_recv_tokens_per_expert(self) -> torch.Tensor:
+        """int32 ``(L,)``: (row, slot) pairs received per local expert."""
+        col = _HDR + self.num_ranks + 1
+        return self._lazy("unaligned", lambda: self.recv_table[:, col:].sum(0, dtype=torch.int32))
+
+    @property
+    def psum_num_recv_tokens_per_expert(self) -> torch.Tensor:
+        """int32 ``(L,)``: non-expand, the inclusive prefix of the aligned counts; expand, each expert's aligned
+        segment start plus its real count."""
+        a = self.expert_alignment
+        return self._lazy("psum", lambda: ((self.num_unaligned_recv_tokens_per_expert + a - 1) // a * a).cumsum(
+            0, dtype=torch.int32))
+
+    @property
+    def rank_prefix_matrix(self) -> torch.Tensor:
+        """int32 ``(R, R)``: entry ``[i][j]`` = tokens sent to rank ``j`` by ranks ``0..i``."""
+        r = self.num_ranks
+        return self._lazy("prefix", lambda: self.recv_table[:, _HDR:_HDR + r].cumsum(0, dtype=torch.int32))
+
+    @property
+    def recv_src_rank(self) -> torch.Tensor:
+        """int32 ``(rows,)``: source rank of each received row (``-1`` on padding rows)."""
+        def make():
+            dev = self.recv_table.device
+            return torch.repeat_interleave(torch.arange(self.num_ranks, dtype=torch.int32, device=dev),
+                                           self.recv_counts_t.to(torch.int64), output_size=self.num_recv_rows)
+        return self._lazy("src_rank", make)
+
+    @property
+    def recv_src_global(self) -> torch.Tensor:
+        """int64 ``(rows,)``: ``src_rank * M + source token`` (v2's source global id; ``-1`` on padding rows)."""
+        def make():
+            sr = self.recv_src_rank
+            return torch.where(sr >= 0, sr.to(torch.int64) * self.num_max_tokens_per_rank + self.recv_src_idx, -1)
+        return self._lazy("src_global", make)
+
+
+@dataclass
+class LowLatencyHandle:
+    """Routing of one :meth:`Buffer.low_latency_dispatch`.  DeepEP's tuple fields: ``src_info`` int32
+    ``(L, R*M)`` (source token of each slab row, ``-1`` past ``recv_count``), ``layout_range`` int64 ``(L, R)``
+    (``(begin << 32) | count`` of the rows from each source), ``num_max_dispatch_tokens_per_rank`` ``M``,
+    ``hidden``, ``num_experts``.  Internal: ``send_slot`` int32 ``(T, R)``, ``pos`` int32 ``(R*M, k)`` (slab row of
+    each received (row, slot)), ``recv_weights`` float32 ``(R*M, k)`` or None (weights given to dispatch)."""
+
+    src_info: torch.Tensor
+    layout_range: torch.Tensor
+    num_max_dispatch_tokens_per_rank: int
+    hidden: int
+    num_experts: int
+    send_slot: torch.Tensor
+    pos: torch.Tensor
+    recv_weights: Optional[torch.Tensor]
+    num_tokens: int
+    num_topk: int
+    weights_src: Optional[Tuple[torch.Tensor, int]] = None
+
+    def __iter__(self):
+        return iter((self.src_info, self.layout_range, self.num_max_dispatch_tokens_per_rank, self.hidden,
+                     self.num_experts))
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class Buffer:
+    """Expert-parallel dispatch / combine for one process group, with DeepEP v1's methods and return tuples.
+
+    Args:
+        group: a ``torch.distributed`` process group (None: the default group).  NCCL groups take CUDA tensors,
+            gloo groups CPU tensors.  Every collective inherits the group's timeout.
+        num_nvl_bytes, num_rdma_bytes, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl:
+            accepted and ignored (there are no NVLink/RDMA buffers or queue pairs: NCCL moves the bytes).
+        low_latency_mode: accepted; both paths are always available.
+        explicitly_destroy: accepted; :meth:`destroy` releases the cached tensors either way.
+        enable_shrink: rank masking is not supported; ``True`` raises ``ValueError``.
+        num_max_tokens_per_rank: ``M`` of the v2 source global id ``src_rank * M + token`` and the default
+            capacity of fixed-capacity dispatch (0: the largest token count over the ranks, per call).
+        hidden, num_topk, use_fp8_dispatch: accepted (sizing hints).
+        peer_checks: verify that every rank passed matching arguments (hidden size, dtypes, top-k, experts,
+            capacity) so that a mismatch raises the same ``ValueError`` on every rank.  Uncached dispatch always
+            checks (the header rides with the counts, whose host sync it needs anyway).  Combine, cached
+            dispatch and the low-latency calls exchange the header in one extra tiny collective plus a host sync,
+            and ``num_worst_tokens`` dispatch syncs on the header it already exchanges: all only with
+            ``peer_checks=True`` (the default) and never during CUDA-graph capture.  Without the check, arguments
+            that differ across ranks are undefined behaviour of the collective (gloo aborts the process, NCCL
+            may hang until the group's timeout): turn it off for latency-critical paths once they are known good.
+
+    Attributes:
+        phase_hook: None or a callable ``name -> context manager`` wrapped around each phase of a call
+            (``"layout"``, ``"notify"``, ``"pack"``, ``"exchange"``, ``"unpack"``, ``"expand"``, ``"prereduce"``,
+            ``"reduce"``), e.g. CUDA-event timers for benchmarks.
+    """
+
+    num_sms: int = 20
+
+    def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 1, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, *, num_max_tokens_per_rank: int = 0,
+                 hidden: int = 0, num_topk: int = 0, use_fp8_dispatch: bool = False, peer_checks: bool = True) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("group: torch.distributed must be initialized (init_process_group) before Buffer()")
+        if enable_shrink:
+            raise ValueError("enable_shrink=True (rank masking) is not supported by tritile.ep")
+        if not _is_int(num_max_tokens_per_rank) or num_max_tokens_per_rank < 0:
+            raise ValueError(f"num_max_tokens_per_rank must be an int >= 0, got {num_max_tokens_per_rank!r}")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.group_size = dist.get_world_size(self.group)
+        self.device = group_device(self.group)
+        self.low_latency_mode = bool(low_latency_mode)
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.num_max_tokens_per_rank = int(num_max_tokens_per_rank)
+        self.hidden, self.num_topk, self.use_fp8_dispatch = hidden, num_topk, use_fp8_dispatch
+        self.peer_checks = bool(peer_checks)
+        self.phase_hook: Optional[Callable[[str], ContextManager]] = None
+        self._comm_stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        self._last_layout = None
+        self._cache: dict = {}
+        self._layout_counter = 0
+        self._destroyed = False
+
+    # ----------------------------------------------------------------------------------------------------------
+    # DeepEP compatibility shims
+    # ----------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """Accepted and recorded; advisory only (NCCL chooses its own SMs)."""
+        Buffer.num_sms = int(new_num_sms)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        """0: there is no RDMA buffer."""
+        return 0
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
+                                 num_experts: int = 0) -> None:
+        """No-op: the low-latency path keeps no state between calls."""
+
+    def get_comm_stream(self) -> Optional["torch.cuda.Stream"]:
+        """The communication stream (CUDA), or None on the CPU."""
+        return self._comm_stream
+
+    def capture(self) -> EventOverlap:
+        """An event recorded on the current stream (to pass as ``previous_event``); a no-op event on the CPU."""
+        if self.device.type != "cuda":
+            return EventOverlap(None)
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        return EventOverlap(ev)
+
+    def destroy(self) -> None:
+        """Release cached tensors; the buffer cannot be used afterwards."""
+        self._cache.clear()
+        self._last_layout = None
+        self._destroyed = True
+
+    # ----------------------------------------------------------------------------------------------------------
+    # helpers
+    # ----------------------------------------------------------------------------------------------------------
+    def _alive(self) -> None:
+        if self._destroyed:
+            raise RuntimeError("this Buffer was destroyed")
+
+    @contextmanager
+    def _phase(self, name: str):
+        if self.phase_hook is None:
+            yield
+        else:
+            with self.phase_hook(name):
+                yield
+
+    def _ctx(self, previous_event, async_finish, allocate_on_comm_stream) -> CommContext:
+        if previous_event is not None and not isinstance(previous_event, EventOverlap):
+            raise TypeError(f"previous_event must be an EventOverlap or None, got {type(previous_event).__name__}")
+        return CommContext(self._comm_stream, previous_event, bool(async_finish), bool(allocate_on_comm_stream))
+
+    def _check_device(self, name: str, t: torch.Tensor) -> None:
+        if t.device.type != self.device.type:
+            raise ValueError(f"{name} must be on {self.device.type} for this {dist.get_backend(self.group)} group, "
+                             f"got {t.device}")
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _arange_base(self, capacity: int) -> torch.Tensor:
+        key = ("base", capacity)
+        t = self._cache.get(key)
+        if t is None:
+            t = torch.arange(self.group_size, dtype=torch.int32, device=self.device) * capacity
+            self._cache[key] = t
+        return t
+
+    def _check_x(self, x, name: str = "x"):
+        """Local checks of a dispatch payload: ``(data, sf, sf_1d)``."""
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2:
+                raise TypeError(f"{name} must be a bf16 tensor or an (fp8 data, scales) tuple, got a "
+                                f"{type(x).__name__} of length {len(x)}")
+            data, sf = x
+            check_tensor(f"{name}[0]", data, dtypes=(torch.float8_e4m3fn,), ndim=2)
+            check_tensor(f"{name}[1]", sf, dtypes=(torch.float32, torch.int32), ndim=(1, 2))
+            self._check_device(f"{name}[1]", sf)
+            if sf.shape[0] != data.shape[0]:
+                raise ValueError(f"{name}[1] (scales) must have {data.shape[0]} rows, got shape {tuple(sf.shape)}")
+            sf_1d = sf.dim() == 1
+            if sf_1d:
+                sf = sf[:, None]
+        else:
+            data, sf, sf_1d = x, None, False
+            check_tensor(name, data, dtypes=(torch.bfloat16,), ndim=2)
+        self._check_device(name, data)
+        check_inner_contiguous(name if sf is None else f"{name}[0]", data)
+        return data, sf, sf_1d
+
+    def _header(self, op: int, data, sf, num_topk: int, has_w: bool, num_experts: int, capacity: int,
+                num_tokens: int) -> List[int]:
+        return [_MAGIC, op, data.shape[1], _DTYPES.get(data.dtype, 0), 0 if sf is None else sf.shape[1],
+                0 if sf is None else _DTYPES.get(sf.dtype, 0), num_topk, int(has_w), num_experts, capacity,
+                num_tokens, 0]
+
+    def _check_headers(self, mine: List[int], table: torch.Tensor) -> None:
+        """Raise the same ValueError on every rank when any rank's header differs from the others'."""
+        rows = table[:, :_HDR].tolist()
+        bad = [(r, row[_F_BAD]) for r, row in enumerate(rows) if row[_F_BAD]]
+        for r, row in enumerate(rows):
+            for f in range(_HDR - 2):
+                if row[f] != mine[f]:
+                    what = _HDR_FIELDS[f]
+                    a, b = row[f], mine[f]
+                    if what in ("x dtype", "scale dtype"):
+                        a, b = _DTYPE_NAMES.get(a, a), _DTYPE_NAMES.get(b, b)
+                    raise ValueError(f"ranks disagree on {what}: rank {r} has {a}, rank {self.rank} has {b} "
+                                     "(every rank must pass the same hidden size, dtypes, top-k and experts)")
+        if bad:
+            raise ValueError("topk_idx must hold expert ids in [-1, num_experts): rank(s) "
+                             + ", ".join(f"{r} ({n} bad id(s))" for r, n in bad) + " passed ids outside")
+
+    def _peer_check(self, hdr: List[int]) -> None:
+        if not self.peer_checks or self._capturing():
+            return
+        send = torch.tensor([hdr] * self.group_size, dtype=torch.int32, device=self.device)
+        recv = torch.empty_like(send)
+        a2a_rows(recv, send, None, None, self.group)
+        self._check_headers(hdr, recv.cpu())
+
+    # ----------------------------------------------------------------------------------------------------------
+    # layout
+    # ----------------------------------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
+                            previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                            allocate_on_comm_stream: bool = False):
+        """Layout of a dispatch (no collective, no host sync).
+
+        Args:
+            topk_idx: int64 / int32 ``(T, k)``, ``-1`` = unused slot.
+            num_experts: ``E``, divisible by the group size.
+
+        Returns:
+            ``(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)``: int32 ``(R,)``
+            (deduplicated per rank), None (no RDMA ranks), int32 ``(E,)``, bool ``(T, R)``, EventOverlap.
+        """
+        self._alive()
+        check_layout_args(topk_idx, num_experts, self.group_size)
+        self._check_device("topk_idx", topk_idx)
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(topk_idx,)):
+            with self._phase("layout"):
+                per_rank, per_expert, is_in, slot, bad = dispatch_layout(topk_idx, num_experts, self.group_size)
+        ctx.own(per_rank, per_expert, is_in)
+        self._last_layout = (topk_idx, topk_idx._version, num_experts, is_in, per_rank, per_expert, slot, bad)
+        return per_rank, None, per_expert, is_in, ctx.event
+
+    def _layout_for(self, topk_idx, num_experts, is_token_in_rank):
+        last = self._last_layout
+        if (last is not None and topk_idx is last[0] and topk_idx._version == last[1] and num_experts == last[2]
+                and (is_token_in_rank is None or is_token_in_rank is last[3])):
+            return last[4], last[5], last[3], last[6], last[7]
+        with self._phase("layout"):
+            return dispatch_layout(topk_idx, num_experts, self.group_size)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # high-throughput dispatch
+    # ----------------------------------------------------------------------------------------------------------
+    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[EPHandle] = None,
+                 num_tokens_per_rank: Optional[torch.Tensor] = None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank: Optional[torch.Tensor] = None, num_tokens_per_expert: Optional[torch.Tensor] = None,
+                 topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False, *, num_experts: Optional[int] = None,
+                 do_expand: bool = False, do_zero_padding: bool = False, use_tma_aligned_col_major_sf: bool = False,
+                 cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None, use_fp8: bool = False,
+                 round_scale: bool = False, use_ue8m0: bool = False):
+        """Send each token once to every rank that owns one of its experts (see :mod:`tritile.ep`).
+
+        Args:
+            x: bfloat16 ``(T, H)`` (unit inner stride), or ``(fp8 float8_e4m3fn (T, H), scales)`` with scales
+                float32 ``(T, S)`` (per-128 channel blocks: ``S = ceil(H/128)``), int32 ``(T, S)`` (packed UE8M0) or
+                float32 ``(T,)``; scales may have any strides.
+            handle: an :class:`EPHandle` from an earlier dispatch: cached dispatch (same routing, no layout, no
+                host sync); ``topk_idx`` / ``topk_weights`` / layout tensors must then be None.
+            num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert: from :meth:`get_dispatch_layout`
+                (optional: recomputed from ``topk_idx`` unless they are that call's outputs for this same
+                ``topk_idx``).  ``num_tokens_per_rdma_rank``, ``config``: ignored.
+            topk_idx: int64 / int32 ``(T, k)``, ``-1`` = unused; required without a handle unless
+                ``is_token_in_rank`` is given (a dispatch without top-k).
+            topk_weights: float32 ``(T, k)`` or None.
+            expert_alignment: ``a >= 1``: reported per-expert counts are rounded up to multiples of ``a``; in
+                expand mode every expert segment starts at a multiple of ``a``.
+            num_worst_tokens: ``> 0``: sync-free fixed-capacity mode: every row output has exactly this many rows
+                (padding rows: ids ``-1``, weights 0, zero data), the per-expert list is ``[]``.  Capacity
+                ``M = num_max_tokens_per_rank`` of the Buffer, else ``num_worst_tokens // R``; needs ``T <= M``
+                and ``num_worst_tokens >= R * M``.
+            previous_event, async_finish, allocate_on_comm_stream: the async model (:class:`EventOverlap`).
+            num_experts: ``E`` (default: ``num_tokens_per_expert.numel()``).
+            do_expand: one row per (token, local expert), experts in contiguous ``a``-aligned segments.
+            do_zero_padding: accepted; padding rows of expand mode are always zero.
+            use_tma_aligned_col_major_sf: return the received scales column-major (strides ``(1, align(N, 4))``).
+            cumulative_local_expert_recv_stats: int32 ``(L,)``, incremented by the unaligned per-expert counts.
+            use_fp8, round_scale, use_ue8m0: with a bfloat16 ``x``, cast it first to e4m3 with per-128 scales
+                (``tritile.quant.per_token_cast``, a separate launch), power-of-two scales, packed UE8M0.
+
+        Returns:
+            ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``:
+            ``recv_x`` ``(N, H)`` (expand: ``(N_exp, H)``; a tuple with scales for FP8), rows ordered by source
+            rank then source token; ``recv_topk_idx`` int64 ``(N, k)`` local expert ids, ``-1`` elsewhere (None in
+            expand mode or without top-k); ``recv_topk_weights`` float32 ``(N, k)`` zero at ``-1`` slots (expand:
+            ``(N_exp,)``, one weight per row; None without weights); ``list[L]`` aligned counts; the handle; an
+            :class:`EventOverlap`.
+        """
+        self._alive()
+        if use_fp8:
+            if isinstance(x, (tuple, list)):
+                raise ValueError("use_fp8=True needs a bfloat16 x, got an (fp8, scales) tuple")
+            check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+            self._check_device("x", x)
+            from ..quant import per_token_cast
+
+            x = tuple(per_token_cast(x, "e4m3", 128, round_sf=bool(round_scale or use_ue8m0),
+                                     use_tma_aligned_col_major_sf=bool(use_ue8m0), use_packed_ue8m0=bool(use_ue8m0)))
+        data, sf, sf_1d = self._check_x(x)
+        if not _is_int(expert_alignment) or expert_alignment < 1:
+            raise ValueError(f"expert_alignment must be an int >= 1, got {expert_alignment!r}")
+        if not _is_int(num_worst_tokens) or num_worst_tokens < 0:
+            raise ValueError(f"num_worst_tokens must be an int >= 0, got {num_worst_tokens!r}")
+        if handle is not None:
+            if not isinstance(handle, EPHandle):
+                raise TypeError(f"handle must be an EPHandle from Buffer.dispatch, got {type(handle).__name__}")
+            for nm, v in (("topk_idx", topk_idx), ("topk_weights", topk_weights),
+                          ("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
+                          ("num_tokens_per_expert", num_tokens_per_expert)):
+                if v is not None:
+                    raise ValueError(f"{nm} must be None with a handle (cached dispatch), got a tensor")
+            return self._cached_dispatch(data, sf, sf_1d, handle, do_expand, use_tma_aligned_col_major_sf,
+                                         previous_event, async_finish, allocate_on_comm_stream)
+        num_tokens = data.shape[0]
+        if num_experts is None:
+            if num_tokens_per_expert is None:
+                raise ValueError("num_experts is required (or num_tokens_per_expert from get_dispatch_layout)")
+            num_experts = num_tokens_per_expert.numel()
+        if topk_idx is None:
+            if is_token_in_rank is None:
+                raise ValueError("topk_idx (or is_token_in_rank for a dispatch without top-k) is required "
+                                 "without a handle")
+            if topk_weights is not None:
+                raise ValueError("topk_weights needs topk_idx")
+            if do_expand:
+                raise ValueError("do_expand=True needs topk_idx")
+            check_tensor("is_token_in_rank", is_token_in_rank, dtypes=(torch.bool,), ndim=2)
+            self._check_device("is_token_in_rank", is_token_in_rank)
+            if tuple(is_token_in_rank.shape) != (num_tokens, self.group_size):
+                raise ValueError(f"is_token_in_rank must have shape {(num_tokens, self.group_size)}, "
+                                 f"got {tuple(is_token_in_rank.shape)}")
+            if num_tokens_per_expert is not None:
+                check_tensor("num_tokens_per_expert", num_tokens_per_expert, dtypes=(torch.int32, torch.int64),
+                             ndim=1)
+                if num_tokens_per_expert.numel() != num_experts:
+                    raise ValueError(f"num_tokens_per_expert must have {num_experts} elements, got "
+                                     f"{num_tokens_per_expert.numel()}")
+        else:
+            check_layout_args(topk_idx, num_experts, self.group_size)
+            self._check_device("topk_idx", topk_idx)
+            if topk_idx.shape[0] != num_tokens:
+                raise ValueError(f"topk_idx must have {num_tokens} rows (x's tokens), got shape "
+                                 f"{tuple(topk_idx.shape)}")
+        if not _is_int(num_experts) or num_experts < 1 or num_experts % self.group_size:
+            raise ValueError(f"num_experts must be a positive multiple of the group size {self.group_size}, "
+                             f"got {num_experts!r}")
+        num_topk = 0 if topk_idx is None else topk_idx.shape[1]
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+            self._check_device("topk_weights", topk_weights)
+            if tuple(topk_weights.shape) != tuple(topk_idx.shape):
+                raise ValueError(f"topk_weights must have topk_idx's shape {tuple(topk_idx.shape)}, got "
+                                 f"{tuple(topk_weights.shape)}")
+        per = num_experts // self.group_size
+        if cumulative_local_expert_recv_stats is not None:
+            check_tensor("cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
+                         dtypes=(torch.int32,), ndim=1)
+            if cumulative_local_expert_recv_stats.numel() != per:
+                raise ValueError(f"cumulative_local_expert_recv_stats must have {per} elements, got "
+                                 f"{cumulative_local_expert_recv_stats.numel()}")
+        capacity = 0
+        if num_worst_tokens:
+            capacity = self.num_max_tokens_per_rank or num_worst_tokens // self.group_size
+            if num_tokens > capacity:
+                raise ValueError(f"x has {num_tokens} tokens, more than the fixed capacity {capacity} per rank "
+                                 f"(num_max_tokens_per_rank, or num_worst_tokens // group size)")
+            if num_worst_tokens < self.group_size * capacity:
+                raise ValueError(f"num_worst_tokens must be >= group size * capacity = "
+                                 f"{self.group_size * capacity}, got {num_worst_tokens}")
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(data, sf, topk_idx, topk_weights)):
+            outs = self._dispatch_impl(data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank,
+                                       num_tokens_per_expert, num_experts, expert_alignment, capacity,
+                                       num_worst_tokens, do_expand, use_tma_aligned_col_major_sf,
+                                       cumulative_local_expert_recv_stats)
+        ctx.own(outs[0], outs[1], outs[2])
+        return (*outs, ctx.event)
+
+    def _dispatch_impl(self, data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                       num_experts, alignment, capacity, num_worst, do_expand, col_major_sf, stats):
+        R, me, dev = self.group_size, self.rank, self.device
+        per = num_experts // R
+        num_tokens = data.shape[0]
+        num_topk = 0 if topk_idx is None else topk_idx.shape[1]
+        if topk_idx is not None:
+            per_rank, per_expert, is_in, slot, bad = self._layout_for(topk_idx, num_experts, is_token_in_rank)
+        else:
+            is_in = is_token_in_rank
+            slot = torch.where(is_in, is_in.to(torch.int32).cumsum(0, dtype=torch.int32) - 1, -1).to(torch.int32)
+            per_rank = is_in.sum(0, dtype=torch.int32)
+            per_expert = (num_tokens_per_expert.to(torch.int32) if num_tokens_per_expert is not None else
+                          torch.zeros((num_experts,), dtype=torch.int32, device=dev))
+            bad = torch.zeros((1,), dtype=torch.int32, device=dev)
+        hdr = self._header(_OP_DISPATCH, data, sf, num_topk, topk_weights is not None, num_experts, capacity,
+                           num_tokens)
+        # notify: [R, HDR + R + 1 + L] int32 rows: header, my per-rank counts (all R), my count for the
+        # destination, my per-expert counts of the destination's experts
+        with self._phase("notify"):
+            key = ("hdr", tuple(hdr))
+            hdr_t = self._cache.get(key)
+            if hdr_t is None:
+                hdr_t = torch.tensor(hdr[:_F_BAD], dtype=torch.int32, device=dev)
+                self._cache[key] = hdr_t
+            table = torch.cat([hdr_t.expand(R, _F_BAD), bad.view(1, 1).expand(R, 1), per_rank.view(1, R).expand(R, R),
+                               per_rank.view(R, 1), per_expert.view(R, per)], dim=1)
+            recv_table = torch.empty_like(table)
+            a2a_rows(recv_table, table, None, None, self.group)
+            if not capacity or checks_enabled() or (self.peer_checks and not self._capturing()):
+                host = recv_table.cpu()
+                self._check_headers(hdr, host)
+        recv_counts_t = recv_table[:, _HDR + R]
+        max_tokens = self.num_max_tokens_per_rank
+        if stats is not None:
+            stats.add_(recv_table[:, _HDR + R + 1:].sum(0, dtype=torch.int32))
+        x_words = as_words(data)
+        sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
+        sw = 0 if sf is None else sf.shape[1]
+        has_w = topk_weights is not None
+        mw = meta_width(num_topk, topk_idx is not None, has_w, sw)
+        if capacity:
+            M = capacity
+            base = self._arange_base(M)
+            send_counts_t = per_rank
+            with self._phase("pack"):
+                send_x = pack_rows(x_words, slot, base, R * M)
+                send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, R * M, per, num_topk)
+            with self._phase("exchange"):
+                stage_x = torch.empty_like(send_x)
+                a2a_rows(stage_x, send_x, None, None, self.group)
+                stage_meta = torch.empty_like(send_meta)
+                a2a_rows(stage_meta, send_meta, None, None, self.group)
+            with self._phase("unpack"):
+                incl = recv_counts_t.cumsum(0, dtype=torch.int32)
+                excl = incl - recv_counts_t
+                o = torch.arange(num_worst, dtype=torch.int32, device=dev)
+                s = torch.searchsorted(incl, o, right=True).clamp_(max=R - 1)
+                row_map = torch.where(o < incl[-1], s * M + (o - excl[s]), -1).to(torch.int32)
+                j = torch.arange(R * M, dtype=torch.int32, device=dev)
+                js, ji = j // M, j % M
+                send_row_map = torch.where(ji < recv_counts_t[js], excl[js] + ji, -1).to(torch.int32)
+                recv_xw = gather_rows(stage_x, row_map)
+                r_idx, r_w, r_src, r_sf = unpack_meta(stage_meta, row_map, num_topk, topk_idx is not None, has_w, sw)
+            n_rows, n_recv, send_counts, recv_counts = num_worst, None, None, None
+            src_rank = torch.where(o < incl[-1], s, -1).to(torch.int32)
+            mt = max_tokens or M
+            lazy = dict(src_rank=src_rank)
+        else:
+            host_t = host
+            recv_counts = host_t[:, _HDR + R].tolist()
+            # row r of the table came from rank r and carries r's per-rank counts: my own sends are row `me`
+            send_counts = host_t[me, _HDR:_HDR + R].tolist()
+            n_recv = sum(recv_counts)
+            s_total = sum(send_counts)
+            send_counts_t = per_rank
+            excl, acc = [], 0
+            for c in send_counts:
+                excl.append(acc)
+                acc += c
+            base = torch.tensor(excl, dtype=torch.int32).to(dev, non_blocking=True)
+            with self._phase("pack"):
+                send_x = pack_rows(x_words, slot, base, s_total)
+                send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, s_total, per, num_topk)
+            with self._phase("exchange"):
+                recv_xw = torch.empty((n_recv, x_words.shape[1]), dtype=x_words.dtype, device=dev)
+                a2a_rows(recv_xw, send_x, recv_counts, send_counts, self.group)
+                recv_meta = torch.empty((n_recv, mw), dtype=torch.int32, device=dev)
+                a2a_rows(recv_meta, send_meta, recv_counts, send_counts, self.group)
+            with self._phase("unpack"):
+                r_idx, r_w, r_src, r_sf = unpack_meta(recv_meta, None, num_topk, topk_idx is not None, has_w, sw)
+            n_rows, row_map, send_row_map, M = n_recv, None, None, 0
+            mt = max_tokens or int(host_t[:, _F_T].max())
+            lazy = {}
+        recv_data = recv_xw.view(data.dtype).reshape(n_rows, data.shape[1])
+        recv_sf = None
+        if sf is not None:
+            recv_sf = r_sf.view(sf.dtype) if sf.dtype == torch.float32 else r_sf
+        recv_idx = r_idx if topk_idx is not None else None
+        recv_w = r_w if has_w else None
+        # per-expert counts
+        if capacity:
+            lst = []
+        else:
+            unaligned = host[:, _HDR + R + 1:].sum(0).tolist()
+            lst = [align(int(c), alignment) for c in unaligned]
+        token_topk_to_pos = pos_to_token_topk = pos_to_expert = None
+        n_exp = 0
+        if do_expand:
+            with self._phase("expand"):
+                if capacity:
+                    n_exp = align(n_rows * min(num_topk, per) + (alignment - 1) * per, alignment)
+                else:
+                    n_exp = sum(lst)
+                (recv_data, recv_sf, recv_w, token_topk_to_pos, pos_to_token_topk, pos_to_expert,
+                 lazy["psum"]) = self._expand(recv_data, recv_sf, recv_idx, r_w if has_w else None, per, alignment,
+                                              n_exp)
+            recv_idx_out = None
+        else:
+            recv_idx_out = recv_idx
+        if recv_sf is not None:
+            if col_major_sf:
+                recv_sf = _col_major(recv_sf)
+            if sf_1d:
+                recv_sf = recv_sf[:, 0]
+        self._layout_counter += 1
+        h = EPHandle(
+            num_experts=num_experts, expert_alignment=alignment, num_ranks=R, rank=me, num_tokens=num_tokens,
+            num_topk=num_topk, num_max_tokens_per_rank=mt, is_token_in_rank=is_in, send_slot=slot, send_base=base,
+            send_counts=send_counts, recv_counts=recv_counts, send_counts_t=send_counts_t,
+            recv_counts_t=recv_counts_t, num_recv_tokens=n_recv, num_recv_rows=n_rows, recv_src_idx=r_src,
+            recv_topk_idx=recv_idx, num_recv_tokens_per_expert_list=lst,
+            topk_idx=None if topk_idx is None else topk_idx.clone(), recv_table=recv_table,
+            do_expand=do_expand, token_topk_to_pos=token_topk_to_pos, pos_to_token_topk=pos_to_token_topk,
+            pos_to_expert=pos_to_expert, num_expanded_tokens=n_exp, capacity=M, recv_row_map=row_map,
+            send_row_map=send_row_map, layout_id=self._layout_counter,
+            extra=dict(lazy, hidden=data.shape[1], x_dtype=data.dtype))
+        recv_x = recv_data if sf is None else (recv_data, recv_sf)
+        return recv_x, recv_idx_out, recv_w, lst, h
+
+    def _expand(self, recv_data, recv_sf, recv_idx, recv_w, per, alignment, n_exp):
+        """Per-expert aligned segments (``tritile.moe.get_fused_mapping`` + ``expand_to_fused``)."""
+        from ..moe import expand_to_fused, get_fused_mapping
+
+        dev = recv_data.device
+        n, k = recv_idx.shape
+        if n_exp == 0 or n == 0:
+            ttp = torch.full((n, k), -1, dtype=torch.int32, device=dev)
+            p2tt = torch.full((n_exp,), -1, dtype=torch.int32, device=dev)
+            psum = torch.zeros((per,), dtype=torch.int32, device=dev)
+            data = torch.zeros((n_exp, recv_data.shape[1]), dtype=recv_data.dtype, device=dev)
+            sf = None if recv_sf is None else torch.zeros((n_exp, recv_sf.shape[1]), dtype=recv_sf.dtype, device=dev)
+            w = None if recv_w is None else torch.zeros((n_exp,), dtype=torch.float32, device=dev)
+            return data, sf, w, ttp, p2tt, p2tt, psum
+        p2e, _, p2tt, ttp, start, _, counts, _ = get_fused_mapping(recv_idx.contiguous(), per, n_exp, alignment)
+        data = expand_to_fused(recv_data, ttp, p2e)
+        sf = None if recv_sf is None else expand_to_fused(recv_sf, ttp, p2e)
+        w = None
+        if recv_w is not None:
+            flat = recv_w.reshape(-1)
+            w = torch.where(p2tt >= 0, flat[p2tt.clamp(min=0).long()], 0.0)
+        # psum: aligned start + real count (v2 expand convention)
+        real = (recv_idx[:, :, None] == torch.arange(per, device=dev)).any(1).sum(0, dtype=torch.int32)
+        psum = (start + real).to(torch.int32)
+        del counts
+        return data, sf, w, ttp, p2tt, p2e, psum
+
+    def _cached_dispatch(self, data, sf, sf_1d, h: EPHandle, do_expand, col_major_sf, previous_event, async_finish,
+                         allocate_on_comm_stream):
+        if data.shape[0] != h.num_tokens:
+            raise ValueError(f"x must have the handle's {h.num_tokens} tokens, got {data.shape[0]}")
+        if h.num_ranks != self.group_size or h.rank != self.rank:
+            raise ValueError("handle comes from a Buffer of another group")
+        hdr = self._header(_OP_CACHED, data, sf, h.num_topk, False, h.num_experts, h.capacity, data.shape[0])
+        hdr[_F_T] = 0
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(data, sf)):
+            self._peer_check(hdr)
+            R, dev = self.group_size, self.device
+            x_words = as_words(data)
+            sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
+            sw = 0 if sf is None else sf.shape[1]
+            if h.capacity:
+                M = h.capacity
+                with self._phase("pack"):
+                    send_x = pack_rows(x_words, h.send_slot, h.send_base, R * M)
+                    send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
+                                                                R * M, 1, 0)
+                with self._phase("exchange"):
+                    stage_x = torch.empty_like(send_x)
+                    a2a_rows(stage_x, send_x, None, None, self.group)
+                    if send_sf is not None:
+                        stage_sf = torch.empty_like(send_sf)
+                        a2a_rows(stage_sf, send_sf, None, None, self.group)
+                with self._phase("unpack"):
+                    recv_xw = gather_rows(stage_x, h.recv_row_map)
+                    r_sf = None if sf is None else unpack_meta(stage_sf, h.recv_row_map, 0, False, False, sw)[3]
+            else:
+                n = h.num_recv_tokens
+                with self._phase("pack"):
+                    send_x = pack_rows(x_words, h.send_slot, h.send_base, sum(h.send_counts))
+                    send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
+                                                                sum(h.send_counts), 1, 0)
+                with self._phase("exchange"):
+                    recv_xw = torch.empty((n, x_words.shape[1]), dtype=x_words.dtype, device=dev)
+                    a2a_rows(recv_xw, send_x, h.recv_counts, h.send_counts, self.group)
+                    r_sf = None
+                    if send_sf is not None:
+                        recv_meta = torch.empty((n, send_sf.shape[1]), dtype=torch.int32, device=dev)
+                        a2a_rows(recv_meta, send_sf, h.recv_counts, h.send_counts, self.group)
+                        with self._phase("unpack"):
+                            r_sf = unpack_meta(recv_meta, None, 0, False, False, sw)[3]
+            recv_data = recv_xw.view(data.dtype).reshape(h.num_recv_rows, data.shape[1])
+            recv_sf = None if sf is None else (r_sf.view(sf.dtype) if sf.dtype == torch.float32 else r_sf)
+            if h.do_expand:
+                from ..moe import expand_to_fused
+
+                with self._phase("expand"):
+                    if h.num_expanded_tokens == 0 or h.num_recv_rows == 0:
+                        recv_data = recv_data.new_zeros((h.num_expanded_tokens, data.shape[1]))
+                        recv_sf = None if recv_sf is None else recv_sf.new_zeros((h.num_expanded_tokens,
+                                                                                  recv_sf.shape[1]))
+                    else:
+                        recv_data = expand_to_fused(recv_data, h.token_topk_to_pos, h.pos_to_expert)
+                        if recv_sf is not None:
+                            recv_sf = expand_to_fused(recv_sf, h.token_topk_to_pos, h.pos_to_expert)
+            if recv_sf is not None:
+                if col_major_sf:
+                    recv_sf = _col_major(recv_sf)
+                if sf_1d:
+                    recv_sf = recv_sf[:, 0]
+        recv_x = recv_data if sf is None else (recv_data, recv_sf)
+        ctx.own(recv_x)
+        recv_idx = None if h.do_expand else h.recv_topk_idx
+        return recv_x, recv_idx, None, list(h.num_recv_tokens_per_expert_list), h, ctx.event
+
+    # ----------------------------------------------------------------------------------------------------------
+    # high-throughput combine
+    # ----------------------------------------------------------------------------------------------------------
+    def combine(self, x: torch.Tensor, handle: EPHandle, topk_weights: Optional[torch.Tensor] = None,
+                bias: Union[None, torch.Tensor, Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None,
+                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Send rows back to their source ranks and sum them per token (unweighted), plus biases.
+
+        Args:
+            x: bfloat16 ``(N, H)`` in the dispatch receive order (expand mode: ``(N_exp, H)``; each token's rows
+                are first summed in top-k slot order in float32 and rounded to bf16 once), contiguous.
+            handle: the :class:`EPHandle` of the dispatch.
+            topk_weights: float32 ``(N, k)`` or None: sent back and summed the same way.
+            bias: None, a bfloat16 ``(T, H)`` tensor, or a pair ``(bias0, bias1)`` (either may be None).
+            config: ignored.  previous_event, async_finish, allocate_on_comm_stream: the async model.
+
+        Returns:
+            ``(combined_x, combined_topk_weights, event)``: bfloat16 ``(T, H)`` =
+            ``bf16(f32(0 + bias0 + bias1) + rows of the destination ranks in ascending rank order)``, float32
+            ``(T, k)`` (None without ``topk_weights``), :class:`EventOverlap`.
+        """
+        self._alive()
+        if not isinstance(handle, EPHandle):
+            raise TypeError(f"handle must be an EPHandle from Buffer.dispatch, got {type(handle).__name__}")
+        if handle.num_ranks != self.group_size or handle.rank != self.rank:
+            raise ValueError("handle comes from a Buffer of another group")
+        check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+        self._check_device("x", x)
+        if not x.is_contiguous():
+            raise ValueError(f"x must be contiguous, got strides {tuple(x.stride())} for shape {tuple(x.shape)}")
+        rows = handle.num_expanded_tokens if handle.do_expand else handle.num_recv_rows
+        if x.shape[0] != rows:
+            raise ValueError(f"x must have {rows} rows (the handle's {'expanded ' if handle.do_expand else ''}"
+                             f"receive rows), got {x.shape[0]}")
+        b0, b1 = (bias, None) if (bias is None or isinstance(bias, torch.Tensor)) else tuple(bias)
+        for nm, b in (("bias[0]", b0), ("bias[1]", b1)):
+            if b is not None:
+                check_tensor(nm, b, dtypes=(torch.bfloat16,), ndim=2)
+                self._check_device(nm, b)
+                if tuple(b.shape) != (handle.num_tokens, x.shape[1]):
+                    raise ValueError(f"{nm} must have shape {(handle.num_tokens, x.shape[1])}, got {tuple(b.shape)}")
+                check_inner_contiguous(nm, b)
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+            self._check_device("topk_weights", topk_weights)
+            if tuple(topk_weights.shape) != (handle.num_recv_rows, handle.num_topk):
+                raise ValueError(f"topk_weights must have shape {(handle.num_recv_rows, handle.num_topk)}, got "
+                                 f"{tuple(topk_weights.shape)}")
+        hdr = [_MAGIC, _OP_COMBINE, x.shape[1], _DTYPES[torch.bfloat16], 0, 0, handle.num_topk,
+               int(topk_weights is not None), handle.num_experts, handle.capacity, 0, 0]
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(x, topk_weights, b0, b1)):
+            self._peer_check(hdr)
+            out, wout = self._combine_impl(x, handle, topk_weights, b0, b1)
+        ctx.own(out, wout)
+        return out, wout, ctx.event
+
+    def _combine_impl(self, x, h: EPHandle, topk_weights, b0, b1):
+        R, dev = self.group_size, self.device
+        if h.do_expand:
+            with self._phase("prereduce"):
+                if h.num_recv_rows == 0 or x.shape[0] == 0:
+                    x = torch.zeros((h.num_recv_rows, x.shape[1]), dtype=torch.bfloat16, device=dev)
+                else:
+                    x = _reduce_fused(x, None, h.token_topk_to_pos)
+        hidden = x.shape[1]
+        w32 = None if topk_weights is None else topk_weights.contiguous()
+        if h.capacity:
+            M = h.capacity
+            with self._phase("pack"):
+                send_x = gather_rows(as_words(x), h.send_row_map)
+                send_w = None if w32 is None else gather_rows(w32.view(torch.int32), h.send_row_map)
+            with self._phase("exchange"):
+                back = torch.empty_like(send_x)
+                a2a_rows(back, send_x, None, None, self.group)
+                wback = None
+                if send_w is not None:
+                    wback = torch.empty_like(send_w)
+                    a2a_rows(wback, send_w, None, None, self.group)
+            back = back.view(torch.bfloat16).reshape(R * M, hidden)
+        else:
+            s = sum(h.send_counts)
+            with self._phase("exchange"):
+                back = torch.empty((s, hidden), dtype=torch.bfloat16, device=dev)
+                a2a_rows(back, x, h.send_counts, h.recv_counts, self.group)
+                wback = None
+                if w32 is not None:
+                    wback = torch.empty((s, w32.shape[1]), dtype=torch.int32, device=dev)
+                    a2a_rows(wback, w32, h.send_counts, h.recv_counts, self.group)
+        with self._phase("reduce"):
+            out, wout = combine_reduce(back, h.send_slot, h.send_base, b0, b1,
+                                       None if wback is None else wback.view(torch.float32))
+        return out, wout
+
+    # ----------------------------------------------------------------------------------------------------------
+    # low-latency (fixed capacity, sync-free, graph-capturable)
+    # ----------------------------------------------------------------------------------------------------------
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False, *, topk_weights: Optional[torch.Tensor] = None):
+        """Fixed-capacity dispatch into per-local-expert slabs (no host sync; CUDA-graph capturable).
+
+        Each token goes once to each destination rank (deduplicated) inside a block of ``M`` rows per
+        (source, destination) pair: one equal-split ``all_to_all_single`` for the rows and one for the metadata.
+        The receiver scatters rows into the slabs of the experts they selected, in ascending source rank then
+        source token order (:mod:`tritile.ep.ll`).  Not zero-SM: NCCL's kernels run on SMs.
+
+        Args:
+            x: bfloat16 ``(T, H)``, ``T <= M``, unit inner stride.
+            topk_idx: int64 / int32 ``(T, k)``, ``-1`` = unused (ids outside ``[-1, E)`` are dropped; with
+                ``TRITILE_CHECKS=1`` they raise).
+            num_max_dispatch_tokens_per_rank: ``M``, the same on every rank.
+            num_experts: ``E``, divisible by the group size.
+            cumulative_local_expert_recv_stats: int32 ``(L,)`` incremented by ``recv_count``.
+            dispatch_wait_recv_cost_stats: not supported (must be None).
+            use_fp8, round_scale, use_ue8m0: cast to e4m3 with per-128 scales (``tritile.quant.per_token_cast``),
+                power-of-two scales, packed UE8M0 exponents.
+            async_finish: the async model.
+            return_recv_hook: issue the exchange asynchronously and return; the returned ``hook()`` waits for it
+                and places the rows (on the comm stream; the current stream then waits).  ``recv_x``,
+                ``recv_count`` and the handle's ``src_info`` / ``layout_range`` are valid after ``hook()``.  An
+                "async hook", not DeepEP's zero-SM receive: NCCL kernels occupy SMs while the exchange is in flight.
+            topk_weights: float32 ``(T, k)``: sent with the rows, so :meth:`low_latency_combine` may take
+                ``topk_weights=None``.
+
+        Returns:
+            ``(recv_x, recv_count, handle, event, hook)``: ``recv_x`` bfloat16 ``(L, R*M, H)``, or with FP8
+            ``(float8_e4m3fn (L, R*M, H), scales)`` with scales float32 ``(L, R*M, ceil(H/128))`` (or int32
+            ``(L, R*M, ceil(H/512))`` with ``use_ue8m0``) column-major in the last two dims; only the first
+            ``recv_count[e]`` rows of slab ``e`` are valid.  ``recv_count`` int32 ``(L,)``;
+            :class:`LowLatencyHandle`; :class:`EventOverlap`; the hook (``return_recv_hook``) or None.
+        """
+        self._alive()
+        check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+        self._check_device("x", x)
+        check_inner_contiguous("x", x)
+        check_layout_args(topk_idx, num_experts, self.group_size)
+        self._check_device("topk_idx", topk_idx)
+        M = num_max_dispatch_tokens_per_rank
+        if not _is_int(M) or M < 1:
+            raise ValueError(f"num_max_dispatch_tokens_per_rank must be an int >= 1, got {M!r}")
+        t, hidden = x.shape
+        if t > M:
+            raise ValueError(f"x has {t} tokens, more than num_max_dispatch_tokens_per_rank={M}")
+        if topk_idx.shape[0] != t:
+            raise ValueError(f"topk_idx must have {t} rows, got shape {tuple(topk_idx.shape)}")
+        if dispatch_wait_recv_cost_stats is not None:
+            raise ValueError("dispatch_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
+        k = topk_idx.shape[1]
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+            if tuple(topk_weights.shape) != (t, k):
+                raise ValueError(f"topk_weights must have shape {(t, k)}, got {tuple(topk_weights.shape)}")
+        R = self.group_size
+        per = num_experts // R
+        if cumulative_local_expert_recv_stats is not None:
+            check_tensor("cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
+                         dtypes=(torch.int32,), ndim=1)
+            if cumulative_local_expert_recv_stats.numel() != per:
+                raise ValueError(f"cumulative_local_expert_recv_stats must have {per} elements, got "
+                                 f"{cumulative_local_expert_recv_stats.numel()}")
+        ctx = self._ctx(None, async_finish, False)
+        with ctx.run(keep=(x, topk_idx, topk_weights)):
+            sf_hdr = (((hidden + 511) // 512, _DTYPES[torch.int32]) if use_ue8m0 else
+                      ((hidden + 127) // 128, _DTYPES[torch.float32])) if use_fp8 else (0, 0)
+            self._peer_check([_MAGIC, _OP_LL_DISPATCH, hidden,
+                              _DTYPES[torch.float8_e4m3fn if use_fp8 else torch.bfloat16], sf_hdr[0], sf_hdr[1], k,
+                              int(topk_weights is not None), num_experts, M, 0, 0])
+            with self._phase("layout"):
+                _, _, _, slot, _ = dispatch_layout(topk_idx, num_experts, R)
+            if use_fp8:
+                from ..quant import per_token_cast
+
+                data, sf = per_token_cast(x, "e4m3", 128, round_sf=bool(round_scale or use_ue8m0),
+                                          use_tma_aligned_col_major_sf=bool(use_ue8m0),
+                                          use_packed_ue8m0=bool(use_ue8m0))
+                sf_words = sf.view(torch.int32) if sf.dtype == torch.float32 else sf
+            else:
+                data, sf, sf_words = x, None, None
+            sw = 0 if sf is None else sf.shape[1]
+            base = self._arange_base(M)
+            x_words = as_words(data)
+            with self._phase("pack"):
+                send_x = pack_rows(x_words, slot, base, R * M)
+                send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, R * M, per, k, fill=-1)
+            with self._phase("exchange"):
+                stage_x = torch.empty_like(send_x)
+                stage_meta = torch.empty_like(send_meta)
+                works = [a2a_rows(stage_x, send_x, None, None, self.group, async_op=return_recv_hook),
+                         a2a_rows(stage_meta, send_meta, None, None, self.group, async_op=return_recv_hook)]
+            # the outputs exist now; with a hook they are filled when it runs
+            slab = empty((per * R * M, x_words.shape[1]), x_words.dtype, self.device)
+            recv_data = slab.view(data.dtype).reshape(per, R * M, hidden)
+            recv_x = recv_data
+            if sf is not None:
+                # DeepEP layout: column-major in the last two dims
+                recv_x = (recv_data, empty((per, sw, R * M), sf.dtype, self.device).transpose(1, 2))
+            recv_count = empty((per,), torch.int32, self.device)
+            handle = LowLatencyHandle(
+                src_info=None, layout_range=None, num_max_dispatch_tokens_per_rank=M, hidden=hidden,
+                num_experts=num_experts, send_slot=slot, pos=None, recv_weights=None, num_tokens=t, num_topk=k,
+                weights_src=None if topk_weights is None else (topk_weights, topk_weights._version))
+            stats = cumulative_local_expert_recv_stats
+
+            def finish() -> None:
+                for w in works:
+                    if w is not None:
+                        w.wait()
+                with self._phase("unpack"):
+                    r_idx, r_w, r_src, r_sf = unpack_meta(stage_meta, None, k, True, topk_weights is not None, sw)
+                    pos, count, src_info, layout_range = ll_positions(r_idx, r_src, per, R, M)
+                    zeros = self._cache.get(("zeros", k))
+                    if zeros is None:
+                        zeros = torch.zeros((k,), dtype=torch.int32, device=self.device)
+                        self._cache[("zeros", k)] = zeros
+                    # received row -> slab row pos[row, j] for every slot j that selected a local expert
+                    scatter_rows_into(stage_x, pos, zeros, slab)
+                    if sf is not None:
+                        sf_rows = empty((per * R * M, sw), torch.int32, self.device)
+                        scatter_rows_into(r_sf, pos, zeros, sf_rows)
+                        recv_x[1].copy_(sf_rows.view(sf.dtype).view(per, R * M, sw))
+                    recv_count.copy_(count)
+                if stats is not None:
+                    stats.add_(count)
+                handle.src_info, handle.layout_range, handle.pos = src_info, layout_range, pos
+                handle.recv_weights = r_w if topk_weights is not None else None
+
+            if not return_recv_hook:
+                finish()
+        ctx.own(recv_x, recv_count)
+        if not return_recv_hook:
+            ctx.own(handle.src_info, handle.layout_range)
+            return recv_x, recv_count, handle, ctx.event, None
+        done: List[bool] = []
+
+        def hook() -> None:
+            """Wait for the exchange and place the rows (on the comm stream; the current stream waits)."""
+            if done:
+                return
+            done.append(True)
+            hctx = self._ctx(None, False, False)
+            with hctx.run():
+                finish()
+            hctx.own(handle.src_info, handle.layout_range)
+
+        return recv_x, recv_count, handle, ctx.event, hook
+
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> torch.Tensor:
+        """The bfloat16 ``(L, R*M, H)`` buffer that ``low_latency_combine(..., zero_copy=True)`` reads."""
+        per = handle.num_experts // self.group_size
+        shape = (per, self.group_size * handle.num_max_dispatch_tokens_per_rank, handle.hidden)
+        buf = self._cache.get(("ll_combine", shape))
+        if buf is None:
+            buf = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
+            self._cache[("ll_combine", shape)] = buf
+        return buf
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor],
+                            handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        """Weighted combine of the low-latency slabs: ``out[t] = sum over valid slots j of w[t, j] * y(e_j, t)``.
+
+        Each expert rank first sums, per received row, its local slots in slot order (float32 ``fma``, the
+        weights sent from the source), rounds to bf16 once and returns one row per (token, rank); the source
+        then sums the ranks in ascending order in float32 and rounds once (one more bf16 rounding than DeepEP's
+        LL combine).
+
+        Args:
+            x: bfloat16 ``(L, R*M, H)`` expert outputs in the dispatch slab layout (ignored with ``zero_copy``:
+                the buffer of :meth:`get_next_low_latency_combine_buffer` is read).
+            topk_idx: ``(T, k)`` as given to dispatch (only its shape is checked; the routing is the handle's).
+            topk_weights: float32 ``(T, k)``, or None to use the weights given to dispatch.  The weights travel to
+                the expert ranks in one extra small exchange, skipped when they were given to
+                ``low_latency_dispatch`` (None here, or that same, unmodified tensor).
+            handle: the :class:`LowLatencyHandle`.
+            use_logfmt, combine_wait_recv_cost_stats: not supported (must be False / None).
+            out: optional bfloat16 ``(T, H)`` output.
+
+        Returns:
+            ``(combined_x, event, hook)``: bfloat16 ``(T, H)``, :class:`EventOverlap`, a no-op callable or None.
+        """
+        self._alive()
+        if use_logfmt:
+            raise ValueError("use_logfmt=True (LogFMT) is not supported by tritile.ep")
+        if combine_wait_recv_cost_stats is not None:
+            raise ValueError("combine_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle must be a LowLatencyHandle, got {type(handle).__name__}")
+        R, M, hidden = self.group_size, handle.num_max_dispatch_tokens_per_rank, handle.hidden
+        per = handle.num_experts // R
+        if zero_copy:
+            x = self.get_next_low_latency_combine_buffer(handle)
+        check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=3)
+        if tuple(x.shape) != (per, R * M, hidden) or not x.is_contiguous():
+            raise ValueError(f"x must be a contiguous ({per}, {R * M}, {hidden}) tensor, got shape {tuple(x.shape)}")
+        check_tensor("topk_idx", topk_idx, dtypes=(torch.int64, torch.int32), ndim=2)
+        if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk):
+            raise ValueError(f"topk_idx must have shape {(handle.num_tokens, handle.num_topk)}, got "
+                             f"{tuple(topk_idx.shape)}")
+        if topk_weights is None and handle.recv_weights is None:
+            raise ValueError("topk_weights is required unless they were given to low_latency_dispatch")
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+            if tuple(topk_weights.shape) != tuple(topk_idx.shape):
+                raise ValueError(f"topk_weights must have shape {tuple(topk_idx.shape)}, got "
+                                 f"{tuple(topk_weights.shape)}")
+        if out is not None:
+            check_tensor("out", out, dtypes=(torch.bfloat16,), ndim=2)
+            if tuple(out.shape) != (handle.num_tokens, hidden):
+                raise ValueError(f"out must have shape {(handle.num_tokens, hidden)}, got {tuple(out.shape)}")
+        ctx = self._ctx(None, async_finish, False)
+        with ctx.run(keep=(x, topk_idx, topk_weights, out)):
+            self._peer_check([_MAGIC, _OP_LL_COMBINE, hidden, _DTYPES[torch.bfloat16], 0, 0, handle.num_topk,
+                              int(topk_weights is not None), handle.num_experts, M, 0, 0])
+            base = self._arange_base(M)
+            same = (handle.weights_src is not None and topk_weights is handle.weights_src[0]
+                    and topk_weights._version == handle.weights_src[1])
+            if topk_weights is not None and not same:
+                with self._phase("pack"):
+                    send_w = pack_meta(topk_idx, topk_weights, None, handle.send_slot, base, R * M, per,
+                                       handle.num_topk, fill=-1)
+                with self._phase("exchange"):
+                    stage_w = torch.empty_like(send_w)
+                    a2a_rows(stage_w, send_w, None, None, self.group)
+                recv_w = unpack_meta(stage_w, None, handle.num_topk, True, True, 0)[1]
+            else:
+                recv_w = handle.recv_weights
+            with self._phase("prereduce"):
+                part = _reduce_fused(x.view(per * R * M, hidden), recv_w, handle.pos)
+            with self._phase("exchange"):
+                back = torch.empty_like(part)
+                a2a_rows(back, part, None, None, self.group)
+            with self._phase("reduce"):
+                res, _ = combine_reduce(back, handle.send_slot, base)
+            if out is not None:
+                out.copy_(res)
+                res = out
+        ctx.own(res)
+        hook = (lambda: None) if return_recv_hook else None
+        return res, ctx.event, hook
+
+
+def _reduce_fused(x: torch.Tensor, w: Optional[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
+    """``tritile.moe.reduce_fused`` (float32 slot-order sum, one bf16 rounding), or its ``tritile.torch`` twin for
+    CPU tensors without the Triton interpreter."""
+    if kernel_device_ok(x.device):
+        from ..moe import reduce_fused
+    else:
+        from ..torch import reduce_fused
+    return reduce_fused(x, w, pos)
+
+
+def _col_major(sf: torch.Tensor) -> torch.Tensor:
+    """A copy of ``sf`` ``(N, S)`` with strides ``(1, align(N, 4))`` (TMA-aligned column-major)."""
+    n, s = sf.shape
+    store = torch.zeros((s, align(max(n, 1), 4)), dtype=sf.dtype, device=sf.device)
+    store[:, :n] = sf.t()
+    return store[:, :n].t()
