@@ -1,5 +1,7 @@
-"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick] [--json F] [--plot F.png]``
-and ``python -m tritile tune [--module M] [--op NAME]`` (GPU launch-config sweeps)."""
+"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick | --grid] [--json F] [--plot F.png]``
+and ``python -m tritile tune [--module M] [--op NAME]`` (GPU launch-config sweeps);
+``python -m tritile bench --module ep --ranks 2`` starts the ranks of the expert-parallel benchmark (tritile.ep.bench);
+``python -m tritile demo moe [--tokens N] [--ranks N] [--fp8] [--json F] [--plot F.png]`` runs the MoE layer demo."""
 
 from __future__ import annotations
 
@@ -15,8 +17,13 @@ def main(argv=None) -> int:
     b.add_argument("--module", action="append", help="only these modules (repeatable)")
     b.add_argument("--op", action="append", help="only these ops (repeatable)")
     b.add_argument("--quick", action="store_true", help="one representative shape per op")
+    b.add_argument("--grid", action="store_true",
+                   help="TileKernels' whole benchmark grid of each op (long), with a per-op table against TileKernels")
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
+    b.add_argument("--ranks", type=int,
+                   help="with --module ep: start this many ranks and run the multi-rank dispatch/combine benchmark "
+                        "(tritile.ep.bench; 1 = the single-GPU kernel cases)")
     t = sub.add_parser("tune", help="time the launch-config candidates the benchmark cases declare (GPU)")
     t.add_argument("--module", action="append", help="only these modules (repeatable)")
     t.add_argument("--op", action="append", help="only these ops (repeatable)")
@@ -25,6 +32,7 @@ def main(argv=None) -> int:
     t.add_argument("--compile-only", action="store_true", help="run and check each candidate once, no timing")
     t.add_argument("--shard", default="0/1", help="I/N: only every N-th tunable case, from the I-th")
     t.add_argument("--quick", action="store_true", help="only the benchmark's quick cases (one shape per op)")
+    t.add_argument("--grid", action="store_true", help="the cases of TileKernels' whole benchmark grid (bench --grid)")
     t.add_argument("--case", action="append",
                    help="only cases whose parameters (as printed) contain this text, e.g. \"'block': (32, 32)\" "
                         "(repeatable: any)")
@@ -32,15 +40,18 @@ def main(argv=None) -> int:
                    help="only the candidates that set this config key, e.g. PIPE (repeatable: any), and the default")
     t.add_argument("--cupti", action="store_true",
                    help="rank by CUPTI kernel time with L2 flushed (TileKernels' timer), not CUDA-graph replay")
+    d = sub.add_parser("demo", help="run a showcase: `demo moe` (the DeepSeek-V3 MoE layer; `demo moe -h`)")
+    d.add_argument("name", choices=["moe"])
+    d.add_argument("demo_args", nargs=argparse.REMAINDER, help="the demo's own options")
     args = p.parse_args(argv)
     if args.cmd == "tune":
         from .bench.tune import run as tune
 
         i, n = (int(v) for v in args.shard.split("/"))
         tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json, compile_only=args.compile_only,
-             shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case, keys=args.key)
+             shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case, keys=args.key, grid=args.grid)
         return 0
-    if args.cmd != "bench":
+    if args.cmd not in ("bench", "demo"):
         p.print_help()
         return 2
     try:
@@ -54,9 +65,21 @@ def main(argv=None) -> int:
         # has already imported the package: start again with it set.
         env = dict(os.environ, TRITON_INTERPRET="1")
         os.execve(sys.executable, [sys.executable, "-m", "tritile", *(argv if argv is not None else sys.argv[1:])], env)
+    if args.cmd == "demo":
+        from .modeling._demo_moe import main as demo_moe
+
+        return demo_moe(args.demo_args)
+    if args.ranks is not None and args.ranks > 1:
+        if args.module != ["ep"] or args.op or args.grid or args.plot:
+            p.error("--ranks > 1 goes with --module ep alone (plus --quick / --json)")
+        from .ep.bench import main as ep_bench
+
+        return ep_bench(["--ranks", str(args.ranks)] + (["--quick"] if args.quick else [])
+                        + (["--json", args.json] if args.json else []))
     from .bench.runner import run
 
-    rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot)
+    rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot,
+               grid=args.grid)
     bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
     return 1 if bad else 0
 

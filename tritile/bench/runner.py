@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import sys
 import time
 from importlib import resources
@@ -19,9 +21,35 @@ def _norm(v):
     return v
 
 
+#: TileKernels' figures on the H200: the anchor shapes, then more shapes of its benchmark grid (same harness).
+ANCHOR_FILES = ("data/tilekernels-h200.json", "data/tilekernels-h200-moe-grid.json")
+
+
 def load_anchors() -> Dict[str, Any]:
-    with resources.files("tritile").joinpath("data/tilekernels-h200.json").open() as f:
-        return json.load(f)
+    """Every record of ``ANCHOR_FILES`` (a file is a dict with ``records`` or a bare list of records)."""
+    records: List[Dict[str, Any]] = []
+    out: Dict[str, Any] = {}
+    for name in ANCHOR_FILES:
+        path = resources.files("tritile").joinpath(name)
+        if not path.is_file():
+            continue
+        with path.open() as f:
+            data = json.load(f)
+        if isinstance(data, dict):
+            out = {**data, **out} if out else dict(data)
+            records += data.get("records", [])
+        else:
+            records += data
+    out["records"] = records
+    return out
+
+
+def make_cases(bop, device, quick: bool, grid: bool = False):
+    """``bop.make_cases(device, quick)``, with ``grid=True`` passed to the generators that take it (TileKernels'
+    whole benchmark grid for the op; the others have one set of cases)."""
+    if grid and "grid" in inspect.signature(bop.make_cases).parameters:
+        return bop.make_cases(device, quick, grid=True)
+    return bop.make_cases(device, quick)
 
 
 def find_anchor(anchors, kernel: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -53,7 +81,10 @@ def _run_check(case):
     return out
 
 
-def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=sys.stdout) -> List[Dict]:
+def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=sys.stdout,
+        grid: bool = False) -> List[Dict]:
+    """Time (GPU) or check (CPU) every registered case.  ``grid``: TileKernels' whole benchmark grid of the ops that
+    declare one (``make_cases(device, quick, grid=True)``), and a per-op table of it (× TK, worst shape)."""
     from ..testing.generator import get_device
 
     device = get_device()
@@ -80,7 +111,7 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
 
     for bop in _progress(registry, len(registry), "bench"):
         try:
-            cases = list(bop.make_cases(device, quick))
+            cases = list(make_cases(bop, device, quick, grid))
         except Exception as e:  # a broken op must not hide the others
             rows.append(dict(module=bop.module, op=bop.op, params="", status=f"ERROR: {type(e).__name__}: {e}"))
             continue
@@ -134,6 +165,8 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
         del cases
 
     _print_table(rows, on_gpu, out)
+    if grid and on_gpu:
+        print_grid_tables(rows, out)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
@@ -157,6 +190,38 @@ def _print_table(rows, on_gpu, out):
         print("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |", file=out)
     bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
     print(f"\n{len(rows) - len(bad)} passed, {len(bad)} failed", file=out)
+
+
+def print_grid_tables(rows, out=sys.stdout) -> None:
+    """One Markdown table per op (``benchmarks/RESULTS.md``'s grid tables): the shape, TileKernels' µs where an anchor
+    has it, ours (CUPTI with L2 flushed when available, else graph), × TK, % of copy, and the single call's event and
+    host µs (launch cost; a synchronising op's host sync shows in its event µs against its no-sync case's); then a
+    summary line with the op's worst shape and the geometric mean of × TK."""
+    ops: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        ops.setdefault(r["op"], []).append(r)
+    for op, rs in ops.items():
+        print(f"\n#### {op}\n\n| shape | TK µs | tritile µs | × TK | % copy | event µs | host µs |\n"
+              "|---|---|---|---|---|---|---|", file=out)
+        ratios = []
+        for r in rs:
+            ours = r.get("cupti_us") or r.get("us")
+            ratio = r["vs_tk"] if isinstance(r.get("vs_tk"), (int, float)) else None
+            if ratio is not None:
+                ratios.append((ratio, r["params"]))
+            cells = [r["params"], r.get("tk_us", ""), "" if ours is None else ours,
+                     "" if ratio is None else f"{ratio:.2f}", r.get("pct_copy", ""), r.get("event_us", ""),
+                     r.get("host_us", "")]
+            if str(r.get("status", "")).startswith(("FAIL", "ERROR")):
+                cells[2] = r["status"][:60]
+            print("| " + " | ".join(str(c) for c in cells) + " |", file=out)
+        if ratios:
+            worst = min(ratios)
+            geo = math.exp(sum(math.log(max(x, 1e-9)) for x, _ in ratios) / len(ratios))
+            print(f"\n{op}: {len(rs)} shapes, {len(ratios)} with a TileKernels figure; worst {worst[0]:.2f}× TK at "
+                  f"{worst[1]}; geometric mean {geo:.2f}×.", file=out)
+        else:
+            print(f"\n{op}: {len(rs)} shapes, none with a TileKernels figure.", file=out)
 
 
 def _plot(rows, copy_bw, path):

@@ -53,15 +53,18 @@ def _differs(r) -> str:
 
 
 def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, compile_only: bool = False,
-        shard=(0, 1), cupti: bool = False, quick: bool = False, cases=None, keys=None) -> List[Dict[str, Any]]:
+        shard=(0, 1), cupti: bool = False, quick: bool = False, cases=None, keys=None,
+        grid: bool = False) -> List[Dict[str, Any]]:
     """``compile_only``: run each candidate once and check its bits, without timing (several such processes can
     fill Triton's on-disk cache in parallel before a timing run).  ``shard=(i, n)``: only every n-th case from i.
     ``cupti``: rank by the summed kernel time with L2 flushed before each call (``time_kernels``: how TileKernels'
     timer counts) instead of CUDA-graph replay; ops whose inputs would partly stay in L2 between graph replays
     can rank differently.  ``quick``: only the benchmark's quick cases (``bench --quick``: one shape per op).
     ``cases``: only the cases whose ``str(params)`` contains one of these strings.  ``keys``: only the candidates
-    that set one of these config keys (and the default, which every sweep times)."""
+    that set one of these config keys (and the default, which every sweep times).  ``grid``: the cases of
+    TileKernels' whole benchmark grid (``bench --grid``)."""
     from ..runtime import override_config, poison_outputs
+    from .runner import make_cases
     from ..testing.bench import copy_bandwidth_gbs, time_graph, time_kernels
 
     def _time(fn):
@@ -76,7 +79,7 @@ def run(modules=None, ops=None, top: int = 6, json_path=None, out=sys.stdout, co
     for bop in load_all(modules or MODULES):
         if ops is not None and bop.op not in ops:
             continue
-        for case in bop.make_cases(torch.device("cuda"), quick):
+        for case in make_cases(bop, torch.device("cuda"), quick, grid):
             if case.tune is None or (cases and not any(c in str(case.params) for c in cases)):
                 continue
             index += 1

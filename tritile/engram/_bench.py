@@ -78,6 +78,18 @@ def _gate_shape(device):
     return (8001, 4, 7168) if _gpu(device) else (33, 4, 2560)
 
 
+def _grid_hidden(device):
+    """TileKernels' ``generate_hidden_sizes(128)`` (CPU: two small multiples of 128, a correctness pass)."""
+    return [2048, 2560, 3072, 4096, 6144, 7168] if _gpu(device) else [256, 640]
+
+
+def _grid_gate_shapes(device, quick, grid):
+    """(T, hc, H) of the gate benchmarks: TileKernels' grid (T in {4001, 8001} x its hidden sizes) or the anchor."""
+    if grid and not quick:
+        return [(t, 4, h) for t in ((4001, 8001) if _gpu(device) else (9, 33)) for h in _grid_hidden(device)]
+    return [_gate_shape(device)]
+
+
 def _check_diffs(tol):
     def check(out, ref):
         for a, b in zip(out, ref):
@@ -89,8 +101,13 @@ def _check_diffs(tol):
 
 
 @register("engram", "fused_weight")
-def _fused_weight(device, quick):
-    hc, H = (4, 7168) if _gpu(device) else (4, 2560)
+def _fused_weight(device, quick, grid=False):
+    hidden = _grid_hidden(device) if grid and not quick else [7168 if _gpu(device) else 2560]
+    for H in hidden:
+        yield from _fused_weight_case(device, 4, H)
+
+
+def _fused_weight_case(device, hc, H):
     wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
     we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
     out = fused_weight(wh, we)
@@ -101,8 +118,12 @@ def _fused_weight(device, quick):
 
 
 @register("engram", "engram_gate_fwd")
-def _gate_fwd(device, quick):
-    T, hc, H = _gate_shape(device)
+def _gate_fwd(device, quick, grid=False):
+    for T, hc, H in _grid_gate_shapes(device, quick, grid):
+        yield from _gate_fwd_cases(device, quick, T, hc, H)
+
+
+def _gate_fwd_cases(device, quick, T, hc, H):
     x, k, v, wh, we, _ = _gate_data(device, T, hc, H)
     wf = fused_weight(wh, we)
     for save in ((True,) if quick else (True, False)):
@@ -119,8 +140,12 @@ def _gate_fwd(device, quick):
 
 
 @register("engram", "engram_gate_bwd")
-def _gate_bwd(device, quick):
-    T, hc, H = _gate_shape(device)
+def _gate_bwd(device, quick, grid=False):
+    for T, hc, H in _grid_gate_shapes(device, quick, grid):
+        yield from _gate_bwd_cases(device, T, hc, H)
+
+
+def _gate_bwd_cases(device, T, hc, H):
     x, k, v, wh, we, go = _gate_data(device, T, hc, H, grad=True)
     wf = fused_weight(wh, we)
     with torch.no_grad():
@@ -152,8 +177,13 @@ def _gate_bwd(device, quick):
 
 
 @register("engram", "grad_w_reduce")
-def _grad_w_reduce(device, quick):
-    hc, H = (4, 7168) if _gpu(device) else (4, 2560)
+def _grad_w_reduce(device, quick, grid=False):
+    hidden = _grid_hidden(device) if grid and not quick else [7168 if _gpu(device) else 2560]
+    for H in hidden:
+        yield from _grad_w_reduce_case(device, 4, H)
+
+
+def _grad_w_reduce_case(device, hc, H):
     P = get_num_sms()
     partial = torch.randn(P, hc, H, device=device)
     wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
@@ -204,8 +234,14 @@ _GWR_TUNE += [dict(TAIL=4, EARLY=True, num_warps=2), dict(TAIL=4, EARLY=True, nu
 
 
 @register("engram", "engram_hash")
-def _engram_hash(device, quick):
-    T, N, L, E = (8001, 3, 2, 8) if _gpu(device) else (1500, 3, 2, 8)
+def _engram_hash(device, quick, grid=False):
+    tokens = ((4001, 8001) if _gpu(device) else (700, 1500)) if grid and not quick else \
+        ((8001,) if _gpu(device) else (1500,))
+    for T in tokens:
+        yield from _engram_hash_case(device, T, 3, 2, 8)
+
+
+def _engram_hash_case(device, T, N, L, E):
     ids = torch.randint(0, 100000, (T, N), dtype=torch.int32, device=device)
     mult = torch.randint(0, 100000, (L, N), dtype=torch.int64, device=device)
     vocab = torch.randint(100000, 1000000, (L, N - 1, E), dtype=torch.int32, device=device)

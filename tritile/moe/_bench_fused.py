@@ -1,6 +1,7 @@
 """Benchmark registrations of the fused-layout MoE ops: get_fused_mapping, expand_to_fused(_with_sf),
-reduce_fused.  GPU: TileKernels' anchor shapes (tritile/data/tilekernels-h200.json); CPU: small shapes,
-checked once.  Bytes are counted as TileKernels' benchmarks count them (spec/moe.md)."""
+reduce_fused.  GPU: TileKernels' anchor shapes (tritile/data/tilekernels-h200.json), or with ``grid=True`` its
+whole benchmark grid (``_bench_grid``); CPU: small shapes, checked once.  Bytes are counted as TileKernels'
+benchmarks count them (spec/moe.md)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,13 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from tritile.testing.generator import generate_topk_idx_rows
 from ..utils import ceil_div
+from . import _bench_grid as _grid
 from .expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
 from .get_fused_mapping_kernel import get_fused_mapping
 from .reduce_fused_kernel import reduce_fused
 
 _M = "moe"
-
-
-def _topk_idx(device, num_experts, num_ep_ranks, num_topk, num_tokens):
-    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
 
 
 def _ref_mapping(topk_idx, num_experts, alignment):
@@ -49,46 +46,79 @@ def _check_mapping(out, ref):
     assert out[7] == ref[7]
 
 
+# Default at E = 4: packed ranks, two launches, 1024-slot chunks, 4 warps.  The first is the previous default
+# (3 launches, [64, 64] rank comparisons: 30.4 us CUPTI on 2026-11-30).  E in 5..32: packed ranks in E / 4 lanes,
+# 512-slot chunks on 4 warps; lanes_max=0 gives the [64, 64] rank steps of before.  single_max: the largest T*K placed
+# by one program (one launch: count, scan and scatter), with single_warps warps.
+_MAPPING_TUNE = [
+    dict(chunk=512, num_warps=2, packed=False, fuse_scan=0), dict(chunk=512, num_warps=2, packed=False),
+    dict(fuse_scan=0), dict(chunk=256, num_warps=2), dict(chunk=512, num_warps=2),
+    dict(chunk=512, num_warps=4), dict(chunk=1024, num_warps=2), dict(chunk=1024, num_warps=8),
+    dict(chunk=2048, num_warps=4), dict(chunk=2048, num_warps=8), dict(chunk=4096, num_warps=8),
+    dict(lanes_max=0), dict(lanes_max=0, num_warps=2), dict(num_warps=8), dict(chunk=256), dict(chunk=1024),
+    dict(chunk=1024, num_warps=8), dict(chunk=256, num_warps=2),
+    dict(single_max=2048, single_warps=8), dict(single_max=4096, single_warps=8),
+    dict(single_max=4096, single_warps=16), dict(single_max=8192, single_warps=16),
+    dict(single_max=16384, single_warps=32),
+]
+
+
 @register(_M, "get_fused_mapping")
-def _mapping_cases(device, quick):
+def _mapping_cases(device, quick, grid=False):
     gpu = device.type == "cuda"
-    t, k, e, ep, a = (36068, 9, 4, 64, 128) if gpu else (301, 9, 4, 64, 128)
-    topk_idx = _topk_idx(device, e, ep, k, t)
-    res = get_fused_mapping(topk_idx, e, 0, a)
-    anchor = ("get_fused_mapping", dict(alignment=a, num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k))
-    params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, alignment=a)
-    yield Case(params=params, fn=lambda: get_fused_mapping(topk_idx, e, 0, a),
-               ref=lambda: _ref_mapping(topk_idx, e, a), check=_check_mapping,
-               nbytes=count_bytes(topk_idx, *res[:7]), anchor=anchor, latency_bound=True)
-    # The capturable mode (a caller-sized buffer, no host sync): the kernels' own latency, which is what
-    # TileKernels' CUPTI timer reports for the synchronising call.  Kept in --quick runs for that reason.
-    n = sum(res[7])
-    res_fixed = get_fused_mapping(topk_idx, e, n, a)
-    # Default at E = 4: packed ranks, two launches, 1024-slot chunks, 4 warps.  The first is the previous
-    # default (3 launches, [64, 64] rank comparisons: 30.4 us CUPTI on 2026-11-30).
-    tune = [dict(chunk=512, num_warps=2, packed=False, fuse_scan=0), dict(chunk=512, num_warps=2, packed=False),
-            dict(fuse_scan=0), dict(chunk=256, num_warps=2), dict(chunk=512, num_warps=2),
-            dict(chunk=512, num_warps=4), dict(chunk=1024, num_warps=2), dict(chunk=1024, num_warps=8),
-            dict(chunk=2048, num_warps=4), dict(chunk=2048, num_warps=8), dict(chunk=4096, num_warps=8)]
-    yield Case(params=dict(params, num_expanded_tokens=n), fn=lambda: get_fused_mapping(topk_idx, e, n, a),
-               ref=lambda: _ref_mapping(topk_idx, e, a)[:7] + ([],), check=_check_mapping,
-               nbytes=count_bytes(topk_idx, *res_fixed[:7]), anchor=anchor, latency_bound=True, label="no-sync",
-               tune=("get_fused_mapping", tune) if gpu else None)
+    a = 128
+    for k, e, ep in _grid.points(quick, grid, (9, 4, 64)):
+        t, _ = _grid.num_tokens(device, "get_fused_mapping", k, e, ep, alignment=a)
+        topk_idx = _grid.topk_idx(device, t, k, e, ep)
+        res = get_fused_mapping(topk_idx, e, 0, a)
+        anchor = ("get_fused_mapping", dict(alignment=a, num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k))
+        params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, alignment=a)
+        # The synchronising call (as TileKernels times it: kernels plus the host sync of the counts); its host µs
+        # and event µs against the no-sync case's give the sync's cost.
+        yield Case(params=params, fn=lambda x=topk_idx, e=e: get_fused_mapping(x, e, 0, a),
+                   ref=lambda x=topk_idx, e=e: _ref_mapping(x, e, a), check=_check_mapping,
+                   nbytes=count_bytes(topk_idx, *res[:7]), anchor=anchor, latency_bound=True)
+        # The capturable mode (a caller-sized buffer, no host sync): the kernels' own latency, which is what
+        # TileKernels' CUPTI timer reports for the synchronising call.  Kept in --quick runs for that reason.
+        n = sum(res[7])
+        res_fixed = get_fused_mapping(topk_idx, e, n, a)
+        yield Case(params=dict(params, num_expanded_tokens=n),
+                   fn=lambda x=topk_idx, e=e, n=n: get_fused_mapping(x, e, n, a),
+                   ref=lambda x=topk_idx, e=e: _ref_mapping(x, e, a)[:7] + ([],), check=_check_mapping,
+                   nbytes=count_bytes(topk_idx, *res_fixed[:7]), anchor=anchor, latency_bound=True, label="no-sync",
+                   tune=("get_fused_mapping", _MAPPING_TUNE) if gpu else None)
+
+
+def _hidden_sizes(device, grid, default_gpu, default_cpu, align_to=64):
+    """TileKernels' ``generate_hidden_sizes(align_to)`` in grid runs (CPU: the two smallest), else the default."""
+    gpu = device.type == "cuda"
+    if not grid:
+        return [default_gpu if gpu else default_cpu]
+    sizes = (576, 2048, 2560, 3072, 4096, 6144, 7168) if gpu else (256, 512, 576)
+    return [h for h in sizes if h % align_to == 0][:None if gpu else 2]
 
 
 @register(_M, "expand_to_fused")
-def _expand_cases(device, quick):
+def _expand_cases(device, quick, grid=False):
     from tritile.torch import expand_to_fused as ref_expand
     gpu = device.type == "cuda"
-    t, k, e, ep, h = (21913, 8, 9, 8, 7168) if gpu else (129, 8, 9, 8, 576)
-    topk_idx = _topk_idx(device, e, ep, k, t)
-    pos_to_expert, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 16)
-    x = torch.randn((t, h), dtype=torch.bfloat16, device=device)
-    out = expand_to_fused(x, t2p, pos_to_expert)
-    yield Case(params=dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, hidden=h),
-               fn=lambda: expand_to_fused(x, t2p, pos_to_expert), ref=lambda: ref_expand(x, t2p, pos_to_expert),
-               check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out),
-               tune=("expand_to_fused", _EXPAND_BF16_TUNE) if gpu else None)
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        for h in _hidden_sizes(device, grid and not quick, 7168, 576):
+            if grid:
+                t, _ = _grid.num_tokens(device, "expand_to_fused", k, e, ep, hidden=h)
+            else:
+                t = 21913 if gpu else 129
+            topk_idx = _grid.topk_idx(device, t, k, e, ep)
+            pos_to_expert, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 16)
+            x = torch.randn((t, h), dtype=torch.bfloat16, device=device)
+            out = expand_to_fused(x, t2p, pos_to_expert)
+            params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, hidden=h)
+            yield Case(params=params, fn=lambda a=(x, t2p, pos_to_expert): expand_to_fused(*a),
+                       ref=lambda a=(x, t2p, pos_to_expert): ref_expand(*a),
+                       check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out),
+                       anchor=("expand_to_fused", dict(hidden=h, num_ep_ranks=ep, num_experts=e, num_tokens=t,
+                                                       num_topk=k)),
+                       tune=("expand_to_fused", _EXPAND_BF16_TUNE) if gpu else None)
 
 
 # Launch-config candidates (python -m tritile tune) at H = 7168: BT x BH int32 words per token tile, padding
@@ -100,6 +130,9 @@ _EXPAND_BF16_TUNE = [
     dict(BT=8, BH=512, PBT=16, PSUB=4),
     # COMPACT: one [BT, KP] index load, a store per valid-slot rank; PAD_FIRST: padding programs first
     dict(COMPACT=True), dict(COMPACT=True, PAD_FIRST=True),
+    # narrow rows (H = 576: 288 words, one 512-wide block wastes 44 % of the lanes): narrower blocks
+    dict(BT=32, BH=128), dict(BT=64, BH=64), dict(BT=128, BH=32), dict(BT=16, BH=128, num_warps=2),
+    dict(BT=32, BH=64, num_warps=2), dict(BT=16, BH=512, num_warps=8), dict(BT=4, BH=512, num_warps=2),
 ]
 _EXPAND_FP8_TUNE = [  # default: COMPACT + PAD_FIRST (session 4)
     dict(COMPACT=False, PAD_FIRST=False),  # the session-3 default (141.5 us CUPTI at ep 64)
@@ -120,17 +153,28 @@ def _check_pair(out, ref):
 
 
 @register(_M, "expand_to_fused_with_sf")
-def _expand_sf_cases(device, quick):
+def _expand_sf_cases(device, quick, grid=False):
     from tritile.torch import expand_to_fused_with_sf as ref_expand_sf
     gpu = device.type == "cuda"
-    # the two anchor records: (T, K, E, ep, col_major, packed)
-    configs = [(35761, 9, 4, 64, True, True), (21913, 8, 9, 8, False, False)] if gpu else \
-        [(133, 9, 4, 64, True, True), (71, 8, 9, 8, False, False)]
-    if quick:
-        configs = configs[:1]
-    h, npc = (7168, 128) if gpu else (576, 128)
-    for t, k, e, ep, col_major, packed in configs:
-        topk_idx = _topk_idx(device, e, ep, k, t)
+    if grid and not quick:
+        # (T, K, E, ep, H, npc, col_major, packed); T from TileKernels' record where there is one
+        configs = []
+        for k, e, ep in _grid.points(quick, grid, (9, 4, 64)):
+            for h in _hidden_sizes(device, True, 7168, 576)[:None if gpu else 1]:  # CPU: 576 (an npc-128 tail)
+                for npc in (32, 128):
+                    for col_major, packed in ((False, False), (True, True)):
+                        t, _ = _grid.num_tokens(device, "expand_to_fused_with_sf", k, e, ep, hidden=h,
+                                                num_per_channels=npc, use_packed_ue8m0=packed)
+                        configs.append((t, k, e, ep, h, npc, col_major, packed))
+    else:
+        # the two anchor records
+        h = 7168 if gpu else 576
+        configs = [(35761, 9, 4, 64, h, 128, True, True), (21913, 8, 9, 8, h, 128, False, False)] if gpu else \
+            [(133, 9, 4, 64, h, 128, True, True), (71, 8, 9, 8, h, 128, False, False)]
+        if quick:
+            configs = configs[:1]
+    for t, k, e, ep, h, npc, col_major, packed in configs:
+        topk_idx = _grid.topk_idx(device, t, k, e, ep)
         pos_to_expert, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 16)
         x = torch.randint(0, 256, (t, h), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
         groups = ceil_div(h, npc)
@@ -151,22 +195,39 @@ def _expand_sf_cases(device, quick):
 
 
 @register(_M, "reduce_fused")
-def _reduce_cases(device, quick):
+def _reduce_cases(device, quick, grid=False):
     from tritile.torch import reduce_fused as ref_reduce
     gpu = device.type == "cuda"
-    t, k, e, ep, h = (25023, 6, 4, 64, 7168) if gpu else (97, 6, 4, 64, 512)
-    topk_idx = _topk_idx(device, e, ep, k, t)
-    _, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 1)
-    x = torch.randn((t * k, h), device=device).to(torch.bfloat16)
-    w = torch.rand((t, k), device=device)
-    sf = torch.randn((1,), device=device)
-    out = reduce_fused(x, w, t2p, "e4m3", sf)
-    nbytes = count_bytes(t2p, out, w) + int((t2p != -1).sum()) * h * x.element_size()
-    params = dict(hidden=h, in_dtype="bf16", num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k,
-                  out_dtype="e4m3", with_sf=False, with_weights=True)
-    yield Case(params=params, fn=lambda: reduce_fused(x, w, t2p, "e4m3", sf),
-               ref=lambda: ref_reduce(x, w, t2p, "e4m3", sf), check=assert_equal, nbytes=nbytes,
-               anchor=("reduce_fused", params), tune=("reduce_fused", _REDUCE_TUNE) if gpu else None)
+    if grid and not quick:
+        # TileKernels' benchmark filter: num_topk == 6 and with_weights
+        configs = [(k, e, ep, h, i, o, xs) for k, e, ep in _grid.points(quick, grid, (6, 4, 64)) if k == 6
+                   for h in _hidden_sizes(device, True, 7168, 256, align_to=256)
+                   for i in ("fp32", "bf16") for o in (i, "e4m3") for xs in (True, False)]
+    else:
+        configs = [(6, 4, 64, 7168 if gpu else 512, "bf16", "e4m3", False)]
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for k, e, ep, h, in_dtype, out_dtype, with_sf in configs:
+        if grid:
+            t, _ = _grid.num_tokens(device, "reduce_fused", k, e, ep, hidden=h, in_dtype=in_dtype,
+                                    out_dtype=out_dtype, with_sf=with_sf, with_weights=True)
+        else:
+            t = 25023 if gpu else 97
+        topk_idx = _grid.topk_idx(device, t, k, e, ep)
+        _, _, _, t2p, *_ = get_fused_mapping(topk_idx, e, 0, 1)
+        x = torch.randn((t * k, h), device=device).to(dtypes[in_dtype])
+        w = torch.rand((t, k), device=device)
+        fmt = "e4m3" if out_dtype == "e4m3" else ""
+        sf = torch.randn((1,), device=device) if fmt else None
+        x_sf = torch.randn((t * k,), device=device) if with_sf else None
+        x_in = (x, x_sf) if with_sf else x
+        out = reduce_fused(x_in, w, t2p, fmt, sf)
+        nbytes = count_bytes(t2p, x_sf, out, w) + int((t2p != -1).sum()) * h * x.element_size()
+        params = dict(hidden=h, in_dtype=in_dtype, num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k,
+                      out_dtype=out_dtype, with_sf=with_sf, with_weights=True)
+        args = (x_in, w, t2p, fmt, sf)
+        yield Case(params=params, fn=lambda args=args: reduce_fused(*args), ref=lambda args=args: ref_reduce(*args),
+                   check=assert_equal, nbytes=nbytes, anchor=("reduce_fused", params),
+                   tune=("reduce_fused", _REDUCE_TUNE) if gpu else None)
 
 
 # Launch-config candidates at the anchor (K = 6, H = 7168, bf16 -> e4m3; 97 % of tokens hold 1 valid slot).
@@ -179,4 +240,7 @@ _REDUCE_TUNE = [
     dict(PREFETCH=1), dict(PREFETCH_DENSE=1), dict(NG=2, PREFETCH=2), dict(num_warps=2, PREFETCH=2),
     dict(num_warps=8), dict(BH=512, COL_ITERS=14, num_warps=2), dict(BH=512, COL_ITERS=7, num_warps=1),
     dict(SATFINITE=False), dict(GATHER=False, COL_ITERS=7, SKIP=True),
+    # the grid's fp32 rows and ep 8 (1.4 valid slots a token): compact up to 2 slots, narrower chunks, prefetch
+    dict(NG=2), dict(NG=2, PREFETCH=2), dict(PREFETCH_DENSE=1), dict(NG=2, PREFETCH_DENSE=1),
+    dict(BH=512, COL_ITERS=4, num_warps=2), dict(BH=512, COL_ITERS=4, num_warps=2, NG=2), dict(NG=4),
 ]

@@ -1,4 +1,5 @@
-"""Benchmark registrations of the MoE gating ops (TileKernels' anchor shapes on the GPU, small on the CPU).
+"""Benchmark registrations of the MoE gating ops (TileKernels' anchor shapes on the GPU, small on the CPU; with
+``grid=True`` TileKernels' whole benchmark grid, ``_bench_grid``).
 
 Every case is latency-bound (a few µs): the harness also times CUDA-graph replay and host overhead."""
 
@@ -8,30 +9,34 @@ import torch
 
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
-from tritile.testing.generator import generate_topk_idx_rows
 
 from . import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight,
                top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
+from . import _bench_grid as _grid
 from .scoring import ScoringFunc
 
 _M = "moe"
 
 
-def _topk_idx(device, num_experts, num_ep_ranks, num_topk, num_tokens):
-    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
+#: TileKernels' topk_gate benchmark configs (num_experts, num_topk).
+_TOPK_GATE_CONFIGS = [(72, 6), (32, 6), (64, 6), (96, 6), (16, 6), (36, 6), (108, 6), (128, 6), (144, 6), (256, 8)]
 
 
 @register(_M, "topk_gate")
-def _topk_gate_cases(device, quick):
-    gpu = device.type == "cuda"
-    t, e, k = (8001, 256, 8) if gpu else (67, 256, 8)
-    scores = torch.randn(t, e, device=device)
-    out = topk_gate(scores, k)
+def _topk_gate_cases(device, quick, grid=False):
     from tritile.torch import stable_topk
-    yield Case(params=dict(num_tokens=t, num_experts=e, num_topk=k), fn=lambda: topk_gate(scores, k),
-               ref=lambda: stable_topk(scores, k), check=assert_equal, nbytes=count_bytes(scores, out),
-               anchor=("topk_gate", dict(num_experts=e, num_tokens=t, num_topk=k)), latency_bound=True,
-               tune=("topk_gate", _TOPK_GATE_TUNE) if gpu else None)
+    gpu = device.type == "cuda"
+    tokens = (4001, 8001) if gpu else (67,)
+    shapes = [(t, e, k) for t in tokens for e, k in _TOPK_GATE_CONFIGS] if grid and not quick else \
+        [(8001 if gpu else 67, 256, 8)]
+    for t, e, k in shapes:
+        scores = torch.randn(t, e, device=device)
+        out = topk_gate(scores, k)
+        yield Case(params=dict(num_tokens=t, num_experts=e, num_topk=k),
+                   fn=lambda scores=scores, k=k: topk_gate(scores, k),
+                   ref=lambda scores=scores, k=k: stable_topk(scores, k), check=assert_equal,
+                   nbytes=count_bytes(scores, out), anchor=("topk_gate", dict(num_experts=e, num_tokens=t, num_topk=k)),
+                   latency_bound=True, tune=("topk_gate", _TOPK_GATE_TUNE) if gpu and e == 256 else None)
 
 
 # Launch-config candidates (python -m tritile tune) at E = 256.  Default: two rows per 1-warp program, each row
@@ -90,13 +95,13 @@ def _top2_cases(device, quick):
 
 
 @register(_M, "topk_sum_and_topk_group_idx")
-def _topk_sum_cases(device, quick):
+def _topk_sum_cases(device, quick, grid=False):
     from tritile.torch import topk_sum_and_topk_group_idx as ref
     gpu = device.type == "cuda"
-    t = 8001 if gpu else 67
+    tokens = ((4001, 8001) if gpu else (31, 67)) if grid else ((8001,) if gpu else (67,))
     combos = [(72, 4, 1, 2)] if quick else [(e, g, n, gk) for e in (72, 256) for g in (4, 8, 12, 16) if e % g == 0
                                             for n in (1, 2) for gk in (2, 4)]
-    for e, g, n, gk in combos:
+    for t, (e, g, n, gk) in [(t, c) for t in tokens for c in combos]:
         scores = torch.randn(t, g, e // g, device=device)
         out = topk_sum_and_topk_group_idx(scores, n, gk)
         params = dict(num_experts=e, num_group_sum_topk=n, num_groups=g, num_tokens=t, num_topk_groups=gk)
@@ -105,26 +110,27 @@ def _topk_sum_cases(device, quick):
                    nbytes=count_bytes(scores, out), anchor=("topk_sum_and_topk_group_idx", params), latency_bound=True)
 
 
-def _anchor_tokens(device, gpu_tokens):
-    return gpu_tokens if device.type == "cuda" else 301
+def _params(t, k, e, ep, **extra):
+    return dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k, **extra)
 
 
 @register(_M, "normalize_weight")
-def _normalize_cases(device, quick):
+def _normalize_cases(device, quick, grid=False):
     from tritile.torch import normalize_weight as ref
-    ep, e, k = 8, 9, 8
-    t = _anchor_tokens(device, 21876)
-    w = torch.rand(t, k, device=device)
-    d, nw = normalize_weight(w)
-    params = dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k)
+    gpu = device.type == "cuda"
 
     def check(out, expected):
         assert_equal(out[0], expected[0])
         assert_equal(out[1], expected[1])
 
-    yield Case(params=params, fn=lambda: normalize_weight(w), ref=lambda: ref(w), check=check,
-               nbytes=count_bytes(w, d, nw), anchor=("normalize_weight", params), latency_bound=True,
-               tune=("normalize_weight", _NORMALIZE_TUNE) if device.type == "cuda" else None)
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        t, _ = _grid.num_tokens(device, "normalize_weight", k, e, ep)
+        w = torch.rand(t, k, device=device)
+        d, nw = normalize_weight(w)
+        params = _params(t, k, e, ep)
+        yield Case(params=params, fn=lambda w=w: normalize_weight(w), ref=lambda w=w: ref(w), check=check,
+                   nbytes=count_bytes(w, d, nw), anchor=("normalize_weight", params), latency_bound=True,
+                   tune=("normalize_weight", _NORMALIZE_TUNE) if gpu else None)
 
 
 # Default (session 5): RCP on [32, 8] tiles x 1 warp (2.02 us CUPTI against 2.32 for the session-4 default, [128, 8]
@@ -140,24 +146,30 @@ _NORMALIZE_TUNE = [
     dict(RCP=True, BLOCK_T=512, num_warps=8), dict(BLOCK_T=512, num_warps=8),
     dict(RCP=True, BLOCK_T=16, num_warps=1), dict(RCP=True, BLOCK_T=64, num_warps=1),
     dict(RCP=True, BLOCK_T=8, num_warps=1), dict(RCP=True, BLOCK_T=128, num_warps=1),
+    # the grid's K = 2 and 9: smaller tiles, and a row per thread
+    dict(BLOCK_T=16), dict(BLOCK_T=64), dict(BLOCK_T=4), dict(PER_COL=True, BLOCK_T=32, num_warps=1),
+    dict(PER_COL=True, BLOCK_T=128, num_warps=4), dict(PER_COL=True, BLOCK_T=64, num_warps=1),
 ]
 
 
 @register(_M, "aux_fi")
-def _aux_fi_cases(device, quick):
+def _aux_fi_cases(device, quick, grid=False):
     from tritile.torch import aux_fi as ref
-    ep, e, k, aux = 8, 9, 8, 1
-    t = _anchor_tokens(device, 21788)
-    idx = _topk_idx(device, e, ep, k, t)
-    params = dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k, num_aux_topk=aux)
+    gpu = device.type == "cuda"
 
     def check(out, expected):  # bitwise on the CPU; the CUDA reference may differ by an ulp (spec §3.6)
         from tritile.testing import calc_diff
         assert calc_diff(out, expected) < 2e-7
 
-    yield Case(params=params, fn=lambda: aux_fi(idx, e, aux), ref=lambda: ref(idx, e, aux), check=check,
-               nbytes=count_bytes(idx), anchor=("aux_fi", params), latency_bound=True,
-               tune=("aux_fi", _AUX_FI_TUNE) if device.type == "cuda" else None)
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        for aux in ((1, k) if grid else (1,)):
+            t, _ = _grid.num_tokens(device, "aux_fi", k, e, ep, num_aux_topk=aux)
+            idx = _grid.topk_idx(device, t, k, e, ep)
+            params = _params(t, k, e, ep, num_aux_topk=aux)
+            yield Case(params=params, fn=lambda idx=idx, e=e, aux=aux: aux_fi(idx, e, aux),
+                       ref=lambda idx=idx, e=e, aux=aux: ref(idx, e, aux), check=check, nbytes=count_bytes(idx),
+                       anchor=("aux_fi", params), latency_bound=True,
+                       tune=("aux_fi", _AUX_FI_TUNE) if gpu else None)
 
 
 # Default: group_count's grid (1024 entries per chunk at the anchor: 171 programs of 4 warps).
@@ -166,49 +178,88 @@ _AUX_FI_TUNE = [
     dict(BLOCK=1024, num_warps=8), dict(BLOCK=2048, num_warps=8), dict(BLOCK=4096, num_warps=8),
     dict(BLOCK=8192, num_warps=8), dict(BLOCK=1024, PROGRAMS_PER_SM=1), dict(BLOCK=512, PROGRAMS_PER_SM=1),
     dict(BLOCK=2048, num_warps=2),
+    dict(SINGLE_MAX=0), dict(SINGLE_MAX=8192), dict(SINGLE_MAX=32768, SINGLE_WARPS=16),
+    dict(SINGLE_MAX=32768, SINGLE_WARPS=32), dict(SINGLE_WARPS=8), dict(SINGLE_WARPS=32),
 ]
 
 
 @register(_M, "group_count")
-def _group_count_cases(device, quick):
+def _group_count_cases(device, quick, grid=False):
     from tritile.torch import group_count as ref
-    ep, e, k = 8, 9, 8
-    t = _anchor_tokens(device, 21862)
-    idx = _topk_idx(device, e, ep, k, t)
-    params = dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k)
-    yield Case(params=params, fn=lambda: group_count(idx, e), ref=lambda: ref(idx, e), check=assert_equal,
-               nbytes=count_bytes(idx), anchor=("group_count", params), latency_bound=True)
+    gpu = device.type == "cuda"
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        t, _ = _grid.num_tokens(device, "group_count", k, e, ep)
+        idx = _grid.topk_idx(device, t, k, e, ep)
+        params = _params(t, k, e, ep)
+        yield Case(params=params, fn=lambda idx=idx, e=e: group_count(idx, e), ref=lambda idx=idx, e=e: ref(idx, e),
+                   check=assert_equal, nbytes=count_bytes(idx), anchor=("group_count", params), latency_bound=True,
+                   tune=("group_count", _GROUP_COUNT_TUNE) if gpu else None)
+
+
+# Candidates shared by group_count and aux_fi (both count with ``count_chunks``).  SINGLE_MAX: the largest T*K
+# counted by one program that writes the result itself (no zero-filled accumulator: one launch instead of two);
+# 0 turns that path off.
+_GROUP_COUNT_TUNE = [
+    dict(SINGLE_MAX=0), dict(SINGLE_MAX=8192), dict(SINGLE_MAX=32768), dict(SINGLE_MAX=65536),
+    dict(SINGLE_WARPS=8), dict(SINGLE_WARPS=32), dict(SINGLE_MAX=32768, SINGLE_WARPS=32),
+    dict(BLOCK=512), dict(BLOCK=2048), dict(BLOCK=1024, num_warps=8), dict(BLOCK=4096, num_warps=8),
+]
 
 
 @register(_M, "mask_indices_by_tp")
-def _mask_cases(device, quick):
+def _mask_cases(device, quick, grid=False):
     from tritile.torch import mask_indices_by_tp as ref
-    ep, e, k, tp_rank, num_tp = 8, 9, 8, 0, 2
-    t = _anchor_tokens(device, 21785)
-    idx = _topk_idx(device, e, ep, k, t)
-    out = mask_indices_by_tp(idx, e * ep, ep, tp_rank, num_tp)
-    params = dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k, num_tp_ranks=num_tp, tp_rank=tp_rank)
-    yield Case(params=params, fn=lambda: mask_indices_by_tp(idx, e * ep, ep, tp_rank, num_tp),
-               ref=lambda: ref(idx, e * ep, ep, tp_rank, num_tp), check=assert_equal,
-               nbytes=count_bytes(idx, out), anchor=("mask_indices_by_tp", params), latency_bound=True)
+    gpu = device.type == "cuda"
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        for num_tp in ((2, 4, 8) if grid else (2,)):
+            t, rec = _grid.num_tokens(device, "mask_indices_by_tp", k, e, ep, num_tp_ranks=num_tp)
+            # TileKernels draws tp_rank at random: its record's where there is one (the cost does not depend on it)
+            tp_rank = rec["params"]["tp_rank"] if rec is not None else (0 if not grid else 1)
+            idx = _grid.topk_idx(device, t, k, e, ep)
+            out = mask_indices_by_tp(idx, e * ep, ep, tp_rank, num_tp)
+            params = _params(t, k, e, ep, num_tp_ranks=num_tp, tp_rank=tp_rank)
+            args = (idx, e * ep, ep, tp_rank, num_tp)
+            yield Case(params=params, fn=lambda args=args: mask_indices_by_tp(*args), ref=lambda args=args: ref(*args),
+                       check=assert_equal, nbytes=count_bytes(idx, out), anchor=("mask_indices_by_tp", params),
+                       latency_bound=True, tune=("mask_indices_by_tp", _MASK_TUNE) if gpu else None)
+
+
+_MASK_TUNE = [
+    dict(BLOCK=1024), dict(BLOCK=512), dict(BLOCK=256), dict(BLOCK=256, num_warps=2), dict(BLOCK=512, num_warps=2),
+    dict(BLOCK=128, num_warps=1), dict(BLOCK=2048, num_warps=8), dict(BLOCK=1024, num_warps=8),
+]
 
 
 @register(_M, "inplace_unique_group_indices")
-def _unique_cases(device, quick):
+def _unique_cases(device, quick, grid=False):
     from tritile.torch import inplace_unique_group_indices as ref
-    ep, e, k, ng = 8, 9, 8, 8
-    t = _anchor_tokens(device, 21783)
-    group = _topk_idx(device, e, ep, k, t) // (e * ep // ng)
-    expected = group.clone()
-    ref(expected, ng)
-    changed = int((expected != group).sum())
-    work = group.clone()  # deduplicated by the first call; later calls find nothing to change (as TileKernels)
-    params = dict(num_tokens=t, num_experts=e, num_ep_ranks=ep, num_topk=k, num_groups=ng)
+    gpu = device.type == "cuda"
+    for k, e, ep in _grid.points(quick, grid, (8, 9, 8)):
+        for ng in ((8, 16, 72) if grid else (8,)):
+            if (e * ep) % ng:
+                continue
+            t, _ = _grid.num_tokens(device, "inplace_unique_group_indices", k, e, ep, num_groups=ng)
+            group = _grid.topk_idx(device, t, k, e, ep) // (e * ep // ng)
+            expected = group.clone()
+            ref(expected, ng)
+            changed = int((expected != group).sum())
+            work = group.clone()  # deduplicated by the first call; later calls find nothing to change (as TileKernels)
+            params = _params(t, k, e, ep, num_groups=ng)
 
-    def fn():
-        inplace_unique_group_indices(work, ng)
-        return work
+            def fn(work=work, ng=ng):
+                inplace_unique_group_indices(work, ng)
+                return work
 
-    yield Case(params=params, fn=fn, ref=lambda: expected, check=assert_equal,
-               nbytes=group.numel() * 8 + changed * 4, anchor=("inplace_unique_group_indices", params),
-               latency_bound=True)
+            yield Case(params=params, fn=fn, ref=lambda expected=expected: expected, check=assert_equal,
+                       nbytes=group.numel() * 8 + changed * 4, anchor=("inplace_unique_group_indices", params),
+                       latency_bound=True, tune=("inplace_unique_group_indices", _UNIQUE_TUNE) if gpu else None)
+
+
+# Designs (``ROWS``): 0 = [BLOCK_T, BLOCK_K] tile with a pairwise [BLOCK_T, BLOCK_K, BLOCK_K] comparison; 1 = one row
+# per thread, the K columns as K vectors compared pairwise in registers (no cross-lane traffic).
+_UNIQUE_TUNE = [
+    dict(ROWS=0), dict(ROWS=1, BLOCK_T=128, num_warps=4), dict(ROWS=1, BLOCK_T=64, num_warps=2),
+    dict(ROWS=1, BLOCK_T=32, num_warps=1), dict(ROWS=1, BLOCK_T=256, num_warps=8),
+    dict(ROWS=1, BLOCK_T=256, num_warps=4), dict(ROWS=0, LOOP=True, BLOCK_T=64, num_warps=2),
+    dict(ROWS=0, BLOCK_T=16), dict(ROWS=0, BLOCK_T=64), dict(ROWS=0, num_warps=2), dict(ROWS=0, num_warps=8),
+]

@@ -11,16 +11,28 @@ import triton.language as tl
 from tritile.config import get_num_sms
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, override_key,
                              tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
-from .group_count_kernel import check_index_range, count_chunks, grid_config
+from .group_count_kernel import check_index_range, count_chunks, grid_config, single_config
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
 
 __all__ = ["aux_fi"]
+
+
+@triton.jit
+def _aux_fi_single_kernel(idx_ptr, out_ptr, numel, num_experts, scale_num, denom, BLOCK: tl.constexpr,
+                          BINS: tl.constexpr, PDL: tl.constexpr = False):
+    """One program (``BLOCK >= numel``): count, then f = float(count * E) / float(T * aux) (IEEE); no workspace."""
+    pdl_enter(PDL)
+    counts = count_chunks(idx_ptr, numel, num_experts, 0, 1, BLOCK, BINS)
+    bins = tl.arange(0, BINS)
+    f = tl.math.div_rn((counts * scale_num).to(tl.float32), tl.full([BINS], denom, tl.float32))
+    tl.store(out_ptr + bins, f, mask=bins < num_experts)
 
 
 @triton.jit
@@ -48,9 +60,12 @@ def _config(numel: int, num_experts: int, num_sms: int, interpret: bool) -> dict
     at most ``PROGRAMS_PER_SM * num_sms`` programs) and ``num_warps``.  Launch configs go through
     ``tritile.runtime.tuned("aux_fi", ...)``; the result never depends on them."""
     block, _, programs = grid_config(max(numel, 1), num_experts, num_sms, interpret)
-    return dict(BLOCK=block, PROGRAMS_PER_SM=max(1, -(-programs // max(num_sms, 1))), num_warps=4)
+    return dict(single_config(numel, interpret), BLOCK=block,
+                PROGRAMS_PER_SM=max(1, -(-programs // max(num_sms, 1))), num_warps=4)
 
 
+@custom_op("moe_aux_fi", fake=lambda topk_idx, num_experts, num_aux_topk: topk_idx.new_empty(
+    (num_experts,), dtype=torch.float32))
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
     """Fraction of routed slots per expert, scaled for the auxiliary loss.
 
@@ -81,10 +96,15 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         return torch.zeros(num_experts, dtype=torch.float32, device=dev)
     check_index_range("topk_idx", topk_idx, num_experts, "num_experts")
     out = empty((num_experts,), torch.float32, dev)
-    ws = torch.zeros(num_experts, dtype=torch.int64, device=dev)
-    programs, block, bins, warps = _plan(numel, num_experts, get_num_sms(), override_key("aux_fi"))
+    single, programs, block, bins, warps = _plan(numel, num_experts, get_num_sms(), override_key("aux_fi"))
+    denom = float(num_tokens * num_aux_topk)
     # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
-    _aux_fi_kernel.run(topk_idx, ws, out, numel, num_experts, num_experts, float(num_tokens * num_aux_topk), programs,
+    if single:  # one program, one launch (no zero-filled workspace)
+        _aux_fi_single_kernel.run(topk_idx, out, numel, num_experts, num_experts, denom, block, bins, grid=(1,),
+                                  warmup=False, num_warps=warps, **pdl_args(dev))
+        return out
+    ws = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    _aux_fi_kernel.run(topk_idx, ws, out, numel, num_experts, num_experts, denom, programs,
                        block, bins, grid=(programs,), warmup=False, num_warps=warps, **pdl_args(out.device))
     return out
 
@@ -103,9 +123,12 @@ def _check(topk_idx, num_experts, num_aux_topk) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, num_experts: int, num_sms: int, override) -> tuple:
-    """(programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
+    """(single, programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
     ``override_key("aux_fi")``, so tuning sweeps see their candidates."""
     cfg = tuned("aux_fi", _config(numel, num_experts, num_sms, _INTERPRET))
+    bins = max(16, next_power_of_two(num_experts))
+    if numel <= cfg["SINGLE_MAX"]:
+        return True, 1, max(16, next_power_of_two(numel)), bins, cfg["SINGLE_WARPS"]
     block = cfg["BLOCK"]
     programs = max(1, min(cfg["PROGRAMS_PER_SM"] * num_sms, ceil_div(max(numel, 1), block)))
-    return programs, block, max(16, next_power_of_two(num_experts)), cfg["num_warps"]
+    return False, programs, block, bins, cfg["num_warps"]

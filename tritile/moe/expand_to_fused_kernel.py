@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..quant.types import QuantTensor
 from ..language.pdl import pdl_args, pdl_enter
+from ..runtime import custom_op
 from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
                        interpreter_configs, tuned)
 from ..utils import align, ceil_div, next_power_of_two
@@ -245,6 +246,8 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         num_warps=cfg["num_warps"], **pdl_args(out.device))
 
 
+@custom_op("moe_expand_to_fused", fake=lambda x, token_topk_to_pos, pos_to_expert: x.new_empty(
+    (pos_to_expert.shape[0], x.shape[1])))
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
     """Copy each token's row to its expert-major positions; zero the padding rows.
 
@@ -318,9 +321,24 @@ def expand_to_fused_with_sf(
     _check_mapping(token_topk_to_pos, pos_to_expert, num_tokens)
     device = check_same_device(x=data, x_sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     check_device("x", data)
-    num_expanded = pos_to_expert.shape[0]
-    out = empty((num_expanded, hidden), data.dtype, device)
-    if use_tma_aligned_col_major_sf:
+    return _expand_with_sf(data, x_sf, token_topk_to_pos, pos_to_expert, use_tma_aligned_col_major_sf)
+
+
+def _expand_with_sf_fake(data, x_sf, token_topk_to_pos, pos_to_expert, col_major):
+    n, hidden_sf = pos_to_expert.shape[0], x_sf.shape[1]
+    out = data.new_empty((n, data.shape[1]))
+    if col_major:
+        return out, torch.empty_strided((n, hidden_sf), (1, align(n, 4)), dtype=x_sf.dtype, device=x_sf.device)
+    return out, x_sf.new_empty((n, hidden_sf))
+
+
+@custom_op("moe_expand_to_fused_with_sf", fake=_expand_with_sf_fake)
+def _expand_with_sf(data: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                    pos_to_expert: torch.Tensor, col_major: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``expand_to_fused_with_sf`` after its checks (the registered op): allocate, launch."""
+    num_expanded, hidden_sf, device = pos_to_expert.shape[0], x_sf.shape[1], data.device
+    out = empty((num_expanded, data.shape[1]), data.dtype, device)
+    if col_major:
         out_sf = empty((hidden_sf, align(num_expanded, 4)), x_sf.dtype, device)[:, :num_expanded].T
     else:
         out_sf = empty((num_expanded, hidden_sf), x_sf.dtype, device)

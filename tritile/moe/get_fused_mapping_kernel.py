@@ -45,8 +45,8 @@ import triton.language as tl
 
 from .. import runtime as _rt
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
-                       override_key, tuned)
+from ..runtime import (check_contiguous, check_device, check_tensor, checks_enabled, custom_op, empty,
+                       interpreter_configs, override_key, tuned)
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["get_fused_mapping"]
@@ -121,7 +121,8 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
                                   NUM_TOPK: tl.constexpr, SINGLE: tl.constexpr, TABLE_ROWS: tl.constexpr,
                                   PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
-                                  PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                                  PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                                  LANES: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -155,12 +156,12 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
     if SINGLE:
         total = tl.zeros([BLOCK_E], dtype=tl.int32)
         prefix = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for it in range(CHUNK // HIST_BLOCK):
-            offs = it * HIST_BLOCK + tl.arange(0, HIST_BLOCK).to(tl.int64)
-            m = offs < numel
-            e = tl.load(topk_ptr + offs, mask=m, other=-1)
-            valid = m & (e >= 0) & (e < num_experts)
-            total += tl.histogram(tl.where(valid, e, 0).to(tl.int32), BLOCK_E, mask=valid)
+        for it in range(CHUNK // HIST_BLOCK):  # own names: the packed path keeps the chunk's offs / e loaded above
+            h_offs = it * HIST_BLOCK + tl.arange(0, HIST_BLOCK).to(tl.int64)
+            h_m = h_offs < numel
+            h_e = tl.load(topk_ptr + h_offs, mask=h_m, other=-1)
+            h_valid = h_m & (h_e >= 0) & (h_e < num_experts)
+            total += tl.histogram(tl.where(h_valid, h_e, 0).to(tl.int32), BLOCK_E, mask=h_valid)
     elif TABLE_ROWS > 0:
         # The per-chunk counts (not scanned): every program sums the whole small table itself (one [rows, E]
         # load from L2), so no scan launch is needed.
@@ -184,7 +185,7 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
 
     # ---- scatter this program's chunk in ascending flat order ----
     base = seg_start + prefix
-    if PACKED:
+    if PACKED and LANES == 1:
         # BLOCK_E <= 4: the whole chunk at once.  Each valid slot contributes 1 << 16*e to an int64 whose four
         # 16-bit fields count the experts; the exclusive cumsum's field e is the slot's rank among the
         # earlier slots of its expert (CHUNK < 2**16).  The base is picked by BLOCK_E selects (no gather).
@@ -196,6 +197,20 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
         pos = ((excl >> sh) & 0xFFFF).to(tl.int32)
         for ej in tl.static_range(BLOCK_E):
             pos += tl.where(e32 == ej, tl.sum(tl.where(e_ar == ej, base, 0), axis=0), 0)
+        _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
+                     valid, pos, e32, num_expanded, NUM_TOPK)
+    elif PACKED:
+        # BLOCK_E = 4 * LANES: the same in LANES int64 lanes (experts 4l .. 4l+3 in lane l), one [CHUNK, LANES]
+        # cumsum along the chunk instead of CHUNK / SB dependent steps; the base is gathered.
+        valid = m & (e >= 0) & (e < num_experts)
+        eg = tl.where(valid, e, 0).to(tl.int32)
+        sh = (eg % 4).to(tl.int64) * 16
+        l_ar = tl.arange(0, LANES)
+        in_lane = valid[:, None] & ((eg // 4)[:, None] == l_ar[None, :])
+        one = tl.where(in_lane, tl.full([CHUNK, LANES], 1, tl.int64) << sh[:, None], 0)
+        excl = tl.sum(tl.where(in_lane, tl.cumsum(one, axis=0) - one, 0), axis=1)
+        e32 = tl.where(valid, eg, -1)
+        pos = ((excl >> sh) & 0xFFFF).to(tl.int32) + tl.gather(base, eg, axis=0)
         _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
                      valid, pos, e32, num_expanded, NUM_TOPK)
     else:
@@ -267,19 +282,29 @@ def _default_config(num_experts: int, interp: bool) -> dict:
     that takes the one-program path."""
     if interp:
         return dict(chunk=4096, sb=64, single_max=512, num_warps=4, scan_tp=64, scan_eb=64, packed=True,
-                    fuse_scan=8192)
+                    fuse_scan=8192, lanes_max=8, single_warps=4)
     if num_experts <= 4:
         # Packed ranks, two launches.  SASS (sm_90, T*K = 324612): 984 instructions per 1024-slot program
         # (8 slots per thread, no loop, 25 barriers) against 8 x 733 per 512 slots (96 barriers) before.
         return dict(chunk=1024, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
-                    fuse_scan=8192)
-    return dict(chunk=512, sb=64, single_max=1024, num_warps=2, scan_tp=32, scan_eb=32, packed=True,
-                fuse_scan=8192)  # H200 sweep (unpacked, 3 launches): 30 vs 60 us
+                    fuse_scan=8192, lanes_max=8, single_warps=4)
+    if num_experts <= 32:
+        # The packed ranks in BLOCK_E / 4 lanes, the whole chunk in one step (before: CHUNK / SB dependent [SB, SB]
+        # rank steps, 16.9 us at T*K = 15804, E = 9 against TileKernels' 6.68).  [CHUNK, LANES] int64 one-hots of
+        # 2048 entries on 4 warps (ptxas, sm_90: 124 registers at [512, 4], 209 at [512, 8], no spills); the
+        # one-program path on 8 warps (128 registers at [1024, 4]; 236 on 4 warps).
+        lanes = max(1, next_power_of_two(num_experts) // 4)
+        return dict(chunk=max(256, 2048 // lanes), sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32,
+                    packed=True, fuse_scan=8192, lanes_max=8, single_warps=8)
+    # More experts: the [SB, SB] rank steps.
+    return dict(chunk=512, sb=64, single_max=1024, num_warps=2, scan_tp=32, scan_eb=32, packed=True, fuse_scan=8192,
+                lanes_max=8, single_warps=2)  # H200 sweep (unpacked, 3 launches): 30 vs 60 us
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int,
-          num_warps: int, scan_tp: int, scan_eb: int, packed: bool, fuse_scan: int) -> dict:
+          num_warps: int, scan_tp: int, scan_eb: int, packed: bool, fuse_scan: int, lanes_max: int = 8,
+          single_warps: int = 4) -> dict:
     """Block sizes and chunking.  Constexprs are rounded to powers of two so that a GPU compiles few variants
     while T varies.  Cached: the host path is latency-critical."""
     block_e = max(2, next_power_of_two(num_experts))
@@ -293,21 +318,26 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
         num_chunks = ceil_div(numel, chunk)
     pad_block = min(1024, max(16, next_power_of_two(alignment - 1)))
     scan_eb = min(next_power_of_two(scan_eb), block_e)
-    # packed: one int64 of four 16-bit counters per slot (E <= 4) instead of the [SB, SB] rank comparison.
+    # packed: int64s of four 16-bit counters per slot (LANES of them: E <= 4 * lanes_max) instead of the [SB, SB]
+    # rank comparison; the count kernel packs only at E <= 4 (else tl.histogram).
+    lanes = max(1, block_e // 4)
+    packed_scatter = bool(packed) and lanes <= max(1, lanes_max) and chunk < 2**16
     packed = bool(packed) and block_e <= 4 and chunk < 2**16
-    if packed:
+    if packed_scatter:
         sb = 64  # unused: keep one variant
     # table_rows > 0: the scatter sums the per-chunk count table itself (no scan launch).
     table_rows = 0 if single else next_power_of_two(num_chunks)
     if table_rows * block_e > fuse_scan:
         table_rows = 0
-    return dict(single=single, num_chunks=num_chunks, block_e=block_e, num_warps=num_warps, table_rows=table_rows,
+    return dict(single=single, num_chunks=num_chunks, block_e=block_e,
+                num_warps=single_warps if single else num_warps, table_rows=table_rows,
                 count=dict(CHUNK=chunk, BLOCK=min(chunk, 2048), BLOCK_E=block_e, PACKED=packed),
                 scan=dict(TP=next_power_of_two(scan_tp), EB=scan_eb, BLOCK_E=block_e),
                 scan_grid=block_e // scan_eb,
-                scatter=dict(NUM_TOPK=num_topk, SINGLE=single, TABLE_ROWS=table_rows, PACKED=packed, CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
+                scatter=dict(NUM_TOPK=num_topk, SINGLE=single, TABLE_ROWS=table_rows, PACKED=packed_scatter,
+                             CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
                              PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
-                             PAD_BLOCK=pad_block, TAIL_BLOCK=1024))
+                             PAD_BLOCK=pad_block, TAIL_BLOCK=1024, LANES=lanes if packed_scatter else 1))
 
 
 @functools.lru_cache(maxsize=256)
@@ -325,7 +355,8 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
     numel = num_tokens * num_topk
     c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
     cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
-                c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"])
+                c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"], c.get("lanes_max", 8),
+                c.get("single_warps", c["num_warps"]))
     num_chunks = cfg["num_chunks"]
     table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
     num_view = 0 if sync_mode else num_expanded  # the synchronising mode's length comes from the data
@@ -348,7 +379,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
         # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
         k = dict(cfg["scatter"], FILL_TAIL=not sync_mode)
         names = ("NUM_TOPK", "SINGLE", "TABLE_ROWS", "PACKED", "FILL_TAIL", "CHUNK", "SB", "HIST_BLOCK", "BLOCK_E",
-                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK")
+                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK", "LANES")
         launches.append((_fused_mapping_scatter_kernel, (num_chunks,), (numel, num_experts, num_expanded, alignment),
                          tuple(k[n] for n in names), cfg["num_warps"]))
     fixed_views = None if sync_mode and numel > 0 else (num_view, na, ea)
@@ -422,6 +453,12 @@ def get_fused_mapping(
         raise ValueError("positions must fit in int32: T*K + (alignment-1)*num_experts and num_expanded_tokens "
                          f"must be < 2**31, got topk_idx of shape {(num_tokens, num_topk)}, alignment={alignment}, "
                          f"num_experts={num_experts}, num_expanded_tokens={num_expanded_tokens}")
+    if torch.compiler.is_compiling():
+        # the registered op (outputs of their own; the pos_to_* length an unbacked size in the synchronising mode),
+        # then the list from its counts (``torch._dynamo.config.capture_scalar_outputs`` keeps it in the graph)
+        res = _get_fused_mapping_op(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+        sync = num_expanded_tokens == 0 and not force_no_sync
+        return (*res, res[6].tolist() if sync else [])
     checks = checks_enabled()
     if checks and topk_idx.numel() > 0:
         lo, hi = int(topk_idx.min()), int(topk_idx.max())
@@ -471,6 +508,27 @@ def get_fused_mapping(
                              f"got {num_expanded_tokens}")
     return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert,
             per_expert_list)
+
+
+def _get_fused_mapping_fake(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
+    num_tokens, num_topk = topk_idx.shape
+    if num_expanded_tokens == 0 and not force_no_sync:
+        n = torch.library.get_ctx().new_dynamic_size()  # sum of the aligned counts: known after the kernels
+    else:
+        n = num_expanded_tokens
+    i32 = dict(dtype=torch.int32)
+    return (*(topk_idx.new_empty((n,), **i32) for _ in range(3)), topk_idx.new_empty((num_tokens, num_topk), **i32),
+            *(topk_idx.new_empty((num_experts,), **i32) for _ in range(3)))
+
+
+@custom_op("moe_get_fused_mapping", fake=_get_fused_mapping_fake)
+def _get_fused_mapping_op(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int,
+                          force_no_sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                        torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``get_fused_mapping``'s seven tensors as the registered op returns them (each its own allocation: an op's
+    outputs may not share memory)."""
+    res = get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    return tuple(t.clone() for t in res[:7])
 
 
 def _check_args(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync) -> None:

@@ -11,7 +11,9 @@ import triton.language as tl
 from tritile.config import get_num_sms
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, interpreter_configs
+from tritile.runtime import custom_op
+from tritile.runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
+                             override_key, tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
@@ -38,13 +40,29 @@ def count_chunks(idx_ptr, numel, num_bins, pid, num_programs,
 
 
 @triton.jit
-def _group_count_kernel(idx_ptr, out_ptr, numel, num_groups, num_programs, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False):
+def _group_count_kernel(idx_ptr, out_ptr, numel, num_groups, num_programs, BLOCK: tl.constexpr, BINS: tl.constexpr,
+                        SINGLE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``SINGLE``: one program counts everything (``BLOCK >= numel``) and stores the histogram (no zero-filled
+    accumulator, one launch).  Otherwise every program adds its chunks' histogram with integer atomics."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     hist = count_chunks(idx_ptr, numel, num_groups, pid, num_programs, BLOCK, BINS)
     bins = tl.arange(0, BINS)
-    # Integer atomics: the sum does not depend on the order (nor on the grid size).
-    tl.atomic_add(out_ptr + bins, hist, mask=(bins < num_groups) & (hist != 0), sem="relaxed")
+    if SINGLE:
+        tl.store(out_ptr + bins, hist, mask=bins < num_groups)
+    else:
+        # Integer atomics: the sum does not depend on the order (nor on the grid size).
+        tl.atomic_add(out_ptr + bins, hist, mask=(bins < num_groups) & (hist != 0), sem="relaxed")
+
+
+def single_config(numel: int, interpret: bool) -> dict:
+    """Default of the one-program path shared by ``group_count`` and ``aux_fi``: ``T*K <= SINGLE_MAX`` is counted
+    by one program of ``SINGLE_WARPS`` warps holding every entry at once (at most 32 a thread: one round of
+    loads in flight), which stores the result itself: one launch instead of a zero fill and a counting launch.
+    Tuning keys ``SINGLE_MAX`` (0: off) and ``SINGLE_WARPS``."""
+    if interpret:
+        return dict(SINGLE_MAX=256, SINGLE_WARPS=4)
+    return dict(SINGLE_MAX=16384, SINGLE_WARPS=max(4, min(16, next_power_of_two(ceil_div(numel, 32 * 32)))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,6 +85,8 @@ def check_index_range(name: str, t: torch.Tensor, hi: int, hi_name: str) -> None
             raise ValueError(f"{name} entries must lie in [-1, {hi_name}={hi}), got values in [{lo}, {top}]")
 
 
+@custom_op("moe_group_count", fake=lambda group_idx, num_groups: group_idx.new_empty((num_groups,),
+                                                                                     dtype=torch.int32))
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """Number of entries equal to each group id.
 
@@ -85,16 +105,42 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
             and (group_idx.device.type == "cuda" or _rt.kernel_device_ok(group_idx.device))
             and type(num_groups) is int and num_groups >= 1):
         _check(group_idx, num_groups)
-    out = torch.zeros(num_groups, dtype=torch.int32, device=group_idx.device)  # the atomic accumulator
     numel = group_idx.numel()
     if numel == 0:
-        return out
+        return torch.zeros(num_groups, dtype=torch.int32, device=group_idx.device)
     check_index_range("group_idx", group_idx, num_groups, "num_groups")
-    block, bins, programs = grid_config(numel, num_groups, get_num_sms(), _INTERPRET)
+    single, programs, block, bins, warps = _plan(numel, num_groups, get_num_sms(), override_key("group_count"))
+    # one program writes every bin; else the atomic accumulator starts at zero
+    out = (empty if single else _zeros)((num_groups,), torch.int32, group_idx.device)
     # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
-    _group_count_kernel.run(group_idx, out, numel, num_groups, programs, block, bins, grid=(programs,), warmup=False,
-                            num_warps=4, **pdl_args(out.device))
+    _group_count_kernel.run(group_idx, out, numel, num_groups, programs, block, bins, single, grid=(programs,),
+                            warmup=False, num_warps=warps, **pdl_args(out.device))
     return out
+
+
+def _zeros(shape, dtype, device):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _config(numel: int, num_groups: int, num_sms: int, interpret: bool) -> dict:
+    """Default launch config (``tuned("group_count", ...)``; the counts never depend on it): the one-program path
+    up to ``SINGLE_MAX`` entries (``single_config``), else ``grid_config``'s persistent grid of ``BLOCK``-entry
+    chunks with ``num_warps``."""
+    block, _, programs = grid_config(max(numel, 1), num_groups, num_sms, interpret)
+    return dict(single_config(numel, interpret), BLOCK=block, num_warps=4)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(numel: int, num_groups: int, num_sms: int, override) -> tuple:
+    """(single, programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
+    ``override_key("group_count")``, so tuning sweeps see their candidates."""
+    cfg = tuned("group_count", _config(numel, num_groups, num_sms, _INTERPRET))
+    bins = max(16, next_power_of_two(num_groups))
+    if numel <= cfg["SINGLE_MAX"]:
+        return True, 1, max(16, next_power_of_two(numel)), bins, cfg["SINGLE_WARPS"]
+    block = cfg["BLOCK"]
+    programs = max(1, min(2 * num_sms, ceil_div(numel, block)))
+    return False, programs, block, bins, cfg["num_warps"]
 
 
 def _check(group_idx, num_groups) -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.runtime import check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs
-from tritile.utils import ceil_div
+from tritile.config import get_num_sms
+from tritile.runtime import custom_op
+from tritile.runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
+                             override_key, tuned)
+from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -39,7 +44,10 @@ def _as_int(name, v):
     return v
 
 
-def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int):
+@custom_op("moe_mask_indices_by_tp", fake=lambda indices, n, num_ep_ranks, tp_rank, num_tp_ranks: torch.empty_like(
+    indices, memory_format=torch.contiguous_format))
+def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int,
+                       num_tp_ranks: int) -> torch.Tensor:
     """Keep only the experts owned by TP rank ``tp_rank`` and renumber them densely.
 
     With P = ``n // num_ep_ranks`` experts per GPU and R = ``num_tp_ranks``, an index g >= 0 on GPU
@@ -70,11 +78,30 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
         lo, hi = int(indices.min()), int(indices.max())
         if lo < -1 or hi >= n:
             raise ValueError(f"indices must lie in [-1, n={n}), got values in [{lo}, {hi}]")
-    block = 1024  # also under the interpreter, so CPU tests run several programs
+    block, warps = _plan(numel, get_num_sms(), override_key("mask_indices_by_tp"))
     # ``.run`` is what ``kernel[grid](...)`` calls (one lambda and two keyword dicts fewer)
     _mask_indices_by_tp_kernel.run(indices, out, numel, n // num_ep_ranks, tp_rank, num_tp_ranks, block,
-                                   grid=(ceil_div(numel, block),), warmup=False, num_warps=4, **pdl_args(out.device))
+                                   grid=(ceil_div(numel, block),), warmup=False, num_warps=warps,
+                                   **pdl_args(out.device))
     return out
+
+
+def _config(numel: int, num_sms: int, interpret: bool) -> dict:
+    """Default launch config (``tuned("mask_indices_by_tp", ...)``; keys ``BLOCK``, ``num_warps``): ``BLOCK``
+    entries a program, ``next_pow2(T*K / (2 num_sms))`` clamped to [256, 1024], so that small inputs still
+    spread over every SM, two programs each (more loads in flight), and large ones keep 8 entries a thread;
+    4 warps from 512 entries, else 2.  The interpreter keeps 1024 (CPU tests still run several programs)."""
+    if interpret:
+        return dict(BLOCK=1024, num_warps=4)
+    block = min(1024, max(256, next_power_of_two(ceil_div(numel, 2 * max(num_sms, 1)))))
+    return dict(BLOCK=block, num_warps=4 if block >= 512 else 2)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(numel: int, num_sms: int, override) -> tuple:
+    """(BLOCK, num_warps), cached (the host path is latency-bound); ``override``: ``override_key(...)``."""
+    cfg = tuned("mask_indices_by_tp", _config(numel, num_sms, _INTERPRET))
+    return next_power_of_two(cfg["BLOCK"]), cfg["num_warps"]
 
 
 def _check(indices, n, num_ep_ranks, tp_rank, num_tp_ranks) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
 
+from tritile.config import get_num_sms
+from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, is_interpreter,
                              tuned)
 from tritile.language.pdl import pdl_args, pdl_enter
@@ -98,7 +102,7 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
             tl.store(out_ptr + offs, tl.math.div_rn(w, denom[:, None]), mask=m)
 
 
-def _config(num_topk: int, interpret: bool) -> dict:
+def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> dict:
     """Default launch config: ``[BLOCK_T, next_pow2(K)]`` tiles.  Launch configs go through
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
     corrections; not with ``PER_COL``), ``num_warps``, ``PDL`` (programmatic dependent launch where supported;
@@ -108,12 +112,21 @@ def _config(num_topk: int, interpret: bool) -> dict:
     # [128, 8] x 4 warps 2.10, the plain division on [128, 8] x 4 warps (the previous default) 2.32, the
     # per-column variant (64 rows, 2 warps) 4.2 (graph).  The interpreter keeps the plain division (its
     # emulated FMAs round in float64).
+    # Rows a program: at most 256 elements of the tile (8 a lane), fewer when that leaves SMs idle: at least two
+    # programs per SM where the rows allow (K = 2, T = 8037: [32, 2] tiles, 252 programs, where [128, 2] gave 63).
     if interpret:
         return dict(BLOCK_T=max(16, 1024 // next_power_of_two(num_topk)), PER_COL=False, RCP=False, num_warps=1)
-    return dict(BLOCK_T=max(4, 256 // next_power_of_two(num_topk)), PER_COL=False, RCP=True, num_warps=1)
+    cap = max(4, 256 // next_power_of_two(num_topk))
+    block_t = min(cap, max(4, next_power_of_two(ceil_div(num_tokens, 2 * max(num_sms, 1)))))
+    return dict(BLOCK_T=block_t, PER_COL=False, RCP=True, num_warps=1)
 
 
-def normalize_weight(topk_weights: torch.Tensor):
+def _normalize_weight_fake(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    return topk_weights.new_empty(topk_weights.shape[:1]), topk_weights.new_empty(topk_weights.shape)
+
+
+@custom_op("moe_normalize_weight", fake=_normalize_weight_fake)
+def normalize_weight(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Normalise every token's top-k weights by their sum.
 
     Args:
@@ -136,7 +149,7 @@ def normalize_weight(topk_weights: torch.Tensor):
         if num_topk == 0 and num_tokens:
             denom.fill_(1e-20)
         return denom, out
-    cfg = tuned("normalize_weight", _config(num_topk, _INTERPRET))
+    cfg = tuned("normalize_weight", _config(num_tokens, num_topk, get_num_sms(), _INTERPRET))
     _normalize_weight_kernel[(ceil_div(num_tokens, cfg["BLOCK_T"]),)](
         topk_weights, denom, out, num_tokens,
         NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_K=next_power_of_two(num_topk), PER_COL=bool(cfg["PER_COL"]),

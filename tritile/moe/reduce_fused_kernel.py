@@ -30,8 +30,8 @@ try:  # no clamp before the GPU's satfinite conversion; same bits except the sig
 except ImportError:  # pragma: no cover - older tritile.language
     _f32_to_e4m3_bits_fast = f32_to_e4m3_bits
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import check_inner_contiguous, check_same_device, check_shape, check_tensor, checks_enabled, empty, \
-    interpreter_configs, tuned
+from ..runtime import check_inner_contiguous, check_no_overlap, check_same_device, check_shape, check_tensor, \
+    checks_enabled, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["reduce_fused"]
@@ -335,7 +335,8 @@ def reduce_fused(
             interpreter; finite and infinite sums give the same bits on both.
         sf: float32 ``(1,)``, multiplies the sum once at the end (even for tokens without a slot, so a
             negative ``sf`` gives ``-0.0``); only with ``fp8_format='e4m3'``.
-        out: optional ``(T, H)`` output of the output dtype (unit stride along ``H``), written in place.
+        out: optional ``(T, H)`` output of the output dtype (unit stride along ``H``), written in place; it must
+            not overlap any input (``ValueError``).
 
     Returns:
         ``(T, H)`` tensor (``out`` when given).  Accumulation: float32, slots ``k = 0..K-1`` in order,
@@ -370,9 +371,12 @@ def reduce_fused(
         check_tensor("out", out, dtypes=(out_dtype,), ndim=2)
         check_shape("out", out, (num_tokens, hidden))
         check_inner_contiguous("out", out)
+        if not torch.compiler.is_compiling():  # addresses: eager only (fake tensors have none)
+            check_no_overlap({"out": out}, {"x": x, "x_sf": x_sf, "topk_weights": topk_weights,
+                                            "token_topk_to_pos": token_topk_to_pos, "sf": sf})
     device = check_same_device(x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=token_topk_to_pos,
                                sf=sf, out=out)
-    if checks_enabled() and token_topk_to_pos.numel() > 0:
+    if checks_enabled() and token_topk_to_pos.numel() > 0 and not torch.compiler.is_compiling():
         lo, hi = int(token_topk_to_pos.min()), int(token_topk_to_pos.max())
         if lo < -1 or hi >= num_expanded:
             raise ValueError(f"token_topk_to_pos values must be in [-1, {num_expanded}) (the rows of x), "
@@ -381,7 +385,18 @@ def reduce_fused(
         out = empty((num_tokens, hidden), out_dtype, device)
     if num_tokens == 0 or hidden == 0:
         return out
+    _reduce_fused_into(x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, out)
+    return out
 
+
+@custom_op("moe_reduce_fused", mutates_args=("out",),
+           fake=lambda x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, out: None)
+def _reduce_fused_into(x: torch.Tensor, x_sf: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor],
+                       token_topk_to_pos: torch.Tensor, fp8_format: str, sf: Optional[torch.Tensor],
+                       out: torch.Tensor) -> None:
+    """``reduce_fused`` after its checks (the registered op): the launch into ``out``."""
+    num_tokens, num_topk = token_topk_to_pos.shape
+    num_expanded, hidden = x.shape
     cfg = tuned("reduce_fused", _config(num_tokens, num_topk, hidden, interpreter_configs()))
     bt, bh, col_iters = cfg["BT"], cfg["BH"], cfg["COL_ITERS"]
     num_col_groups = ceil_div(ceil_div(hidden, bh), col_iters)
@@ -416,4 +431,3 @@ def reduce_fused(
         WORDS=words, PREFETCH=min(3, int(cfg.get("PREFETCH", 0))) if col_iters > 1 else 0, SATFINITE=bool(cfg.get("SATFINITE", False)),
         SKIP=bool(cfg.get("SKIP", False)), NG=ng, PREFETCH_DENSE=min(3, int(cfg.get("PREFETCH_DENSE", 0))) if col_iters > 1 else 0,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3), **pdl_args(out.device))
-    return out

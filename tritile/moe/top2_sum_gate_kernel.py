@@ -4,7 +4,7 @@ stable top-k, normalised weights, shared experts, physical-expert map and EP/TP 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -13,8 +13,8 @@ import triton.language as tl
 from tritile.language import exp_f32
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.runtime import (check_contiguous, check_same_device, check_tensor, checks_enabled, empty,
-                             interpreter_configs)
+from tritile.runtime import (check_contiguous, check_no_overlap, check_same_device, check_tensor, checks_enabled,
+                             custom_op, empty, interpreter_configs)
 from tritile.utils import ceil_div, next_power_of_two
 
 from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack_key, sigmoid_f32, softplus_f32,
@@ -162,7 +162,7 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
                   ep_rank: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int, scoring_func: str,
                   mask: Optional[torch.Tensor] = None, fix_routing_mask: Optional[torch.Tensor] = None,
                   to_physical_map: Optional[torch.Tensor] = None, logical_count: Optional[torch.Tensor] = None,
-                  unmapped_topk_idx: Optional[torch.Tensor] = None):
+                  unmapped_topk_idx: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """MoE routing: top-k experts per token with group limiting by top-2 sums (DeepSeek-V3's gate).
 
     Notation: T tokens, E = ``logits.size(1)`` routed experts, K = ``num_topk``, S = ``num_shared_experts``
@@ -198,15 +198,48 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
         scoring_func: ``'sigmoid'``, ``'sqrtsoftplus'`` or ``'softmax'`` (or a ``ScoringFunc``).
         mask: optional bool with T elements, contiguous (True = route the token).
         fix_routing_mask: optional bool ``(T,)``, contiguous; needs ``unmapped_topk_idx``.
-        to_physical_map: optional int32 ``(E + S, X + 1)``, contiguous; with ``logical_count`` int32
-            ``(E + S,)`` in ``[1, X + 1]``, contiguous.
-        unmapped_topk_idx: optional int64 ``(T, K)`` with unit column stride (any row stride): input of
-            the fixed rows, and output of the logical ids (before map and mask) of every row.
+        to_physical_map: optional int32 ``(E + S, X + 1)``, contiguous, physical ids in ``[0, E + X)`` in the
+            first ``logical_count[L]`` columns of row L; with ``logical_count`` int32 ``(E + S,)`` in
+            ``[1, X + 1]``, contiguous.
+        unmapped_topk_idx: optional int64 ``(T, K)`` with unit column stride (any row stride), sharing no
+            memory with an input: input of the fixed rows (ids in ``[0, E)``), and output of the logical ids
+            (before map and mask) of every row.
+
+    The value ranges of ``unmapped_topk_idx`` (fixed rows), ``to_physical_map`` and ``logical_count`` are data:
+    they are checked only with ``TRITILE_CHECKS=1`` (``ValueError``; a host sync).  Unchecked, the kernel still
+    never reads or writes out of bounds (a ``logical_count`` below 1 counts as 1, a fixed id outside ``[0, E)``
+    gets weight NaN or -inf and no map entry, a map entry is passed through as it is), but the routing is then
+    meaningless.
 
     Returns:
         ``(topk_idx, topk_weights)``: int64 ``(T, P)`` and float32 ``(T, P)``, columns in selection order,
         then the shared slots.  No result depends on the launch configuration.
     """
+    if torch.compiler.is_compiling():  # the registered op: its schema takes the scoring function as a string
+        if isinstance(scoring_func, ScoringFunc):
+            scoring_func = str(scoring_func)
+        routed_scaling_factor = float(routed_scaling_factor)
+    return _top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                          num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                          scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
+
+
+def _top2_sum_gate_fake(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                        routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask=None,
+                        fix_routing_mask=None, to_physical_map=None, logical_count=None, unmapped_topk_idx=None):
+    p = num_topk + (num_shared_experts if use_shared_as_routed else 0)
+    t = logits.shape[0]
+    return logits.new_empty((t, p), dtype=torch.int64), logits.new_empty((t, p))
+
+
+@custom_op("moe_top2_sum_gate", mutates_args=("unmapped_topk_idx",), fake=_top2_sum_gate_fake)
+def _top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_topk_groups: int, num_groups: int,
+                   use_shared_as_routed: bool, num_shared_experts: int, routed_scaling_factor: float,
+                   ep_rank: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int, scoring_func: str,
+                   mask: Optional[torch.Tensor] = None, fix_routing_mask: Optional[torch.Tensor] = None,
+                   to_physical_map: Optional[torch.Tensor] = None, logical_count: Optional[torch.Tensor] = None,
+                   unmapped_topk_idx: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The body of ``top2_sum_gate`` (the registered op)."""
     # Every check below runs in the original order with its message; the common, valid case takes the inline
     # guards (a few attribute reads) and one cached call for the scalar arguments instead of the helpers.
     if not (isinstance(logits, torch.Tensor) and logits.dtype is torch.float32 and logits.dim() == 2
@@ -270,6 +303,10 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
                 and (num_topk <= 1 or unmapped_topk_idx.stride(1) == 1)
                 and (num_tokens <= 1 or unmapped_topk_idx.stride(0) >= num_topk)):
             _check_unmapped(unmapped_topk_idx, num_tokens, num_topk)
+        if not torch.compiler.is_compiling():  # written in place: it must not share memory with an input
+            check_no_overlap({"unmapped_topk_idx": unmapped_topk_idx},
+                             {"logits": logits, "bias": bias, "mask": mask, "fix_routing_mask": fix_routing_mask,
+                              "to_physical_map": to_physical_map, "logical_count": logical_count})
     if fix_routing_mask is not None:
         if unmapped_topk_idx is None:
             raise ValueError("fix_routing_mask needs unmapped_topk_idx (the fixed expert ids), got None")
@@ -284,7 +321,8 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
     if num_tokens == 0:
         return topk_idx, topk_weights
     if checks_enabled():
-        _data_checks(logits, mask, fix_routing_mask, unmapped_topk_idx, logical_count, num_experts, num_extra)
+        _data_checks(logits, mask, fix_routing_mask, unmapped_topk_idx, logical_count, num_experts, num_extra,
+                     to_physical_map)
 
     dummy = logits
     # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally from the cached plan (head: SCORING ..
@@ -375,7 +413,7 @@ def _check_unmapped(unmapped_topk_idx, num_tokens, num_topk) -> None:
                          f"strides {tuple(unmapped_topk_idx.stride())}")
 
 
-def _data_checks(logits, mask, fix, unmapped, logical_count, num_experts, num_extra):
+def _data_checks(logits, mask, fix, unmapped, logical_count, num_experts, num_extra, to_physical_map=None):
     """``TRITILE_CHECKS=1``: the preconditions only device data reveals (syncs the host)."""
     routed = mask.reshape(-1) if mask is not None else torch.ones(logits.size(0), dtype=torch.bool,
                                                                   device=logits.device)
@@ -390,3 +428,9 @@ def _data_checks(logits, mask, fix, unmapped, logical_count, num_experts, num_ex
         lo, hi = int(logical_count.min()), int(logical_count.max())
         if lo < 1 or hi > num_extra + 1:
             raise ValueError(f"logical_count must lie in [1, {num_extra + 1}], got values in [{lo}, {hi}]")
+        # the entries a token can read: columns below logical_count of their row
+        cols = torch.arange(num_extra + 1, device=logits.device)
+        used = to_physical_map[cols[None, :] < logical_count[:, None].long()]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_experts + num_extra):
+            raise ValueError(f"to_physical_map must hold physical expert ids in [0, {num_experts + num_extra}) in its "
+                             f"first logical_count columns, got values in [{int(used.min())}, {int(used.max())}]")

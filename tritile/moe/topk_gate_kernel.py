@@ -10,6 +10,7 @@ import triton.language as tl
 
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, override_key,
                              tuned)
 from tritile.utils import ceil_div, next_power_of_two
@@ -132,6 +133,8 @@ def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     return out
 
 
+@custom_op("moe_topk_gate", fake=lambda scores, num_topk: scores.new_empty((scores.shape[0], num_topk),
+                                                                             dtype=torch.int64))
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """Indices of the ``num_topk`` largest scores of every token, largest first.
 

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.runtime import custom_op
 from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -53,6 +54,8 @@ def _config(num_groups: int, per_group: int, interpret: bool):
     return max(1, min(8, 512 // (bg * beg))), bg, beg, 4
 
 
+@custom_op("moe_topk_sum_and_topk_group_idx", fake=lambda scores, num_topk_sum, num_topk_groups: scores.new_empty(
+    (scores.shape[0], num_topk_groups), dtype=torch.int64))
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
     """The ``num_topk_groups`` best expert groups of every token.
 

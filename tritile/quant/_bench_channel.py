@@ -107,10 +107,24 @@ def _ref_fused(x, round_sf, npc=None, pos=None):
     return ref(x, 128, npc, round_sf, pos)
 
 
+def _grid_mk(device):
+    """TileKernels' benchmark grid of the plain per-channel casts: ``generate_num_tokens(128)`` x
+    ``generate_hidden_sizes()`` (CPU: small sizes with the same structure, a correctness pass)."""
+    if device.type == "cuda":
+        return [(m, k) for m in (4096, 8064) for k in (576, 2048, 2560, 3072, 4096, 6144, 7168)]
+    return [(m, k) for m in (128, 256) for k in (64, 576)]
+
+
 @register(_M, "per_channel_cast")
-def _per_channel_cast_cases(device, quick):
+def _per_channel_cast_cases(device, quick, grid=False):
     gpu = device.type == "cuda"
-    m, k = (4096, 7168) if gpu else (256, 576)
+    shapes = _grid_mk(device) if grid and not quick else [(4096, 7168) if gpu else (256, 576)]
+    for m, k in shapes:
+        yield from _per_channel_cast_shape(device, quick, m, k)
+
+
+def _per_channel_cast_shape(device, quick, m, k):
+    gpu = device.type == "cuda"
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     for rnd in (False,) if quick else (False, True):
         out = per_channel_cast(x, "e4m3", 128, rnd)
@@ -119,7 +133,7 @@ def _per_channel_cast_cases(device, quick):
                    ref=lambda rnd=rnd: _ref_fused(x, rnd), check=_check_pair, nbytes=count_bytes(x, out),
                    anchor=("per_channel_cast", dict(dtype="bf16", hidden=k, num_per_tokens=128, num_tokens=m,
                                                     round_sf=rnd)) if gpu else None,
-                   tune=("per_channel_cast", _TUNE_CHANNEL) if gpu else None)
+                   tune=("per_channel_cast", _TUNE_CHANNEL) if gpu and (m, k) == (4096, 7168) else None)
         del out
 
 
@@ -160,11 +174,17 @@ def _per_channel_cast_fused_cases(device, quick):
 
 
 @register(_M, "per_channel_cast_and_transpose")
-def _per_channel_cast_and_transpose_cases(device, quick):
+def _per_channel_cast_and_transpose_cases(device, quick, grid=False):
+    gpu = device.type == "cuda"
+    shapes = _grid_mk(device) if grid and not quick else [(8064, 7168) if gpu else (256, 576)]
+    for m, k in shapes:
+        yield from _per_channel_cast_and_transpose_shape(device, quick, m, k)
+
+
+def _per_channel_cast_and_transpose_shape(device, quick, m, k):
     from tritile.torch.per_channel_cast_fused import per_channel_cast_values
 
     gpu = device.type == "cuda"
-    m, k = (8064, 7168) if gpu else (256, 576)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
 
     def ref(npt, rnd):
@@ -180,5 +200,6 @@ def _per_channel_cast_and_transpose_cases(device, quick):
                        anchor=("per_channel_cast_and_transpose",
                                dict(dtype="bf16", hidden=k, num_per_channels=npt, num_tokens=m, round_sf=rnd))
                        if gpu else None,
-                       tune=("per_channel_cast_and_transpose", _TUNE_TRANSPOSE[npt]) if gpu else None)
+                       tune=("per_channel_cast_and_transpose", _TUNE_TRANSPOSE[npt]) if gpu and (m, k) == (8064, 7168)
+                       else None)
             del out

@@ -63,11 +63,21 @@ def _x(shape, dtype, device):
     return torch.randn(shape, device=device).to(_DT[dtype])
 
 
+#: TileKernels' benchmark grid (``generate_num_tokens(64)`` x ``generate_hidden_sizes()``); the CPU keeps its
+#: structure at small sizes (a correctness pass).
+def _grid_mn(device):
+    if device.type == "cuda":
+        return [(m, n) for m in (4032, 8064) for n in (576, 2048, 2560, 3072, 4096, 6144, 7168)]
+    return [(m, n) for m in (64, 128) for n in (64, 192)]
+
+
 @register("transpose", "batched_transpose")
-def _batched(device, quick):
+def _batched(device, quick, grid=False):
     gpu = device.type == "cuda"
     shapes = [(32, 8064, 7168)] if gpu else [(3, 64, 192)]
     dtypes = ["fp32"] if quick else ["fp32", "bf16", "fp8"]
+    if grid and not quick:  # num_experts in {8, 32} (CPU: 2, 3)
+        shapes = [(b, m, n) for m, n in _grid_mn(device) for b in ((8, 32) if gpu else (2, 3))]
     for dt in dtypes:
         for b, m, n in shapes:
             x = _x((b, m, n), dt, device)
@@ -80,16 +90,19 @@ def _batched(device, quick):
 
 
 @register("transpose", "transpose")
-def _plain(device, quick):
+def _plain(device, quick, grid=False):
     gpu = device.type == "cuda"
     shapes = [(8064, 7168)] if gpu else [(192, 576)]
     if gpu and not quick:
         shapes.append((4032, 2048))
+    if grid and not quick:
+        shapes = _grid_mn(device)
     for dt in ["bf16", "fp8"]:
         for m, n in shapes:
             x = _x((m, n), dt, device)
             out = transpose(x)
             yield Case(params=dict(dtype=dt, M=m, N=n), fn=lambda x=x: transpose(x), ref=lambda x=x: transpose_ref(x),
                        check=assert_equal, nbytes=count_bytes(x, out),
-                       tune=("transpose", _tune(dt, False)) if gpu and m == 8064 else None)
+                       anchor=("transpose", dict(dtype=dt, hidden=n, num_tokens=m)) if gpu else None,
+                       tune=("transpose", _tune(dt, False)) if gpu and m == 8064 and n == 7168 else None)
             del out
