@@ -9,6 +9,8 @@ backward formulas tightly against a float64 evaluation that applies the same TF3
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tritile.mhc import norm_fn_kernel, round_to_tf32
 from tritile.modeling.mhc.ops import mhc_pre_norm_fn
@@ -213,10 +215,22 @@ def test_round_to_tf32(device):
     assert masked[2].item() == pytest.approx(1.0009766, abs=1e-7)
 
 
+@triton.jit
+def _split_probe_kernel(fn_ptr, w_ptr, D, N3: tl.constexpr, N3P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``w[0] + w[1] = tf32(fn)^T`` through the backward's ``_split_tf32`` (zero-padded to ``N3P`` columns)."""
+    cols = tl.arange(0, BLOCK_D)
+    j = tl.arange(0, N3P)
+    f = tl.load(fn_ptr + j[None, :] * D + cols[:, None], mask=(j < N3)[None, :], other=0.0)
+    hi, lo = norm_fn_kernel._split_tf32(norm_fn_kernel._tf32(f))
+    offs = cols[:, None] * N3P + j[None, :]
+    tl.store(w_ptr + offs, hi)
+    tl.store(w_ptr + D * N3P + offs, lo)
+
+
 def test_tf32_bf16_split(device):
-    """The GEMM's B operand: ``tf32(fn) = hi + lo`` exactly with bf16 ``hi``, ``lo`` (``hi`` = the top 16 bits), for
-    every finite value down to bf16's normal range; infinities and NaNs stay in ``hi`` with ``lo = 0``; the padding
-    columns are zero."""
+    """The backward's MMA operands: ``tf32(v) = hi + lo`` exactly with bf16 ``hi``, ``lo`` (``hi`` = the top 16 bits),
+    for every finite value down to bf16's normal range; infinities and NaNs stay in ``hi`` with ``lo = 0``; zero
+    padding stays zero."""
     D = 128
     vals = torch.tensor([0.0, -0.0, 1.0, 1 + 2 ** -10, -(1 + 2 ** -11), 1 - 2 ** -24, 3.0e38, -3.3e38, 2.0 ** -110,
                          -(2.0 ** -100) * 1.37, 1e-4, 12345.678, float("inf"), -float("inf"), float("nan")],
@@ -224,7 +238,7 @@ def test_tf32_bf16_split(device):
     fn = torch.randn(N3, D, device=device) * torch.logspace(-30, 30, D, device=device)
     fn.view(-1)[:vals.numel()] = vals
     w = torch.empty((2, D, 32), dtype=torch.bfloat16, device=device)
-    norm_fn_kernel._fn_split_kernel[(1,)](fn, w, D, N3=N3, N3P=32, BLOCK_D=D, PDL=False)
+    _split_probe_kernel[(1,)](fn, w, D, N3=N3, N3P=32, BLOCK_D=D)
     v = (round_to_tf32(fn).view(torch.int32) & -8192).view(torch.float32)
     hi, lo = w[0, :, :N3].t().float(), w[1, :, :N3].t().float()
     assert torch.equal(w[:, :, N3:].float(), torch.zeros_like(w[:, :, N3:].float()))

@@ -159,8 +159,8 @@ def _big_fuse_cases(device, quick):
         residual, fn, scale, base, _ = _inputs(n0, n1, H, device)
         nbytes = 2 * T * D * 2 + N3 * D * 4 + 2 * T * (N3 + 1) * 4 + T * (N + N * N) * 4 + T * H * 2
         yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H),
-                   fn=lambda: mhc_pre_big_fuse(residual, fn, scale, base, EPS, EPS, EPS, 1.0, 10),
-                   ref=lambda: _chain_ref(residual, fn, scale, base),
+                   fn=lambda r=residual, f=fn, s=scale, b=base: mhc_pre_big_fuse(r, f, s, b, EPS, EPS, EPS, 1.0, 10),
+                   ref=lambda r=residual, f=fn, s=scale, b=base: _chain_ref(r, f, s, b),
                    check=_close(2e-2, 1e-2), nbytes=nbytes,
                    tune=("mhc_pre_big_fuse", _FUSE_TUNE) if device.type == "cuda" else None)
 
@@ -174,13 +174,14 @@ def _mhc_pre_cases(device, quick):
         residual, fn, scale, base, w = _inputs(n0, n1, H, device, normw=True)
         params = dict(n0=n0, n1=n1, mhc_mult=N, hidden=H, norm_weight=True)
 
-        def no_grad():
+        def no_grad(residual=residual, fn=fn, scale=scale, base=base, w=w):
             with torch.no_grad():
                 li, (post, comb) = mhc_pre(residual, fn, scale, base, norm_weight=w)
             return post, comb, li
 
         nbytes = 2 * T * D * 2 + N3 * D * 4 + 2 * T * (N3 + 1) * 4 + T * (N + N * N) * 4 + T * H * 2
-        yield Case(params=params, label="no_grad", fn=no_grad, ref=lambda: _chain_ref(residual, fn, scale, base, w),
+        yield Case(params=params, label="no_grad", fn=no_grad,
+                   ref=lambda r=residual, f=fn, s=scale, b=base, w=w: _chain_ref(r, f, s, b, w),
                    check=_close(2e-2, 1e-2), nbytes=nbytes)
 
         leaves = [t.clone().requires_grad_() for t in (fn, scale, base, w)]

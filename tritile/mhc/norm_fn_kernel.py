@@ -9,9 +9,6 @@ For a token ``v = vec(R_t)`` (``D = n * H`` bf16 values) and ``fn`` (``n3 x D`` 
 
 Kernels (all launched by the functions below):
 
-- ``_fn_split_kernel``: ``tf32(fn)`` as an exact pair of bf16 matrices ``hi + lo`` (``(2, D, 32)``, padded), so
-  the GEMM streams the bf16 residual straight into bf16 MMAs (two per step) with exact products and float32
-  accumulation, as a TF32 GEMM computes them.
 - ``_norm_fn_gemm_kernel``: ``p`` and ``s`` over ``[BLOCK_T tokens] x [one of SPLITS column ranges]`` tiles (a
   split over ``D`` gives enough programs at a few thousand tokens); the partials go to ``(SPLITS, T, n3)`` /
   ``(SPLITS, T)`` float32 scratch.  ``mhc_pre_big_fuse`` runs this same kernel with the same partitioning
@@ -27,9 +24,11 @@ Kernels (all launched by the functions below):
 TF32: ``fn`` is rounded to TF32 inside the kernels (``round_to_tf32``, then the low 13 bits cleared, so the
 operand is exact for any ``tl.dot``: the products of bf16 and TF32 values are exact in float32).  The backward
 rounds ``g_p`` the same way where the reference GEMMs run in TF32 (CUDA, ``tf32=True``), and keeps it in float32
-elsewhere (the CPU, whose torch reference has no TF32).  On the GPU every TF32 operand (``fn`` in both passes,
-``g_p`` in the backward) runs as its exact bf16 hi/lo pair (``_split_tf32``) through bf16 MMAs against the bf16
-residual: the same exact products as TF32 MMAs, at the bf16 rate and without widening the residual to float32.
+elsewhere (the CPU, whose torch reference has no TF32).  On the GPU the backward runs both TF32 operands (``fn``
+and ``g_p``) as their exact bf16 hi/lo pairs (``_split_tf32``) through bf16 MMAs against the bf16 residual: the
+same exact products as TF32 MMAs, at the bf16 rate and without widening the residual to float32.  (The forward
+GEMM on such pairs measured 3x faster on the H200, but its mixes were not bitwise reproducible between the fused
+and unfused paths there, so the forward keeps float32 operands on TF32 MMAs.)
 """
 
 from __future__ import annotations
@@ -115,62 +114,31 @@ def _split_tf32(v):
 
 
 @triton.jit
-def _fn_split_kernel(fn_ptr, w_ptr, D, N3: tl.constexpr, N3P: tl.constexpr, BLOCK_D: tl.constexpr,
-                     PDL: tl.constexpr):
-    """``w[0, d, j] + w[1, d, j] = tf32(fn[j, d])`` (bf16 hi/lo pair of :func:`_split_tf32`), zero for ``j >= N3``:
-    the GEMM's B operand, laid out ``(2, D, N3P)``."""
-    pdl_enter(PDL)
-    cols = tl.program_id(0).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    c_ok = cols < D
-    j = tl.arange(0, N3P)
-    f = tl.load(fn_ptr + j[None, :] * D + cols[:, None], mask=c_ok[:, None] & (j < N3)[None, :], other=0.0)
-    hi, lo = _split_tf32(_tf32(f))
-    offs = cols[:, None] * N3P + j[None, :]
-    tl.store(w_ptr + offs, hi, mask=c_ok[:, None])
-    tl.store(w_ptr + D * N3P + offs, lo, mask=c_ok[:, None])
-
-
-@triton.jit
-def _norm_fn_gemm_kernel(x_ptr, w_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
+def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
                          N3: tl.constexpr, N3P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                         ITERS: tl.constexpr, EVEN_D: tl.constexpr, BF16_DOT: tl.constexpr, PDL: tl.constexpr):
+                         ITERS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """Program ``(t, k)``: tokens ``[t BLOCK_T, (t+1) BLOCK_T)``, columns ``[k ITERS BLOCK_D, (k+1) ITERS BLOCK_D)``.
-    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` (two bf16 MMAs per step, on the hi/lo pair ``w`` of
-    :func:`_fn_split_kernel`, float32 accumulation) and ``s[k, rows] = sum x^2`` (float32).  ``EVEN_D``: every
-    column block lies inside ``D`` (no column mask).  ``BF16_DOT``: bf16 MMA operands (off in the interpreter)."""
+    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32)."""
     pdl_enter(PDL)
     pid_t = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < num_tokens
     j = tl.arange(0, N3P)
+    j_ok = j < N3
     acc = tl.zeros([BLOCK_T, N3P], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T], dtype=tl.float32)
     d0 = pid_k * (ITERS * BLOCK_D)
-    x_base = x_ptr + rows[:, None] * stride_x
-    w_lo_ptr = w_ptr + D * N3P
     for it in range(ITERS):
         cols = d0 + it * BLOCK_D + tl.arange(0, BLOCK_D)
-        w_offs = cols[:, None] * N3P + j[None, :]
-        if EVEN_D:
-            x = tl.load(x_base + cols[None, :], mask=row_ok[:, None], other=0.0)
-            w_hi = tl.load(w_ptr + w_offs)
-            w_lo = tl.load(w_lo_ptr + w_offs)
-        else:
-            c_ok = cols < D
-            x = tl.load(x_base + cols[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            w_hi = tl.load(w_ptr + w_offs, mask=c_ok[:, None], other=0.0)
-            w_lo = tl.load(w_lo_ptr + w_offs, mask=c_ok[:, None], other=0.0)
-        xf = x.to(tl.float32)
-        if BF16_DOT:
-            acc = tl.dot(x, w_hi, acc)
-            acc = tl.dot(x, w_lo, acc)
-        else:  # the interpreter's tl.dot does not take bf16 operands (same exact products in float32)
-            acc = tl.dot(xf, w_hi.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(xf, w_lo.to(tl.float32), acc, input_precision="ieee")
-        sq += tl.sum(xf * xf, axis=1)
+        c_ok = cols < D
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & c_ok[None, :],
+                    other=0.0).to(tl.float32)
+        f = tl.load(fn_ptr + j[:, None] * D + cols[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(_tf32(f)), acc, input_precision=PRECISION)
+        sq += tl.sum(x * x, axis=1)
     out = pid_k * num_tokens + rows
-    tl.store(p_ptr + out[:, None] * N3 + j[None, :], acc, mask=row_ok[:, None] & (j < N3)[None, :])
+    tl.store(p_ptr + out[:, None] * N3 + j[None, :], acc, mask=row_ok[:, None] & j_ok[None, :])
     tl.store(s_ptr + out, sq, mask=row_ok)
 
 
@@ -287,8 +255,8 @@ def gemm_config(num_tokens: int, D: int) -> dict:
     with ``SPLITS`` and ``ITERS`` (column blocks per split) filled."""
     if _INTERPRET:
         cfg = dict(BLOCK_T=32, BLOCK_D=128, num_warps=4, PROGRAMS=16, MIN_ITERS=2)
-    else:  # about four programs per SM of an H100/H200 (132 SMs); H200, T = 8192, D = 28672: 132 us (84 % of copy)
-        cfg = dict(BLOCK_T=64, BLOCK_D=128, num_warps=4, num_stages=4, PROGRAMS=512, MIN_ITERS=8)
+    else:  # about four programs per SM of an H100/H200 (132 SMs)
+        cfg = dict(BLOCK_T=64, BLOCK_D=128, num_warps=4, PROGRAMS=512, MIN_ITERS=8)
     cfg = dict(tuned("mhc_norm_fn_gemm", cfg))
     n_blocks = max(1, ceil_div(D, cfg["BLOCK_D"]))
     splits = cfg.get("SPLITS")
@@ -327,11 +295,11 @@ def _bwd_config(num_tokens: int, D: int) -> dict:
 # Host launchers (no argument checks: callers validate)
 # ------------------------------------------------------------------------------------------------
 def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, dict]:
-    """Launch the GEMM + sum-of-squares kernel (after the kernel that splits ``tf32(fn)`` into its bf16 hi/lo pair).
+    """Launch the GEMM + sum-of-squares kernel.
 
     Args:
         x: bfloat16 ``(T, D)``, unit stride along ``D``.
-        fn: float32 ``(n3, D)`` contiguous (rounded to TF32 inside the kernels).
+        fn: float32 ``(n3, D)`` contiguous (rounded to TF32 inside the kernel).
 
     Returns:
         ``(p_part, s_part, cfg)``: float32 ``(SPLITS, T, n3)`` and ``(SPLITS, T)`` partials and the launch plan.
@@ -344,15 +312,10 @@ def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch
     s_part = empty((cfg["SPLITS"], T), torch.float32, dev)
     if T == 0:
         return p_part, s_part, cfg
-    w = torch.empty((2, D, N3_PAD), dtype=torch.bfloat16, device=dev)  # private scratch, every element written
-    split_bd = 128
-    _fn_split_kernel[(ceil_div(D, split_bd),)](fn, w, D, N3=n3, N3P=N3_PAD, BLOCK_D=split_bd, num_warps=4,
-                                               **pdl_args(dev, cfg.get("PDL", True)))
     _norm_fn_gemm_kernel[(ceil_div(T, cfg["BLOCK_T"]), cfg["SPLITS"])](
-        x, w, p_part, s_part, T, D, x.stride(0),
+        x, fn, p_part, s_part, T, D, x.stride(0),
         N3=n3, N3P=N3_PAD, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=cfg["BLOCK_D"], ITERS=cfg["ITERS"],
-        EVEN_D=cfg["SPLITS"] * cfg["ITERS"] * cfg["BLOCK_D"] == D, BF16_DOT=not _INTERPRET, num_warps=cfg["num_warps"],
-        num_stages=cfg.get("num_stages", 3), **pdl_args(dev, cfg.get("PDL", True), launch=False))
+        PRECISION=_precision(dev), num_warps=cfg["num_warps"], **pdl_args(dev, cfg.get("PDL", True)))
     return p_part, s_part, cfg
 
 
