@@ -68,8 +68,9 @@ def _layout_cases(device, quick):
         topk_idx, _ = make_routing(w, 0, _RANKS, device)
         out = dispatch_layout(topk_idx, e, _RANKS)
         yield Case(params=dict(num_tokens=t, num_experts=e, num_topk=k, num_ranks=_RANKS),
-                   fn=lambda: dispatch_layout(topk_idx, e, _RANKS),
-                   ref=lambda: ref.dispatch_layout_ref(topk_idx, e, _RANKS), check=_check_tuple,
+                   fn=lambda topk_idx=topk_idx, e=e: dispatch_layout(topk_idx, e, _RANKS),
+                   ref=lambda topk_idx=topk_idx, e=e: ref.dispatch_layout_ref(topk_idx, e, _RANKS),
+                   check=_check_tuple,
                    nbytes=_nbytes(topk_idx, *out[:4]), latency_bound=True)
 
 
@@ -123,8 +124,8 @@ def _gather_rows_cases(device, quick):
         g = torch.Generator().manual_seed(3)
         row_map = torch.randperm(n, generator=g).to(torch.int32).to(device)
         out = gather_rows(src, row_map)
-        yield Case(params=dict(rows=n, hidden=h), fn=lambda: gather_rows(src, row_map),
-                   ref=lambda: ref.gather_rows_ref(src, row_map), check=assert_equal,
+        yield Case(params=dict(rows=n, hidden=h), fn=lambda src=src, row_map=row_map: gather_rows(src, row_map),
+                   ref=lambda src=src, row_map=row_map: ref.gather_rows_ref(src, row_map), check=assert_equal,
                    nbytes=_nbytes(row_map, out) + out.numel() * out.element_size())
 
 
@@ -137,11 +138,14 @@ def _combine_reduce_cases(device, quick):
         wbuf = torch.rand(n, k, generator=g).to(device)
         out = combine_reduce(buf, slot, base)
         yield Case(params=dict(num_tokens=t, hidden=h, num_ranks=_RANKS, rows=n),
-                   fn=lambda: combine_reduce(buf, slot, base), ref=lambda: ref.combine_reduce_ref(buf, slot, base),
+                   fn=lambda buf=buf, slot=slot, base=base: combine_reduce(buf, slot, base),
+                   ref=lambda buf=buf, slot=slot, base=base: ref.combine_reduce_ref(buf, slot, base),
                    check=lambda o, r: assert_equal(o[0], r[0], check_stride=False),
                    nbytes=_nbytes(buf, slot, out[0]))
         outw = combine_reduce(buf, slot, base, wbuf=wbuf)
         yield Case(params=dict(num_tokens=t, hidden=h, num_ranks=_RANKS, rows=n, weights=True),
-                   fn=lambda: combine_reduce(buf, slot, base, wbuf=wbuf),
-                   ref=lambda: ref.combine_reduce_ref(buf, slot, base, wbuf=wbuf), check=_check_tuple,
+                   fn=lambda buf=buf, slot=slot, base=base, wbuf=wbuf: combine_reduce(buf, slot, base, wbuf=wbuf),
+                   ref=lambda buf=buf, slot=slot, base=base, wbuf=wbuf: ref.combine_reduce_ref(buf, slot, base,
+                                                                                   wbuf=wbuf),
+                   check=_check_tuple,
                    nbytes=_nbytes(buf, slot, wbuf, *outw), label="weights")
