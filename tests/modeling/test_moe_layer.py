@@ -204,7 +204,13 @@ def test_swiglu_bf16_kernels(rows, inter, device):
     # bf16 keeps 8 significant bits (relative rounding error <= 2^-9); the float32 maths differ in the last bits
     torch.testing.assert_close(act.float(), ref.detach(), rtol=2 ** -8, atol=1e-6)
     torch.testing.assert_close(dh.float(), hf.grad, rtol=2 ** -8, atol=1e-6)
-    torch.testing.assert_close(dw, wf.grad, rtol=1e-5, atol=1e-5)
+    # dw sums `inter` float32 products per row in the kernel's order, autograd in its own: both lie within
+    # inter * 2^-24 * sum|terms| of the exact sum (float64 here), which cancellation can make large against |dw|
+    terms = (torch.nn.functional.silu(h[:, :inter].double()) * h[:, inter:].double() * g.double())
+    exact = terms.sum(-1)
+    bound = inter * 2.0 ** -24 * terms.abs().sum(-1) + 1e-30
+    assert bool(((dw.double() - exact).abs() <= bound).all())
+    assert bool(((wf.grad.double() - exact).abs() <= bound).all())
     assert torch.equal(act, act_w)
 
 
@@ -224,7 +230,7 @@ def test_moe_stage_timer(device):
 
 def test_moe_bad_inputs(device):
     with pytest.raises(ValueError, match="num_topk"):
-        MoE(**dict(CFG, num_topk=17), device=device)
+        MoE(**dict(CFG, num_topk=CFG["num_experts"] + 1), device=device)
     with pytest.raises(ValueError, match="num_groups"):
         MoE(**dict(CFG, num_groups=3), device=device)
     with pytest.raises(ValueError, match="hidden_size"):
