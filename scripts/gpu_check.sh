@@ -1,47 +1,84 @@
 #!/usr/bin/env bash
-# One GPU run: the GPU test suite, compute-sanitizer memcheck on a fast subset, and the benchmarks.
-# Logs and JSON go under $OUT (the device tool's output folder; ./out elsewhere).
+# One GPU run, in stages: the GPU test suite, compute-sanitizer (memcheck over every module's GPU tests at the CPU's
+# small shapes; racecheck and synccheck on the Gluon engram backward), the torch.compile tests under inductor, and the
+# benchmarks.  Logs and JSON go under $OUT (the device tool's output folder; ./out elsewhere).
 #
-#   bash scripts/gpu_check.sh                     # everything
+#   bash scripts/gpu_check.sh                                  # tests, sanitizers, compile tests, benchmarks
 #   STAGES="tests bench" TESTS="tests/quant" BENCH="--module quant" bash scripts/gpu_check.sh
+#   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run (fits 10 minutes)
+#   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
+#
+# memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
+# n-th file from the i-th (1-based), so n calls cover all of them.  SANITIZER_TESTS overrides the file list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-STAGES=${STAGES:-"tests sanitizer bench"}
+STAGES=${STAGES:-"tests memcheck racecheck synccheck compile bench"}
 TESTS=${TESTS:-tests}
 TEST_TIMEOUT=${TEST_TIMEOUT:-420}
 PYTEST_ARGS=${PYTEST_ARGS:-"-n 4"}  # several processes share the GPU; the Python side is the bottleneck
-SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/transpose tests/language"}
+PART=${PART:-1/1}
+SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-540}
 BENCH=${BENCH:-}
 
 {
   date -u
+  git rev-parse --short HEAD 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+    torch.cuda.get_device_name())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 status=0
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-if [[ " $STAGES " == *" tests "* ]]; then
+if has tests; then
   echo "== GPU tests: $TESTS"
-  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS $TESTS 2>&1 | tee "$OUT/tests.log" | tail -n 40
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS $TESTS 2>&1 | tee "$OUT/tests.log" \
+    | tail -n 40
   rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
   echo "tests rc=$rc"
 fi
 
-if [[ " $STAGES " == *" sanitizer "* ]]; then
-  echo "== compute-sanitizer memcheck: $SANITIZER_TESTS"
-  # small shapes: the CPU grids run on the GPU too when TRITILE_SMALL_SHAPES=1
-  TRITILE_SMALL_SHAPES=1 timeout 300 compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
-    python3 -m pytest -q -x -p no:cacheprovider $SANITIZER_TESTS > "$OUT/sanitizer.log" 2>&1
+if has memcheck; then
+  if [ -n "${SANITIZER_TESTS:-}" ]; then
+    files=$SANITIZER_TESTS
+  else
+    i=${PART%/*}; n=${PART#*/}
+    files=$(ls tests/*/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0')
+  fi
+  log="$OUT/memcheck_${PART/\//of}.log"
+  echo "== compute-sanitizer memcheck, part $PART: $(echo $files | wc -w) test files"
+  # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1
+  TRITILE_SMALL_SHAPES=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --leak-check no \
+    --print-limit 20 --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider $files > "$log" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && status=1
-  grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -n 5
-  echo "sanitizer rc=$rc"
+  grep -E "ERROR SUMMARY|========= (Invalid|Program hit)|passed|failed" "$log" | sort | uniq -c | tail -n 8
+  echo "memcheck rc=$rc (99: sanitizer errors; 124: out of time, split with PART=i/n)"
 fi
 
-if [[ " $STAGES " == *" bench "* ]]; then
+for tool in racecheck synccheck; do
+  if has $tool; then
+    echo "== compute-sanitizer $tool: the one-pass Gluon engram backward (tritile.testing.engram_gluon_check)"
+    timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool $tool --print-limit 20 --error-exitcode 99 \
+      python3 -m tritile.testing.engram_gluon_check > "$OUT/$tool.log" 2>&1
+    rc=$?; [ "$rc" -ne 0 ] && status=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ok|FAILED|cannot run" "$OUT/$tool.log" | tail -n 8
+    echo "$tool rc=$rc"
+  fi
+done
+
+if has compile; then
+  echo "== torch.compile(fullgraph=True) tests under inductor (every module's tests named *compile*)"
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests -k "compile and not sm90" 2>&1 \
+    | tee "$OUT/compile.log" | tail -n 15
+  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
+  echo "compile rc=$rc"
+fi
+
+if has bench; then
   echo "== benchmarks $BENCH"
   python3 -m tritile bench $BENCH --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>/dev/null | tee "$OUT/bench.md"
   rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1

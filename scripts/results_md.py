@@ -1,40 +1,70 @@
 """Render bench JSON files (from `python -m tritile bench --json`) into benchmarks/RESULTS.md.
 
-    python scripts/results_md.py out/bench_*.json > benchmarks/RESULTS.md
+    python scripts/results_md.py [--commit HASH] out/bench_*.json > benchmarks/RESULTS.md
+
+The provenance line names the date and GPU from the JSON and the commit the run measured: ``--commit``, else the
+JSON's ``meta["commit"]``, else the checkout's HEAD (`scripts/gpu_check.sh` writes it to ``env.txt``).  Design notes
+and the alternatives each op's default beat are in docs/PERFORMANCE.md.
 """
 
+from __future__ import annotations
+
+import argparse
 import json
-import sys
+import subprocess
+from typing import List, Optional
+
+COLS = ["module", "op", "params", "us", "cupti_us", "event_us", "host_us", "gbs", "pct_copy", "tk_us", "vs_tk",
+        "vs_tk_graph", "speedup_vs_ref", "status"]
+HEADS = ["module", "op", "shape / flags", "µs (graph)", "µs (CUPTI)", "event µs", "host µs", "GB/s", "% copy",
+         "TK µs", "× TK", "× TK (graph)", "× ref", "check"]
 
 
-def main(paths):
+def _head_commit() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def render(paths: List[str], commit: Optional[str] = None) -> str:
     rows, meta = [], None
     for p in paths:
         with open(p) as f:
             d = json.load(f)
         meta = meta or d["meta"]
         rows += d["rows"]
-    print("# tritile on the H200: latest benchmark results\n")
-    print(f"- Date: {meta['date']}; GPU: {meta['device']}; torch {meta['torch']}; Triton {meta['triton']}.")
-    print(f"- Device-to-device copy bandwidth measured in the same run: **{meta.get('copy_bandwidth_gbs')} GB/s** "
-          "(bytes read + written).")
-    print("- µs (graph): time per call, the median over CUDA-graph replays (no Python in the loop; the gaps between "
-          "consecutive kernels are included).  µs (CUPTI): the summed durations of the call's kernels from the "
-          "profiler's CUPTI records, L2 flushed before each call, gaps excluded: how TileKernels' timer counts.  "
-          "event µs: single calls timed with CUDA events (includes the host's launch cost when that exceeds the "
-          "kernel); host µs: Python + launch cost per call (back-to-back calls).")
-    print("- GB/s and % copy use µs (graph), counting bytes as TileKernels does (each input read once, each output "
-          "written once).  × TK = TileKernels' µs / our µs (CUPTI) at the same shape (> 1 is faster); × TK (graph) "
-          "uses µs (graph) instead; × ref = the `tritile.torch` reference's µs / ours.\n")
-    cols = ["module", "op", "params", "us", "cupti_us", "event_us", "host_us", "gbs", "pct_copy", "tk_us", "vs_tk",
-            "vs_tk_graph", "speedup_vs_ref", "status"]
-    heads = ["module", "op", "shape / flags", "µs (graph)", "µs (CUPTI)", "event µs", "host µs", "GB/s", "% copy",
-             "TK µs", "× TK", "× TK (graph)", "× ref", "check"]
-    print("| " + " | ".join(heads) + " |")
-    print("|" + "---|" * len(heads))
+    commit = commit or meta.get("commit") or _head_commit() or "unknown"
+    out = ["# tritile on the H200: latest benchmark results\n"]
+    out.append(f"- Date: {meta['date']}; GPU: {meta['device']}; commit {commit}; torch {meta['torch']}; "
+               f"Triton {meta['triton']}.")
+    out.append(f"- Device-to-device copy bandwidth measured in the same run: **{meta.get('copy_bandwidth_gbs')} GB/s** "
+               "(bytes read + written).")
+    out.append("- µs (graph): time per call, the median over CUDA-graph replays (no Python in the loop; the gaps "
+               "between consecutive kernels are included).  µs (CUPTI): the summed durations of the call's kernels "
+               "from the profiler's CUPTI records, L2 flushed before each call, gaps excluded: how TileKernels' timer "
+               "counts.  event µs: single calls timed with CUDA events (includes the host's launch cost when that "
+               "exceeds the kernel); host µs: Python + launch cost per call (back-to-back calls).")
+    out.append("- GB/s and % copy use µs (graph), counting bytes as TileKernels does (each input read once, each "
+               "output written once).  × TK = TileKernels' µs / our µs (CUPTI) at the same shape (> 1 is faster); "
+               "× TK (graph) uses µs (graph) instead; × ref = the `tritile.torch` reference's µs / ours.")
+    out.append("- Graph figures of ops under ~200 MB are flattered by L2 (no flush between replays); judge them on "
+               "the CUPTI column.  Design, bound and the alternatives that lost, per op: docs/PERFORMANCE.md.\n")
+    out.append("| " + " | ".join(HEADS) + " |")
+    out.append("|" + "---|" * len(HEADS))
     for r in rows:
-        print("| " + " | ".join("" if r.get(c) is None else str(r.get(c)).replace("|", "/") for c in cols) + " |")
+        out.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)).replace("|", "/") for c in COLS) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--commit", help="the commit the run measured (default: the JSON's, else HEAD)")
+    ap.add_argument("paths", nargs="+", help="bench JSON files")
+    args = ap.parse_args(argv)
+    print(render(args.paths, args.commit), end="")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
