@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+__all__ = ["get_device_num_sms", "get_num_sms", "set_num_sms", "get_max_smem_per_sm"]
+
 _num_sms: Optional[int] = None
 
 # Used when no GPU is present (CPU interpreter): a small persistent grid keeps interpreter runs fast.

@@ -8,9 +8,15 @@ from __future__ import annotations
 import functools
 import os
 from contextlib import contextmanager
-from typing import Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
+from torch.types import Device
+
+__all__ = ["is_interpreter", "interpreter_configs", "tuned", "override_config", "checks_enabled", "override_key",
+           "kernel_device_ok", "check_device", "check_same_device", "set_poison_outputs", "poison_outputs", "poison_",
+           "empty", "empty_strided", "dtype_name", "check_tensor", "check_shape", "check_inner_contiguous",
+           "check_contiguous", "check_choice", "check_no_overlap", "custom_op"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -49,7 +55,7 @@ def tuned(name: str, cfg: dict) -> dict:
 
 
 @contextmanager
-def override_config(name: str, **overrides):
+def override_config(name: str, **overrides: Any) -> Iterator[None]:
     """Within the block, :func:`tuned` calls for ``name`` see ``overrides`` (a tuning sweep's candidate)."""
     old = _OVERRIDES.get(name)
     _OVERRIDES[name] = {**(old or {}), **overrides}
@@ -67,7 +73,7 @@ def checks_enabled() -> bool:
     return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE
 
 
-def override_key(name: str):
+def override_key(name: str) -> Optional[Tuple[Tuple[str, Any], ...]]:
     """The active :func:`override_config` of ``name`` as a hashable, order-independent tuple (``None`` outside a
     tuning sweep): one dict lookup, so that a wrapper can cache its whole launch plan by
     ``(shape..., override_key(name))`` and still see a sweep's candidates."""
@@ -121,7 +127,7 @@ def set_poison_outputs(enabled: bool) -> bool:
 
 
 @contextmanager
-def poison_outputs(enabled: bool = True):
+def poison_outputs(enabled: bool = True) -> Iterator[None]:
     old = set_poison_outputs(enabled)
     try:
         yield
@@ -143,14 +149,14 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+def empty(shape: Sequence[int], dtype: torch.dtype, device: Device) -> torch.Tensor:
     out = torch.empty(tuple(shape), dtype=dtype, device=device)
     if _poison:
         poison_(out)
     return out
 
 
-def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: Device) -> torch.Tensor:
     """``torch.empty_strided`` whose whole storage (padding included) is poisoned in tests."""
     out = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
     if _poison and out.numel() > 0:
@@ -174,7 +180,7 @@ def dtype_name(d: torch.dtype) -> str:
     return _DTYPE_NAMES.get(d, str(d).replace("torch.", ""))
 
 
-def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None,
+def check_tensor(name: str, t: Any, *, dtypes: Optional[Iterable[torch.dtype]] = None,
                  ndim: Optional[int | Sequence[int]] = None) -> torch.Tensor:
     """TypeError/ValueError with the argument's name, what was expected and what came."""
     if not isinstance(t, torch.Tensor):
@@ -198,7 +204,8 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
 
 
 def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
-    if t.dim() >= 1 and t.size(-1) > 1 and t.stride(-1) != 1:
+    """A unit stride in the last dimension (any layout when ``t`` has no element, e.g. an expanded empty tensor)."""
+    if t.dim() >= 1 and t.size(-1) > 1 and t.stride(-1) != 1 and t.numel() > 0:
         raise ValueError(f"{name} must have a unit stride in its last dimension, got strides {tuple(t.stride())}")
 
 
@@ -207,15 +214,72 @@ def check_contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides {tuple(t.stride())}")
 
 
-def check_choice(name: str, value, choices) -> None:
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _byte_range(t: torch.Tensor):
+    """``[first, last)`` byte addresses ``t`` spans (None when it has no element)."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def _runs(t: torch.Tensor):
+    """``t``'s memory as runs of equal length: (sorted start addresses, int64 CPU tensor; run length in bytes).
+
+    A run is a row of the last dimension when its stride is 1, else one element.  Computed from the metadata
+    (no device access)."""
+    shape, stride, esz = list(t.shape), list(t.stride()), t.element_size()
+    if shape and (shape[-1] == 1 or stride[-1] == 1):
+        length, shape, stride = shape[-1] * esz, shape[:-1], stride[:-1]
+    else:
+        length = esz
+    starts = torch.zeros((), dtype=torch.int64)
+    for n, s in zip(shape, stride):
+        starts = (starts[..., None] + torch.arange(n, dtype=torch.int64) * (s * esz)).flatten()
+    return (starts.reshape(-1) + t.data_ptr()).sort().values, length
+
+
+def _overlaps(t: torch.Tensor, u: torch.Tensor, r, q) -> bool:
+    """Whether ``t`` and ``u`` (spanning the byte ranges ``r`` and ``q``) share a byte."""
+    if q is None or u.device != t.device or not (r[0] < q[1] and q[0] < r[1]):
+        return False
+    if max(t.numel(), u.numel()) > (1 << 24):  # too many runs to list: the spans overlap, call it overlapping
+        return True
+    (a, la), (b, lb) = _runs(t), _runs(u)
+    # the run of u starting last before a run of t ends reaches furthest: they overlap iff it ends past t's start
+    i = torch.searchsorted(b, a + la, right=False) - 1
+    ok = i >= 0
+    return bool((ok & (b[i.clamp(min=0)] + lb > a)).any())
+
+
+def check_no_overlap(outputs: dict, inputs: Optional[dict] = None) -> None:
+    """Output buffers written in place share no memory with each other nor with the inputs.
+
+    ``outputs`` / ``inputs``: ``{argument name: tensor or None}``.  Disjoint address ranges (the common case) cost a
+    few attribute reads; interleaved views of one buffer (e.g. the two column halves of a matrix) are compared run
+    by run.  ValueError naming both arguments.
+    """
+    outs = [(n, t, _byte_range(t)) for n, t in outputs.items() if t is not None]
+    ins = [(n, t, _byte_range(t)) for n, t in (inputs or {}).items() if t is not None]
+    for i, (name, t, r) in enumerate(outs):
+        if r is None:
+            continue
+        for other, u, q in outs[i + 1:] + ins:
+            if _overlaps(t, u, r, q):
+                kind = "" if any(other == n for n, _, _ in outs) else "the input "
+                raise ValueError(f"{name} must not overlap {kind}{other} in memory: {name} is written in place")
 
 
 # ---------------------------------------------------------------------------------------------
 # torch.library registration helper.
 # ---------------------------------------------------------------------------------------------
-def custom_op(name: str, *, mutates_args=(), fake=None):
+def custom_op(name: str, *, mutates_args: Sequence[str] = (),
+              fake: Optional[Callable[..., Any]] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``fn`` as ``torch.library.custom_op('tritile::<name>')`` with an optional fake kernel.
 
     Returns a callable that runs ``fn`` directly in eager mode (the dispatcher round trip costs tens of

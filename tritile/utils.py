@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ceil_div", "align", "is_power_of_two", "next_power_of_two"]
+
 
 def ceil_div(x: int, y: int) -> int:
     """``ceil(x / y)`` for non-negative integers."""

@@ -59,7 +59,8 @@ OUT_IDS = ["packed", "colmajor_f32", "rowmajor_f32"]
 
 # the byte-permute paths where an input block lies in one group: the maps from the table in memory, or by selects
 # (the path taken while a CUDA graph is captured before the table exists)
-PATHS = [dict(), dict(TABLE=False), dict(KFAST=True), dict(KFAST=False)]  # (KFAST: the GPU default since session 11)
+PATHS = [dict(), dict(TABLE=False), dict(KFAST=True), dict(KFAST=False)]  # (KFAST: the GPU default since commit
+                                                                          # fd8764c)
 PATH_IDS = ["table", "selects", "kfast", "rows_first"]
 
 

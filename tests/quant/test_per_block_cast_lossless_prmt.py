@@ -20,8 +20,8 @@ CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, pa
 # SMs on the CPU) with its prefetch, on the PRMT and the default fast path
 LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=True), dict(PERSIST=1, PRMT=True),
                    dict(PERSIST=3, PRMT=True)]
-# TILES=0 / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + TILES=1 since session 7 (PAIR64 is a 2-D grid
-# word-kernel option); dict(PRMT=False, TILES=0) is the default before
+# TILES=0 / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + TILES=1 since commit bc6f44a (PAIR64 is a 2-D
+# grid word-kernel option); dict(PRMT=False, TILES=0) is the default before
 CANDIDATES = [dict(PRMT=True, TILES=0), dict(PAIR64=True, TILES=0), dict(PRMT=True, PAIR64=True, TILES=0),
               dict(PRMT=False, TILES=0)] + LOOP_CANDIDATES
 

@@ -21,9 +21,10 @@ _WORDS = [dict(WORDS=True, HMUL_ENC=False), dict(WORDS=True, HMUL_ENC=True), dic
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True), dict(WORDS=True, HMUL_ENC=True, FAST_DIV=True),
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True),
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=True, FAST_DIV=True, BLOCK_K=64, VEC=8),
-          # the session-6 GPU default (both off; on by default since session 7)
+          # the GPU default of commit 65d4724 (both off; on by default since commit bc6f44a)
           dict(WORDS=True, HMUL_ENC=True, STATIC_STRIDES=False, FAST_DIV=False),
-          # the grid's first dimension over the column blocks (session 11 candidate; several column blocks here)
+          # the grid's first dimension over the column blocks (a candidate of commit fd8764c; several column blocks
+          # here)
           dict(WORDS=True, HMUL_ENC=True, KFAST=True, BLOCK_K=64, VEC=8)]
 
 

@@ -266,8 +266,9 @@ _ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
 _CANDIDATE_CASES = [(_ALL_CANDIDATES, 128, False, 0.5, True), (_ALL_CANDIDATES, 32, True, None, True),
                     (_ALL_CANDIDATES, 32, False, 0.0, False), (dict(FUSED_BWD=4), 32, False, 0.5, True),
                     (dict(INT_SCALE=True), 32, False, 0.5, True),
-                    # SPLIT_STORE (session 7): the bf16 stores as each thread's two 16-byte halves.  CH=128 and
-                    # BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four rows a program
+                    # SPLIT_STORE (H200, 2026-11-30, commit bc6f44a): the bf16 stores as each thread's two 16-byte
+                    # halves.  CH=128 and BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four rows a
+                    # program
                     (dict(_ALL_CANDIDATES, SPLIT_STORE=True), 32, False, 0.5, True),
                     (dict(_ALL_CANDIDATES, SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, False, 0.5, True),
                     (dict(SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, True, None, False)]
@@ -366,11 +367,12 @@ def test_candidates_all_bf16_x_values(device, clamp, fused):
     assert_equal(dsf, r_dsf)
 
 
-# Session-8 candidates (config keys; sm_90a figures in tritile/quant/_bench_swiglu.py's _BWD_TUNE): UNROLL=2, PEEL,
-# PERSIST, STREAM change which instructions run when, never a value; FUSED_BWD=8 / 16 only group the fused block's
-# fast-path guard differently.  Each is compared bitwise (every output, weight_grad included) with the same launch
-# without it: ragged row blocks (21 rows) and a ragged last chunk (hidden % CH != 0), loops of >= 2 steps.
-def _s8_data(device, hidden, npc, no_weights=False, finite=False):
+# H200, 2026-11-30, commit d53c6fa candidates (config keys; sm_90a figures in tritile/quant/_bench_swiglu.py's
+# _BWD_TUNE): UNROLL=2, PEEL, PERSIST, STREAM change which instructions run when, never a value; FUSED_BWD=8 / 16 only
+# group the fused block's fast-path guard differently.  Each is compared bitwise (every output, weight_grad included)
+# with the same launch without it: ragged row blocks (21 rows) and a ragged last chunk (hidden % CH != 0), loops of >= 2
+# steps.
+def _loop_data(device, hidden, npc, no_weights=False, finite=False):
     gen = torch.Generator(device="cpu").manual_seed(hidden)
     n = 21
     codes = torch.randint(0, 256, (n, 2 * hidden), generator=gen, dtype=torch.uint8)
@@ -393,11 +395,11 @@ def _s8_data(device, hidden, npc, no_weights=False, finite=False):
     return x, g, w, ptt.to(device), ttp.to(device)
 
 
-def _s8_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None, finite=False):
+def _loop_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None, finite=False):
     from tritile.config import get_num_sms, set_num_sms
     from tritile.runtime import override_config
 
-    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights, finite)
+    x, g, w, ptt, ttp = _loop_data(device, hidden, npc, no_weights, finite)
     old = get_num_sms()
     try:
         if num_sms is not None:
@@ -411,16 +413,16 @@ def _s8_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None, fin
 
 
 # (overrides, hidden, clamp, no_weights); CPU: CH=64, BLOCK_R=8 (3 row blocks); GPU: CH=256 at its launch shape
-_S8_H = pick(cpu=352, gpu=1408)  # 6 chunks, the last one half masked
-_S8_CASES = [
-    (dict(UNROLL=2), _S8_H, 0.5, False),                      # three two-chunk steps
-    (dict(PEEL=True), _S8_H, None, False),                    # the peeled chunk + 5 steps
-    (dict(PEEL=True, UNROLL=2, STREAM=3), _S8_H, 0.5, False),  # the peeled pair + 2 steps; hints on
-    (dict(PEEL=True), _S8_H, 0.5, True),                      # no weights: the peeled gather's branch not taken
+_LOOP_H = pick(cpu=352, gpu=1408)  # 6 chunks, the last one half masked
+_LOOP_CASES = [
+    (dict(UNROLL=2), _LOOP_H, 0.5, False),                      # three two-chunk steps
+    (dict(PEEL=True), _LOOP_H, None, False),                    # the peeled chunk + 5 steps
+    (dict(PEEL=True, UNROLL=2, STREAM=3), _LOOP_H, 0.5, False),  # the peeled pair + 2 steps; hints on
+    (dict(PEEL=True), _LOOP_H, 0.5, True),                      # no weights: the peeled gather's branch not taken
     (dict(UNROLL=2, PEEL=True), pick(cpu=288, gpu=1152), 0.5, False),  # 5 chunks: UNROLL falls back to 1
     # a persistent grid of 2 programs walking 2 and 1 row blocks (CPU; the GPU: 2 SMs x 1 program, 21 row blocks)
-    (dict(PERSIST=True, PEEL=True, programs_per_sm=1), _S8_H, 0.5, False),
-    (dict(PERSIST=True, UNROLL=2, programs_per_sm=1), _S8_H, None, False),
+    (dict(PERSIST=True, PEEL=True, programs_per_sm=1), _LOOP_H, 0.5, False),
+    (dict(PERSIST=True, UNROLL=2, programs_per_sm=1), _LOOP_H, None, False),
 ]
 
 
@@ -436,37 +438,37 @@ def _path_cases(cases):
     return deco
 
 
-@_path_cases(_S8_CASES)
-def test_session8_candidates_same_bits(device, path, hidden, clamp, no_weights):
+@_path_cases(_LOOP_CASES)
+def test_loop_candidates_same_bits(device, path, hidden, clamp, no_weights):
     npc = 32
     # SPLIT=1: UNROLL and PERSIST take whole rows (the GPU default's SPLIT=2 sums weight_grad in another order)
     base = dict(CH=64, BLOCK_R=8, SPLIT=1) if device.type == "cpu" else dict(CH=256, SPLIT=1)
     num_sms = 2 if path.get("PERSIST") else None
-    ref = _s8_run(device, base, hidden, npc, clamp, no_weights)
-    res = _s8_run(device, dict(base, **path), hidden, npc, clamp, no_weights, num_sms)
+    ref = _loop_run(device, base, hidden, npc, clamp, no_weights)
+    res = _loop_run(device, dict(base, **path), hidden, npc, clamp, no_weights, num_sms)
     for a, b in zip(res, ref):
         assert_equal(a, b)
     # and the base launch against the reference (NaN codes in the data: NaN signs free, NaN row sums)
-    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights)
+    x, g, w, ptt, ttp = _loop_data(device, hidden, npc, no_weights)
     out, dq, dsf, xg, wg = ref
     _check((out, (dq, dsf), xg, wg), x, g, w, dict(pos_to_token_topk=ptt, token_topk_to_pos=ttp), npc, True, clamp,
            nan_sign_free=True, wg_equal_nan=True)
 
 
-# SPLIT (session 11): each row block's chunks over SPLIT programs (ceil(chunks / SPLIT) a part but the last),
-# the parts' row sums added by the weight_grad kernel: every output keeps its bits but weight_grad, a float32 sum in
-# another order (TileKernels' test compares it with a tolerance: so does this one, and the reference check below)
+# SPLIT (H200, 2026-11-30, commit fd8764c): each row block's chunks over SPLIT programs (ceil(chunks / SPLIT) a part but
+# the last), the parts' row sums added by the weight_grad kernel: every output keeps its bits but weight_grad, a float32
+# sum in another order (TileKernels' test compares it with a tolerance: so does this one, and the reference check below)
 _SPLIT_CASES = [
-    (dict(SPLIT=2), _S8_H, 0.5, False),                        # 6 chunks: 3 + 3 (the second part starts odd)
-    (dict(SPLIT=4), _S8_H, None, False),                       # 2 + 2 + 2 (4 parts would leave one empty)
+    (dict(SPLIT=2), _LOOP_H, 0.5, False),                        # 6 chunks: 3 + 3 (the second part starts odd)
+    (dict(SPLIT=4), _LOOP_H, None, False),                       # 2 + 2 + 2 (4 parts would leave one empty)
     (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 3 + 2
     (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # 5 parts of 1, no weights
-    (dict(SPLIT=2, PEEL=True), _S8_H, 0.5, False),             # PEEL: each part's first chunk peeled
+    (dict(SPLIT=2, PEEL=True), _LOOP_H, 0.5, False),             # PEEL: each part's first chunk peeled
     (dict(SPLIT=3, PEEL=True), pick(cpu=288, gpu=1152), None, False),  # 2 + 2 + 1: a one-chunk part peeled whole
-    (dict(SPLIT=3), _S8_H + pick(cpu=64, gpu=256), 0.5, False),  # 7 chunks: 3 + 3 + 1
-    (dict(SPLIT=2, UNROLL=2), _S8_H, 0.5, False),              # UNROLL: no split
+    (dict(SPLIT=3), _LOOP_H + pick(cpu=64, gpu=256), 0.5, False),  # 7 chunks: 3 + 3 + 1
+    (dict(SPLIT=2, UNROLL=2), _LOOP_H, 0.5, False),              # UNROLL: no split
     # plain row sums (a chunk summed twice would hide in ROWSUM_PAIRS' pending sum)
-    (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _S8_H, None, False),
+    (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _LOOP_H, None, False),
 ]
 
 
@@ -476,13 +478,13 @@ def test_split_parts(device, path, hidden, clamp, no_weights):
     # ROWSUM_PAIRS (the GPU default's row-sum order: chunk pairs): a part's odd last chunk adds its pending sum
     base = dict(CH=64, BLOCK_R=8, ROWSUM_PAIRS=True, SPLIT=1) if device.type == "cpu" else \
         dict(CH=256, ROWSUM_PAIRS=True, SPLIT=1)
-    ref = _s8_run(device, base, hidden, npc, clamp, no_weights, finite=True)
-    res = _s8_run(device, dict(base, **path), hidden, npc, clamp, no_weights, finite=True)
+    ref = _loop_run(device, base, hidden, npc, clamp, no_weights, finite=True)
+    res = _loop_run(device, dict(base, **path), hidden, npc, clamp, no_weights, finite=True)
     for a, b in zip(res[:4], ref[:4]):
         assert_equal(a, b)
     assert torch.isfinite(ref[4]).all() and (no_weights or (ref[4] != 0).any())  # a row-sum order can show
     torch.testing.assert_close(res[4], ref[4], atol=1e-4, rtol=1e-4)
-    x, g, w, ptt, ttp = _s8_data(device, hidden, npc, no_weights, finite=True)
+    x, g, w, ptt, ttp = _loop_data(device, hidden, npc, no_weights, finite=True)
     out, dq, dsf, xg, wg = res
     _check((out, (dq, dsf), xg, wg), x, g, w, dict(pos_to_token_topk=ptt, token_topk_to_pos=ttp), npc, True, clamp)
 
@@ -512,8 +514,8 @@ def test_fused_groups_same_bits(device, fused):
         base["BLOCK_R"] = 8
     hidden = pick(cpu=352, gpu=1408)
     for clamp in (0.5, None):
-        ref = _s8_run(device, base, hidden, npc, clamp)
-        res = _s8_run(device, dict(base, FUSED_BWD=fused), hidden, npc, clamp)
+        ref = _loop_run(device, base, hidden, npc, clamp)
+        res = _loop_run(device, dict(base, FUSED_BWD=fused), hidden, npc, clamp)
         for a, b in zip(res, ref):
             assert_equal(a, b)
 

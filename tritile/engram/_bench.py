@@ -22,24 +22,24 @@ _GATE_FWD_TUNE = ([dict(PERSIST=False, ROWS=1, WARPS=16), dict(PERSIST=False, RO
                    dict(PERSIST=False, ROWS=2, WARPS=16)]
                   + [dict(PREFETCH=False), dict(WARPS=32), dict(WARPS=32, PREFETCH=False), dict(WARPS=8),
                      dict(WAVES=2), dict(WAVES=2, PREFETCH=False)])
-# Default: the two passes, pass 1 at 4 warps (8 warps, the default before session 4: 1169 us CUPTI on the H200), pass 2
-# one [4, 512] tile a program at 4 warps (session 6: 746 us).
+# Default: the two passes, pass 1 at 4 warps (8 warps, the default before H200 @ 694bd6c: 1169 us CUPTI on the H200), pass 2
+# one [4, 512] tile a program at 4 warps (H200 @ 65d4724: 746 us).
 # Pass-2 knobs (BLOCK_D2, WARPS2, SPLIT, PREFETCH) never change a bit; the pass-1 tile and warps sum gamma in
 # another order, and COEF=False computes delta in pass 2 (other FMA contractions), so these may show "output
 # differs" (within the tests' bounds).  The one-pass kernels were removed after losing in three sweeps
-# (benchmarks/NOTES.md); so were candidates that lost by 2.5 % or more in two sweeps (WARPS1=8: 1165 us, TOK=4: 805,
+# (docs/PERFORMANCE.md); so were candidates that lost by 2.5 % or more in two sweeps (WARPS1=8: 1165 us, TOK=4: 805,
 # BLOCK_D2=1024 x 8 warps: 806).
 _GATE_BWD_TUNE = [
     dict(WARPS1=2), dict(TOK=2), dict(BLOCK_D1=2048), dict(BLOCK_D1=512, WARPS1=2), dict(SPLIT=4),
 ] + [
-    # Session 6 sweeps (CUPTI): the default is now one [4, 512] tile a program at 4 warps without prefetch (746.2 us);
-    # the session-5 default (two programs per SM at 8 warps, each streaming half of the tiles with PREFETCH) 765.9,
+    # H200 @ 65d4724 sweeps (CUPTI): the default is now one [4, 512] tile a program at 4 warps without prefetch (746.2 us);
+    # the H200 @ 2615106 default (two programs per SM at 8 warps, each streaming half of the tiles with PREFETCH) 765.9,
     # COEF=False (the gamma kernel, then delta in pass 2) 746.2-748.5 at several tiles.  The L2_CHUNK candidates
     # (both passes per launch chunk, so that pass 2 re-reads grad_out from L2) took 865-1183 us and were removed.
     dict(SPLIT=2, PREFETCH=True, WARPS2=8), dict(PREFETCH=True), dict(WARPS2=8),
     dict(BLOCK_D2=256), dict(BLOCK_D2=256, WARPS2=2), dict(BLOCK_D2=1024, WARPS2=8),
     dict(COEF=False), dict(COEF=False, BLOCK_D2=256),
-    # session 8: pass 2 (one [4, 512] tile a program, 4 warps) has 162 registers (sm_90a): 3 blocks per SM, one token's
+    # H200 @ d53c6fa: pass 2 (one [4, 512] tile a program, 4 warps) has 162 registers (sm_90a): 3 blocks per SM, one token's
     # 12 KB of loads in flight per block (~36 KB per SM; Nsight: 80 % of peak DRAM against a copy's 88 %).  PIPE: the
     # token loop software-pipelined by the compiler (cp.async into shared memory; 168 registers at PIPE=2, 231 at 3);
     # MAXNREG2: a register cap (128: 40 B of stack, 4 blocks per SM).  Expected: more bytes in flight per SM, pass 2
@@ -48,7 +48,7 @@ _GATE_BWD_TUNE = [
     # MAXNREG2=128 783.83.  Relative to the new default:
     dict(PIPE=0), dict(PIPE=4), dict(BLOCK_D2=256), dict(WARPS2=8),
 ]
-# Session 9: the one-pass Gluon kernel (``_engram_bwd_gluon``: TMA rings, grad_out's row in shared memory, grad_w
+# H200 @ 31c87fe: the one-pass Gluon kernel (``_engram_bwd_gluon``: TMA rings, grad_out's row in shared memory, grad_w
 # read-modified-written in L2) is the GPU default where it covers the shape; the two-pass candidates above run with
 # ONEPASS=False.  NSLOT: its ring of x / k / w tiles (32 KB a slot at hc=4); the shared memory left holds grad_w
 # accumulator tiles (the others stay in registers), so fewer slots mean fewer register tiles.  Swept (CUPTI, us):
@@ -211,8 +211,8 @@ def _grad_w_reduce_case(device, hc, H):
                tune=("grad_w_reduce", _GWR_TUNE) if _gpu(device) else None)
 
 
-# grad_w_reduce (P = 132, hc = 4, H = 7168); default (session 4): [128, 32] x 4 warps, TAIL = 4, EARLY.  The first
-# version's [32, 128] steps, 4 warps, come first; then the session-3 default
+# grad_w_reduce (P = 132, hc = 4, H = 7168); default (H200 @ 694bd6c): [128, 32] x 4 warps, TAIL = 4, EARLY.  The first
+# version's [32, 128] steps, 4 warps, come first; then the H200 @ 8b7524c default
 _GWR_TUNE = [dict(ROWS=32, BLOCK_D=128, num_warps=4, TAIL=0), dict(TAIL=0, EARLY=False),
              dict(ROWS=256, BLOCK_D=32, num_warps=8),
              dict(ROWS=128, BLOCK_D=64, num_warps=4), dict(ROWS=128, BLOCK_D=64, num_warps=8),
@@ -226,10 +226,10 @@ _GWR_TUNE += [dict(EARLY=True), dict(EARLY=True, ROWS=256), dict(EARLY=True, ROW
 _GWR_TUNE += [dict(SWAP=True), dict(SWAP=True, EARLY=True), dict(TAIL=4), dict(TAIL=4, EARLY=True),
               dict(TAIL=4, SWAP=True), dict(TAIL=4, SWAP=True, EARLY=True), dict(TAIL=4, BLOCK_D=64, num_warps=8),
               dict(TAIL=4, SWAP=True, BLOCK_D=64, num_warps=8)]
-# session 5: the default's tile with other warp counts and narrower strips (more programs, fewer bytes each)
+# H200 @ 2615106: the default's tile with other warp counts and narrower strips (more programs, fewer bytes each)
 _GWR_TUNE += [dict(TAIL=4, EARLY=True, num_warps=2), dict(TAIL=4, EARLY=True, num_warps=8),
               dict(TAIL=4, EARLY=True, BLOCK_D=16, num_warps=2), dict(TAIL=4, EARLY=True, BLOCK_D=16, num_warps=4)]
-# session 9: wider strips with fewer programs (448 / 224 / 112 instead of 896, every row still in one round trip)
+# H200 @ 31c87fe: wider strips with fewer programs (448 / 224 / 112 instead of 896, every row still in one round trip)
 # lost: BLOCK_D=64 / 128 / 256 at 8 warps 8.30 / 8.67 / 12.32 us against 6.90 for the default (removed)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..runtime import check_inner_contiguous, check_tensor, empty_strided, interpreter_configs
@@ -23,9 +25,13 @@ def check_rows(name: str, t, dtype: torch.dtype, shape) -> torch.Tensor:
 
 
 def check_float(name: str, value) -> float:
+    """``value`` as a float: a finite real number >= 0 (eps, clamp_value), as the swiglu ops check theirs."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
 
 
 def bits16(t: torch.Tensor) -> torch.Tensor:

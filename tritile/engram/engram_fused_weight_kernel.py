@@ -15,6 +15,8 @@ from ..runtime import check_same_device, check_tensor, custom_op, empty, overrid
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
 
+__all__ = ["fused_weight"]
+
 
 @triton.jit
 def _fused_weight_kernel(wh_ptr, we_ptr, out_ptr, H, s_wh, s_we, s_out, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
@@ -82,6 +84,10 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
             and weight_embed.device == weight_hidden.device
             and (weight_hidden.device.type == "cuda" or _rt.kernel_device_ok(weight_hidden.device))):
         check_tensor("weight_hidden", weight_hidden, dtypes=(torch.bfloat16,), ndim=2)
+        check_tensor("weight_embed", weight_embed, dtypes=(torch.bfloat16,), ndim=2)
+        if weight_embed.shape != weight_hidden.shape:
+            raise ValueError("weight_hidden and weight_embed must have the same shape (hc_mult, hidden_size), got "
+                             f"{tuple(weight_hidden.shape)} and {tuple(weight_embed.shape)}")
         check_rows("weight_embed", weight_embed, torch.bfloat16, weight_hidden.shape)
         check_rows("weight_hidden", weight_hidden, torch.bfloat16, weight_hidden.shape)
         check_same_device(weight_hidden=weight_hidden, weight_embed=weight_embed)

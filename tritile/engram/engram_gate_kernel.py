@@ -11,30 +11,30 @@ Per token t and hyper-connection head h (x = hidden_states[t, h], k = k[t, h], w
 The forward's default is ``_engram_gate_fwd_persist_kernel`` (program = one head of a token chunk, w[h] in
 registers); ``_engram_gate_fwd_kernel`` (ROWS rows per program) is the tuning alternative.
 
-The backward, on Hopper GPUs with Triton 3.6's Gluon, is one pass: ``_engram_bwd_gluon`` (TMA rings, grad_out's row
-in shared memory, the grad_w accumulator on chip), 636-638 us on the H200 at T=8001, hc=4, H=7168 (TileKernels 644
-us; 2026-11-30, session 9).  Everywhere else (other GPUs, other Tritons, shapes it does not cover: hc not in
-{1, 2, 4}, H not a multiple of 256 or above 8192, strides TMA cannot describe; and the interpreter) it is two
-passes, 731-737 us there:
+The backward, on Hopper GPUs with Triton 3.6's Gluon, is one pass: ``_engram_bwd_gluon`` (TMA rings, grad_out's row in
+shared memory, the grad_w accumulator on chip), 636-638 us on the H200 at T=8001, hc=4, H=7168 (TileKernels 644 us;
+H200, 2026-11-30, commit 31c87fe).  Everywhere else (other GPUs, other Tritons, shapes it does not cover: hc not in {1,
+2, 4}, H not a multiple of 256 or above 8192, strides TMA cannot describe; and the interpreter) it is two passes,
+731-737 us there (the kernels in ``_engram_bwd_two_pass``):
 
 1. ``_engram_gate_bwd_coef_kernel`` (or ``_engram_gate_bwd_gamma_kernel``), one program per token:
    ``gamma[t, h] = sum_d G_d v_d`` (dL/dg) and ``grad_v[t] = sum_h g_h G_h``.
 2. ``_engram_gate_bwd_split_kernel`` (or ``_engram_gate_bwd_kernel``), programs over (token chunk p, H tiles):
    grad_x, grad_k and ``grad_w_partial[p] = sum_{t in chunk p} delta * x * k``, with ``delta = dL/dD`` (r held fixed).
 
-The two passes move 2.98 GB at T=8001, hc=4, H=7168 (G and v are read twice): 706 us at the copy rate, against 598
-us for one pass.  Three one-pass designs were built and measured on the H200 (2026-11-30, sessions 3 and 4) and
+The two passes move 2.98 GB at T=8001, hc=4, H=7168 (G and v are read twice): 706 us at the copy rate, against 598 us
+for one pass.  Three one-pass designs were built and measured on the H200 (2026-11-30, commits 8b7524c and 694bd6c) and
 removed because each lost to the two passes (765 us CUPTI): a program per (token chunk, head) with the whole row in
-registers (1211-1287 us: 128 registers, one block per SM, too few bytes in flight); a persistent kernel walking
-token blocks with a gamma phase and an L2-hit second phase (1001 us at best); and the same with the two phases
-interleaved across token blocks (1375 us at best; the configurations with enough bytes in flight need ~250
-registers).  A fourth, both passes per launch chunk of tokens so that pass 2 re-reads grad_out from L2 (same bits),
-took 865-1183 us (2026-11-30, session 6: the launches' ramps and tails and the grad_w_partial read-modify-write
-cost more than the L2 hits saved).  A fifth, one pass in "gangs" (session 7: units of 8-16 tokens run by one program
-per H tile, exchanging partial gammas through global memory with release/acquire counters), was correct on the H200
-and took 1429-3666 us (the per-token polling kept the memory pipes busy at 13 % of DRAM throughput).  The Triton
-designs were bound by the register file; the Gluon kernel keeps its rows in shared memory instead.
-benchmarks/NOTES.md has the figures.
+registers (1211-1287 us: 128 registers, one block per SM, too few bytes in flight); a persistent kernel walking token
+blocks with a gamma phase and an L2-hit second phase (1001 us at best); and the same with the two phases interleaved
+across token blocks (1375 us at best; the configurations with enough bytes in flight need ~250 registers).  A fourth,
+both passes per launch chunk of tokens so that pass 2 re-reads grad_out from L2 (same bits), took 865-1183 us (H200,
+2026-11-30, commit 65d4724: the launches' ramps and tails and the grad_w_partial read-modify-write cost more than the L2
+hits saved).  A fifth, one pass in "gangs" (H200, 2026-11-30, commit bc6f44a: units of 8-16 tokens run by one program
+per H tile, exchanging partial gammas through global memory with release/acquire counters), was correct on the H200 and
+took 1429-3666 us (the per-token polling kept the memory pipes busy at 13 % of DRAM throughput).  The Triton designs
+were bound by the register file; the Gluon kernel keeps its rows in shared memory instead.  docs/PERFORMANCE.md has the
+figures.
 """
 
 from __future__ import annotations
@@ -48,12 +48,19 @@ import triton.language as tl
 
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
-from ..language.cast import EMULATE
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
 from ..utils import ceil_div, next_power_of_two
 from . import _engram_bwd_gluon as onepass
+from ._engram_bwd_two_pass import (
+    _engram_gate_bwd_coef_kernel,
+    _engram_gate_bwd_gamma_kernel,
+    _engram_gate_bwd_kernel,
+    _engram_gate_bwd_split_kernel,
+)
 from ._utils import bits16, check_float, check_rows, empty_like, interp
+
+__all__ = ["engram_gate_fwd", "engram_gate_bwd"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,251 +326,6 @@ def _engram_gate_fwd_op(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.T
     return [res[0]] + [hidden_states.new_empty((0,), dtype=torch.float32) for _ in range(4)]
 
 
-# ------------------------------------------------------------------------------------------------
-# backward
-# ------------------------------------------------------------------------------------------------
-@triton.jit
-def _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
-                      HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Pass 1's sweep over H for TOK tokens: stores grad_v = sum_h g_h G_h (bf16) and returns gamma = G . v
-    ``[TOK, HC_P2]``."""
-    g_row = t[:, None, None] * s_g0 + hh[None, :, None] * s_g1
-    acc = tl.zeros((TOK, HC_P2, BLOCK_D), tl.float32)
-    step = tl.program_id(0) * 0  # a run-time zero: the loop-carried value is a tensor from the start
-    while step * BLOCK_D < H:  # a while loop: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        d = step * BLOCK_D + tl.arange(0, BLOCK_D)  # (a multiple of BLOCK_D: vector loads)
-        dmask = d < H
-        m3 = th_mask[:, :, None] & dmask[None, None, :]
-        go = bf16_bits_to_f32(tl.load(go_ptr + g_row + d[None, None, :], mask=m3, other=0))
-        m2 = tmask[:, None] & dmask[None, :]
-        v = bf16_bits_to_f32(tl.load(v_ptr + t[:, None] * s_v0 + d[None, :], mask=m2, other=0))
-        acc += go * v[:, None, :]
-        gv = tl.sum(gate[:, :, None] * go, axis=1)
-        tl.store(gv_ptr + t[:, None] * s_gv0 + d[None, :], f32_to_bf16_bits(gv), mask=m2)
-        step += 1
-    gamma = tl.sum(acc, axis=2)
-    return gamma
-
-
-@triton.jit
-def _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2: tl.constexpr, TOK: tl.constexpr):
-    """Pass 1's program: its TOK tokens ``t``, heads ``hh``, masks, the (token, head) offsets ``sc`` into the
-    (T, hc) saved tensors and the gates ``[TOK, HC]`` (0 outside)."""
-    t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
-    hh = tl.arange(0, HC_P2)
-    tmask = t < T
-    th_mask = tmask[:, None] & (hh < hc)[None, :]
-    sc = t[:, None] * hc + hh[None, :]
-    return t, hh, tmask, th_mask, sc, tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
-
-
-@triton.jit
-def _engram_gate_bwd_gamma_kernel(
-    go_ptr, v_ptr, gate_ptr, gamma_ptr, gv_ptr,
-    T, hc, H,
-    s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
-    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
-    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
-                              HC_P2, TOK, BLOCK_D)
-    tl.store(gamma_ptr + t[:, None] * hc + hh[None, :], gamma, mask=th_mask)
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_kernel(
-    go_ptr, x_ptr, k_ptr, w_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, gamma_ptr,
-    gx_ptr, gk_ptr, gw_ptr,
-    T, hc, H, hidden_f, tokens_per_chunk, clamp_value, scale,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    p = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, HC_P2)
-    hmask = hh < hc
-    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = hmask[:, None] & (d < H)[None, :]
-    w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
-    hf = hidden_f
-    acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
-    t_begin = p * tokens_per_chunk
-    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
-    t = t_begin
-    while t < t_end:  # a while loop: range() over run-time bounds breaks the interpreter with numpy 2.4
-        sc = t * hc + hh
-        dot = tl.load(dot_ptr + sc, mask=hmask, other=1.0)  # padded heads: no 0/0
-        g = tl.load(gate_ptr + sc, mask=hmask, other=0.0)
-        rx = tl.load(rstd_x_ptr + sc, mask=hmask, other=0.0)
-        rk = tl.load(rstd_k_ptr + sc, mask=hmask, other=0.0)
-        gamma = tl.load(gamma_ptr + sc, mask=hmask, other=0.0)
-        # delta = dL/dD with r held fixed: gamma * g(1-g) * du/ds * ds/dD, zero where |s| < clamp_value
-        s = dot * rx * rk * scale
-        ad = tl.abs(dot)
-        dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, ad))
-        delta = gamma * (g * (1.0 - g)) * 0.5 * dsqrt
-        delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
-        a_x = tl.math.div_rn(dot * rx * rx, hf)
-        a_k = tl.math.div_rn(dot * rk * rk, hf)
-
-        go = bf16_bits_to_f32(tl.load(go_ptr + t * s_g0 + hh[:, None] * s_g1 + d[None, :], mask=mask, other=0))
-        x = bf16_bits_to_f32(tl.load(x_ptr + t * s_x0 + hh[:, None] * s_x1 + d[None, :], mask=mask, other=0))
-        k = bf16_bits_to_f32(tl.load(k_ptr + t * s_k0 + hh[:, None] * s_k1 + d[None, :], mask=mask, other=0))
-        gx = go + delta[:, None] * (w * k - x * a_x[:, None])
-        gk = delta[:, None] * (w * x - k * a_k[:, None])
-        tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], f32_to_bf16_bits(gx), mask=mask)
-        tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], f32_to_bf16_bits(gk), mask=mask)
-        acc += delta[:, None] * (x * k)
-        t += 1
-    tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
-
-
-@triton.jit
-def _engram_gate_bwd_coef_kernel(
-    go_ptr, v_ptr, dot_ptr, gate_ptr, rstd_x_ptr, rstd_k_ptr, delta_ptr, ax_ptr, ak_ptr, gv_ptr,
-    T, hc, H, hidden_f, clamp_value, scale,
-    s_g0, s_g1, s_v0, s_gv0,
-    HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
-    # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
-    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
-    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
-                              HC_P2, TOK, BLOCK_D)
-    dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
-    rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
-    rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
-    delta, a_x, a_k = _bwd_coefs(gamma, dot, gate, rx, rk, clamp_value, scale, hidden_f)
-    tl.store(delta_ptr + sc, delta, mask=th_mask)
-    tl.store(ax_ptr + sc, a_x, mask=th_mask)
-    tl.store(ak_ptr + sc, a_k, mask=th_mask)
-
-
-@triton.jit
-def _bwd_coefs(gamma, dot, gate, rx, rk, clamp_value, scale, hidden_f):
-    """(delta, a_x, a_k) per (token, head): delta = dL/dD with r held fixed, gamma * g(1-g) * du/ds * ds/dD, zero
-    where |s| < clamp_value; a_x = D r_x^2 / H, a_k = D r_k^2 / H."""
-    s = dot * rx * rk * scale
-    dsqrt = tl.sqrt_rn(tl.math.div_rn(scale * rx * rk, tl.abs(dot)))
-    delta = gamma * (gate * (1.0 - gate)) * 0.5 * dsqrt
-    delta = tl.where(tl.abs(s) < clamp_value, 0.0, delta)
-    return delta, tl.math.div_rn(dot * rx * rx, hidden_f), tl.math.div_rn(dot * rk * rk, hidden_f)
-
-
-@triton.jit
-def _bwd_tile_math(go_b, x_b, k_b, w, delta, a_x, a_k):
-    go = bf16_bits_to_f32(go_b)
-    x = bf16_bits_to_f32(x_b)
-    k = bf16_bits_to_f32(k_b)
-    gx = go + delta[:, None] * (w * k - x * a_x[:, None])
-    gk = delta[:, None] * (w * x - k * a_k[:, None])
-    return f32_to_bf16_bits(gx), f32_to_bf16_bits(gk), delta[:, None] * (x * k)
-
-
-@triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
-def _engram_gate_bwd_split_kernel(
-    go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr,
-    gx_ptr, gk_ptr, gw_ptr,
-    T, hc, H, tokens_per_chunk,
-    s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-    HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False,
-    PIPE: tl.constexpr = 0
-):
-    pdl_enter(PDL)
-    # Program (p, r): token chunk p (its grad_w_partial row), H tiles r, r + SPLIT, ...; tokens inner, so the
-    # [HC, BLOCK_D] grad_w accumulator of a tile stays in registers.  SPLIT = number of H tiles gives one tile
-    # per program; a smaller SPLIT gives fewer, longer programs (one wave, no tail).
-    _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
-                     T, hc, H, tokens_per_chunk,
-                     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2, BLOCK_D, SPLIT, PREFETCH, PIPE)
-
-
-@triton.jit
-def _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc, hh, hmask, d, mask,
-                     go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0, s_gk1):
-    """Pass 2 for token ``t`` on one ``[HC_P2, BLOCK_D]`` tile: stores grad_x and grad_k, returns its grad_w term."""
-    sc = t * hc + hh
-    delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
-    a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
-    a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
-    c_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=mask, other=0)
-    c_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=mask, other=0)
-    c_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=mask, other=0)
-    gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
-    tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
-    tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
-    return dw
-
-
-@triton.jit
-def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, gw_ptr,
-                     T, hc, H, tokens_per_chunk,
-                     s_g0, s_g1, s_x0, s_x1, s_k0, s_k1, s_w0, s_gx0, s_gx1, s_gk0, s_gk1, s_gw0, s_gw1,
-                     HC_P2: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                     PIPE: tl.constexpr = 0):
-    """Pass 2 of program (p, r): the tokens of chunk p, ascending: grad_x, grad_k and row p of grad_w_partial.
-    PREFETCH: token t + 1's tiles loaded by hand while token t is computed; PIPE (> 0, without PREFETCH): the token
-    loop as a ``tl.range`` with ``num_stages=PIPE`` (GPU; a while loop under the interpreter)."""
-    p = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, HC_P2)
-    hmask = hh < hc
-    t_begin = p * tokens_per_chunk
-    t_end = tl.minimum(t_begin + tokens_per_chunk, T)
-    go_h = hh[:, None] * s_g1
-    x_h = hh[:, None] * s_x1
-    k_h = hh[:, None] * s_k1
-    j = tl.program_id(1)
-    while j * BLOCK_D < H:  # while loops: range() over run-time bounds breaks the interpreter (numpy 2.4)
-        d = j * BLOCK_D + tl.arange(0, BLOCK_D)  # int32 in-row offsets (rows are < 2^31 elements)
-        mask = hmask[:, None] & (d < H)[None, :]
-        w = tl.load(w_ptr + hh[:, None] * s_w0 + d[None, :], mask=mask, other=0.0)
-        acc = tl.zeros((HC_P2, BLOCK_D), tl.float32)
-        t = t_begin
-        if PREFETCH:
-            # software pipelining by hand: token t + 1's tiles are in flight while token t is computed
-            pm = mask & (t < t_end)
-            n_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=pm, other=0)
-            n_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=pm, other=0)
-            n_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=pm, other=0)
-            while t < t_end:
-                sc = t * hc + hh
-                delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
-                a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
-                a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
-                c_go = n_go
-                c_x = n_x
-                c_k = n_k
-                tn = t + 1
-                pm = mask & (tn < t_end)
-                n_go = tl.load(go_ptr + tn * s_g0 + go_h + d[None, :], mask=pm, other=0)
-                n_x = tl.load(x_ptr + tn * s_x0 + x_h + d[None, :], mask=pm, other=0)
-                n_k = tl.load(k_ptr + tn * s_k0 + k_h + d[None, :], mask=pm, other=0)
-                gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
-                tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
-                tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
-                acc += dw
-                t = tn
-        elif PIPE > 0 and not EMULATE:
-            # the compiler's software pipelining: the loads of the next PIPE - 1 tokens go to shared memory by
-            # asynchronous copies (cp.async) while this token is computed: bytes in flight without registers
-            for tt in tl.range(t_begin, t_end, num_stages=PIPE):
-                acc += _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, tt, hc,
-                                        hh, hmask, d, mask, go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0,
-                                        s_gk1)
-        else:  # (PIPE under the interpreter too: its tl.range takes no run-time bounds)
-            while t < t_end:
-                acc += _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc,
-                                        hh, hmask, d, mask, go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0,
-                                        s_gk1)
-                t += 1
-        tl.store(gw_ptr + p * s_gw0 + hh[:, None] * s_gw1 + d[None, :], acc, mask=mask)
-        j += SPLIT
-
-
 def _bwd_config(H: int, hc: int):
     """(HC_P2, TOK, BLOCK_D1, BLOCK_D2, num_warps): the shape rule of the two passes.
 
@@ -575,10 +337,10 @@ def _bwd_config(H: int, hc: int):
         return hc_p2, 8, block_d, block_d, 4
     block_d1 = min(next_power_of_two(H), max(256, 4096 // hc_p2))
     block_d2 = min(next_power_of_two(H), max(128, 2048 // hc_p2))
-    # pass 1 with 4 warps: H200 sweep (session 4, T=8001, hc=4, H=7168, CUDA graph) 767.8 us for the whole
-    # backward against 1169.6 us with 8 warps on the same [1, 4, 1024] tile (the default before), 785.8 us with
-    # TOK=2 at 8 warps; gamma's summation order follows the layout, so grad_x / grad_k may change in the last
-    # bit (within the tests' calc_diff bounds; grad_v does not change)
+    # pass 1 with 4 warps: H200 sweep (2026-11-30, commit 694bd6c, T=8001, hc=4, H=7168, CUDA graph) 767.8 us for the
+    # whole backward against 1169.6 us with 8 warps on the same [1, 4, 1024] tile (the default before), 785.8 us with
+    # TOK=2 at 8 warps; gamma's summation order follows the layout, so grad_x / grad_k may change in the last bit
+    # (within the tests' calc_diff bounds; grad_v does not change)
     return hc_p2, 1, block_d1, block_d2, 4
 
 
@@ -599,12 +361,12 @@ def _bwd_launch_config(H: int, hc: int) -> dict:
     if interp():
         split, nw2, prefetch = max(1, n_tiles // 2), nw, True
     else:
-        # one [HC_P2, BLOCK_D2] tile a program at 4 warps, no prefetch (a 132 x 14 grid at the anchor): 746.2 us
-        # CUPTI in the session-6 sweep (T=8001, hc=4, H=7168) against 765.9 us for two programs per SM at 8 warps,
-        # each streaming half of the tiles with token t + 1's tiles prefetched (the default before); same bits
+        # one [HC_P2, BLOCK_D2] tile a program at 4 warps, no prefetch (a 132 x 14 grid at the anchor): 746.2 us CUPTI
+        # in the sweep of 2026-11-30 (commit 65d4724; T=8001, hc=4, H=7168) against 765.9 us for two programs per SM at
+        # 8 warps, each streaming half of the tiles with token t + 1's tiles prefetched (the default before); same bits
         split, nw2, prefetch = n_tiles, 4, False
-    # session 8 (same shape, CUPTI): pass 2's token loop pipelined by the compiler with 3 stages (cp.async of the next
-    # two tokens' tiles into shared memory) 732.25 us against 747.27 without (same bits)
+    # H200, 2026-11-30, commit d53c6fa (same shape, CUPTI): pass 2's token loop pipelined by the compiler with 3 stages
+    # (cp.async of the next two tokens' tiles into shared memory) 732.25 us against 747.27 without (same bits)
     pipe = 0 if interp() else 3
     return tuned("engram_gate_bwd", dict(TOK=tok, BLOCK_D1=bd1, WARPS1=nw, BLOCK_D2=bd2, WARPS2=nw2,
                                          COEF=True, SPLIT=split, PREFETCH=prefetch, PIPE=pipe, MAXNREG2=None,

@@ -12,9 +12,11 @@ import triton.language as tl
 from ..language import bf16_bits_to_f32
 from .. import runtime as _rt
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import check_same_device, check_tensor, custom_op, override_key, tuned
+from ..runtime import check_no_overlap, check_same_device, check_tensor, custom_op, override_key, tuned
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
+
+__all__ = ["grad_w_reduce"]
 
 
 @triton.jit
@@ -90,8 +92,8 @@ def _config(P: int, H: int):
         # H200 sweep (2026-11-30, P=132, hc=4, H=7168, CUDA-graph us): [128, 32] x 4 warps 5.05, [256, 32] 5.34,
         # [32, 128] (the first version) 5.18
         rows, block_d, warps = min(128, next_power_of_two(P)), min(32, next_power_of_two(H)), 4
-    # session 4 (CUPTI, L2 flushed, P=132): the 4 rows past 128 as a tail tile issued with the first, and the
-    # epilogue's loads first (EARLY): one DRAM round trip, 7.17 us against 8.02 us (TileKernels 6.94)
+    # H200, 2026-11-30, commit 694bd6c (CUPTI, L2 flushed, P=132): the 4 rows past 128 as a tail tile issued with the
+    # first, and the epilogue's loads first (EARLY): one DRAM round trip, 7.17 us against 8.02 us (TileKernels 6.94)
     tail = next_power_of_two(P - rows) if P > rows else 0
     cfg = tuned("grad_w_reduce", dict(ROWS=rows, BLOCK_D=block_d, num_warps=warps, EARLY=not interp(), SWAP=False,
                                       TAIL=tail))
@@ -135,8 +137,7 @@ def grad_w_reduce(
     if torch.compiler.is_compiling():  # traced as the opaque custom op ``torch.ops.tritile.engram_grad_w_reduce``
         _grad_w_reduce_op(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
         return None
-    if grad_weight_hidden.numel() and grad_weight_hidden.data_ptr() == grad_weight_embed.data_ptr():
-        raise ValueError("grad_weight_hidden and grad_weight_embed must be different tensors, got the same memory")
+    _check_outputs(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     return None
 
@@ -158,6 +159,33 @@ def _fast_ok(part, wh, we, gwh, gwe) -> bool:
     dev = part.device
     return (wh.device == dev and we.device == dev and gwh.device == dev and gwe.device == dev
             and (dev.type == "cuda" or _rt.kernel_device_ok(dev)))
+
+
+def _span(t: torch.Tensor):
+    """``[first, last)`` byte addresses of a non-empty tensor (a few attribute reads when it is dense)."""
+    p = t.data_ptr()
+    if t.is_contiguous():
+        return p, p + t.nbytes
+    return p, p + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _check_outputs(part, wh, we, gwh, gwe) -> None:
+    """The two accumulators are distinct tensors sharing no memory with each other or with an input.  Disjoint
+    address ranges (every real call) cost a few attribute reads; overlapping ranges take the exact check."""
+    if not gwh.numel():  # same shapes: nothing is written
+        return
+    a0, a1 = _span(gwh)
+    b0, b1 = _span(gwe)
+    if a0 == b0:
+        raise ValueError("grad_weight_hidden and grad_weight_embed must be different tensors, got the same memory")
+    suspect = a0 < b1 and b0 < a1
+    for t in (part, wh, we):
+        if not suspect and t.numel():
+            c0, c1 = _span(t)
+            suspect = (c0 < a1 and a0 < c1) or (c0 < b1 and b0 < c1)
+    if suspect:
+        check_no_overlap(dict(grad_weight_hidden=gwh, grad_weight_embed=gwe),
+                         dict(grad_w_partial=part, weight_hidden=wh, weight_embed=we))
 
 
 def _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
@@ -188,4 +216,5 @@ def _plan(P: int, hc: int, H: int, override) -> tuple:
            fake=lambda *args: None)
 def _grad_w_reduce_op(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
                       grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> None:
+    _check_outputs(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     _launch(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)

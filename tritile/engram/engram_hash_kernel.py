@@ -15,6 +15,8 @@ from ..runtime import (check_contiguous, check_same_device, check_tensor, checks
 from ..utils import ceil_div, next_power_of_two
 from ._utils import interp
 
+__all__ = ["engram_hash"]
+
 
 @triton.jit
 def _floor_mod_f64(h, m):

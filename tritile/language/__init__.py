@@ -8,7 +8,7 @@ a hardware path used on GPUs.  Both give identical bits; ``tests/language`` prov
 every finite bf16 pattern and a million random float32 values, on the CPU and the GPU.
 """
 
-from .cast import (  # noqa: F401
+from .cast import (
     EMULATE,
     INTERPRET,
     bf16_bits_to_f32,
@@ -28,7 +28,34 @@ from .cast import (  # noqa: F401
     f32_to_fp16_rtz_bits,
     pack_e2m1,
     quant_scale,
+    round_scale_bits,
     sf_to_ue8m0,
     ue8m0_to_f32,
     unpack_e2m1,
 )
+
+__all__ = [
+    "EMULATE",
+    "INTERPRET",
+    "bf16_bits_to_f32",
+    "ceil_pow2_exponent",
+    "e2m1_code_to_f32",
+    "e4m3_bits_to_f32",
+    "exp2_int",
+    "exp_f32",
+    "f32_to_bf16",
+    "f32_to_bf16_bits",
+    "f32_to_bf16_bits_sw",
+    "f32_to_e2m1_code",
+    "f32_to_e4m3_bits",
+    "f32_to_e4m3_bits_hw",
+    "f32_to_e4m3_bits_sw",
+    "f32_to_e5m6_code",
+    "f32_to_fp16_rtz_bits",
+    "pack_e2m1",
+    "quant_scale",
+    "round_scale_bits",
+    "sf_to_ue8m0",
+    "ue8m0_to_f32",
+    "unpack_e2m1",
+]

@@ -22,6 +22,13 @@ import os
 import triton
 import triton.language as tl
 
+__all__ = ["INTERPRET", "EMULATE", "f32_to_bf16_bits_sw", "f32_to_bf16", "f32_to_bf16_bits", "bf16_bits_to_f32",
+           "f32_to_e4m3_bits_sw", "f32_to_e4m3_bits_hw", "f32_to_e4m3_bits", "e4m3_bits_to_f32", "f32_to_e2m1_code",
+           "pack_e2m1", "e2m1_code_to_f32", "unpack_e2m1", "f32_to_fp16_rtz_bits", "f32_to_e5m6_code",
+           "ceil_pow2_exponent", "exp2_int", "sf_to_ue8m0", "ue8m0_to_f32", "quant_scale", "round_scale_bits",
+           "exp_f32", "f32_to_e4m3_bits_satfinite", "e4m3_bits_to_f32_hw", "e4m3_bits_to_f32_fast", "abs_max_bits",
+           "f32_to_e2m1_code_fast", "f32_to_e2m1_code_finite"]
+
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on"))
 # Software (integer) conversions everywhere when asked, e.g. on targets without native OCP fp8
 # conversions; always under the interpreter.
@@ -252,6 +259,31 @@ def quant_scale(amax, CLAMP: tl.constexpr, MAX: tl.constexpr, ROUND_SF: tl.const
 # ------------------------------------------------------------------------------------------------
 # Transcendentals matching torch on each backend
 # ------------------------------------------------------------------------------------------------
+@triton.jit
+def round_scale_bits(am, CLAMP: tl.constexpr, MAX: tl.constexpr):
+    """:func:`quant_scale` with ROUND_SF from the amax bit pattern ``am`` (int32 of a float >= 0 or +inf; no NaN),
+    without the division: ``(sf, sf_inv)`` with the same bits.
+
+    With ``a = max(amax, CLAMP)`` normal and ``sf = 2^k``: ``RN(a / MAX) <= 2^k`` iff ``a <= MAX * 2^k`` (no float
+    lies in ``(MAX * 2^k, MAX * 2^k * (1 + 2^-24)]`` as MAX has at most 24 significant bits, and the tie
+    ``2^k * (1 + 2^-24)`` rounds to the even ``2^k``), so
+    ``k + 127 = (bits(a) - bits(MAX) + 0x7FFFFF + (127 << 23)) >> 23`` (the exponent difference, plus one when a's
+    mantissa field exceeds MAX's) and ``sf_inv = 2^-k`` has the bits
+    ``(254 - (k + 127)) << 23``.  Needs ``CLAMP / MAX >= 2^-126`` (sf normal) and ``MAX >= 2`` (``k <= 126``, so
+    sf_inv is normal); ``amax = +inf`` gives ``sf = +inf``, ``sf_inv = 0``.  Exhaustive check over every amax
+    pattern: ``tests/quant/test_per_block_cast.py::test_round_scale_bits`` (sampled) and the script in its docstring."""
+    tl.static_assert(MAX >= 2.0)
+    tl.static_assert(CLAMP / MAX >= 1.1754943508222875e-38)
+    cb = tl.full([], CLAMP, tl.float32).to(tl.int32, bitcast=True)
+    mb = tl.full([], MAX, tl.float32).to(tl.int32, bitcast=True)
+    a = tl.maximum(am, cb)
+    e = ((a + (0x3F800000 + 0x7FFFFF - mb)) >> 23) & 0xFF
+    inf = am >= 0x7F800000
+    sf = tl.where(inf, 0x7F800000, e << 23).to(tl.float32, bitcast=True)
+    sf_inv = tl.where(inf, 0, (254 - e) << 23).to(tl.float32, bitcast=True)
+    return sf, sf_inv
+
+
 @triton.jit
 def exp_f32(x):
     """``exp`` that matches torch: libdevice ``expf`` on GPU (torch CUDA's ``exp``), numpy float32

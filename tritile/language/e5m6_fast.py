@@ -19,6 +19,8 @@ import triton.language as tl
 
 from .cast import EMULATE, f32_to_fp16_rtz_bits
 
+__all__ = ["fp16x2_rtz_bits", "max_u16x2", "e5m6_pair_codes", "pack3_pairs"]
+
 
 @triton.jit
 def fp16x2_rtz_bits(hi, lo):

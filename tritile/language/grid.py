@@ -2,7 +2,8 @@
 
 CUDA starts a grid's programs in the order of ``program_id(0)`` first.  With the row-block index there, the programs
 running together read narrow column strips of many rows; with the column-block index there (``KFAST``), they read
-whole rows' runs.  Which is faster is measured per kernel (H200, session 11: -2 to -5 % on four casts with KFAST,
+whole rows' runs.  Which is faster is measured per kernel (H200, 2026-11-30, commit fd8764c: -2 to -5 % on four casts
+with KFAST,
 nothing on the per-channel transpose), so kernels take it as a constexpr and launchers build the grid with
 :func:`tile_grid`."""
 
@@ -12,6 +13,8 @@ from typing import Tuple
 
 import triton
 import triton.language as tl
+
+__all__ = ["tile_ids", "grouped_ids", "tile_grid"]
 
 _MAX_GRID_Y = 65535  # a CUDA grid's second dimension
 

@@ -17,10 +17,13 @@ import os
 
 import torch
 import triton
+from torch.types import Device
 import triton.language as tl
 from triton.language.extra import cuda as _tlcuda
 
 from ..runtime import is_interpreter
+
+__all__ = ["pdl_enter", "set_pdl", "use_pdl", "pdl_args"]
 
 _INTERPRET = is_interpreter()
 
@@ -51,7 +54,7 @@ def _device_pdl(index: int) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def use_pdl(device) -> bool:
+def use_pdl(device: Device) -> bool:
     """Whether kernels on ``device`` launch with PDL (see the module docstring)."""
     if not _ENABLED or _INTERPRET:
         return False
@@ -62,7 +65,7 @@ def use_pdl(device) -> bool:
     return _device_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_args(device, enabled: bool = True, launch: bool = True) -> dict:
+def pdl_args(device: Device, enabled: bool = True, launch: bool = True) -> dict:
     """Launch keywords for a kernel with a ``PDL: tl.constexpr`` parameter (whose first statement is
     ``pdl_enter(PDL)``) where :func:`use_pdl` allows it and ``enabled``: ``PDL=True`` (signal, then wait) and
     ``launch_pdl=launch``.  An op's later kernels pass ``launch=False``: they start after the op's previous kernel

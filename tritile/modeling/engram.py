@@ -7,6 +7,8 @@ Forward: ``fused_weight`` + ``engram_gate_fwd`` (saving for backward).  Backward
 
 from __future__ import annotations
 
+from typing import Any, Optional, Tuple
+
 import torch
 
 from ..engram import engram_gate_bwd, engram_gate_fwd, fused_weight, grad_w_reduce
@@ -51,7 +53,8 @@ class EngramGateFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden_states, k, v, weight_hidden, weight_embed, clamp_value, eps):
+    def forward(ctx: Any, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_hidden: torch.Tensor,
+                weight_embed: torch.Tensor, clamp_value: float, eps: float) -> torch.Tensor:
         check_tensor("hidden_states", hidden_states, dtypes=(torch.bfloat16,))
         if hidden_states.dim() < 2:
             raise ValueError(f"hidden_states must be (..., hc_mult, hidden_size), "
@@ -65,6 +68,11 @@ class EngramGateFn(torch.autograd.Function):
             raise ValueError(f"k must have the shape of hidden_states {tuple(origin_shape)}, got {tuple(k.shape)}")
         if tuple(v.shape) != tuple(origin_shape[:-2]) + (H,):
             raise ValueError(f"v must have shape {tuple(origin_shape[:-2]) + (H,)}, got {tuple(v.shape)}")
+        for name, w in (("weight_hidden", weight_hidden), ("weight_embed", weight_embed)):
+            check_tensor(name, w, dtypes=(torch.bfloat16,), ndim=2)
+            if tuple(w.shape) != (hc, H):
+                raise ValueError(f"{name} must have shape (hc_mult, hidden_size) = {(hc, H)} (from hidden_states), "
+                                 f"got {tuple(w.shape)}")
         x2 = _view("hidden_states", hidden_states, (-1, hc, H))
         k2 = _view("k", k, (-1, hc, H))
         v2 = _view("v", v, (-1, H))
@@ -76,7 +84,7 @@ class EngramGateFn(torch.autograd.Function):
         return out.view(origin_shape)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         x2, k2, v2, wh, we, wf, dot, gate, rstd_x, rstd_k = ctx.saved_tensors
         origin_shape = ctx.origin_shape
         hc, H = origin_shape[-2], origin_shape[-1]

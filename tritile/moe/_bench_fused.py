@@ -134,8 +134,8 @@ _EXPAND_BF16_TUNE = [
     dict(BT=32, BH=128), dict(BT=64, BH=64), dict(BT=128, BH=32), dict(BT=16, BH=128, num_warps=2),
     dict(BT=32, BH=64, num_warps=2), dict(BT=16, BH=512, num_warps=8), dict(BT=4, BH=512, num_warps=2),
 ]
-_EXPAND_FP8_TUNE = [  # default: COMPACT + PAD_FIRST (session 4)
-    dict(COMPACT=False, PAD_FIRST=False),  # the session-3 default (141.5 us CUPTI at ep 64)
+_EXPAND_FP8_TUNE = [  # default: COMPACT + PAD_FIRST (H200 @ 694bd6c)
+    dict(COMPACT=False, PAD_FIRST=False),  # the H200 @ 8b7524c default (141.5 us CUPTI at ep 64)
     dict(BT=8, BH=256), dict(BT=32, BH=256, num_warps=8), dict(BT=16, BH=256, num_warps=8),
     dict(BT=8, BH=256, num_warps=2), dict(BT=4, BH=256, num_warps=1), dict(BT=16, BH=128),
     dict(BT=32, BH=128, num_warps=8), dict(BT=8, BH=128, num_warps=2),

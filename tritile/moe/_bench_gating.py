@@ -133,7 +133,7 @@ def _normalize_cases(device, quick, grid=False):
                    tune=("normalize_weight", _NORMALIZE_TUNE) if gpu else None)
 
 
-# Default (session 5): RCP on [32, 8] tiles x 1 warp (2.02 us CUPTI against 2.32 for the session-4 default, [128, 8]
+# Default (H200 @ 2615106): RCP on [32, 8] tiles x 1 warp (2.02 us CUPTI against 2.32 for the H200 @ 694bd6c default, [128, 8]
 # x 4 warps with div_rn, the first candidate).  RCP: one div_rn(1, d) per row, three multiply-adds per element
 # (block-uniform div_rn fallback outside the range).
 _NORMALIZE_TUNE = [

@@ -13,7 +13,7 @@ One launch.  The grid has two parts:
 times; ``PAD_FIRST`` gives the padding programs the low program ids.  Both are the default of
 ``expand_to_fused_with_sf`` (measured there); ``expand_to_fused`` keeps them as tune candidates.  A persistent
 variant that loaded the next tile before storing the current one measured 108.7-149.0 us against 101.7-133.2 us
-(H200, session 4) and was removed.
+(H200, H200 @ 694bd6c) and was removed.
 
 Data moves through an integer view of the widest word that divides the row (int32/int16/int8), so the
 copy is bit-exact for every dtype on every backend.
@@ -207,7 +207,7 @@ def _config(hidden_w: int, num_tokens: int, num_expanded: int, interp: bool, wit
     bt = max(1, min(budget // bh, next_power_of_two(max(num_tokens, 1))))
     pbt = max(1, min(budget // bh, next_power_of_two(num_expanded)))
     psub = 1 if interp else max(1, 64 // pbt)
-    # COMPACT + PAD_FIRST: session 4 sweep (fp8 with sf, CUPTI, L2 flushed): ep 64 133.2 us against 141.5, ep 8
+    # COMPACT + PAD_FIRST: H200 @ 694bd6c sweep (fp8 with sf, CUPTI, L2 flushed): ep 64 133.2 us against 141.5, ep 8
     # 101.7 us against 117.0 (TileKernels 137.8 and 105.2); the bf16 path was not swept and keeps them off
     return dict(BT=bt, BH=bh, PBT=pbt, PSUB=psub, num_warps=4, COMPACT=with_sf, PAD_FIRST=with_sf)
 

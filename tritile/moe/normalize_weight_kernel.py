@@ -107,7 +107,7 @@ def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> di
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
     corrections; not with ``PER_COL``), ``num_warps``, ``PDL`` (programmatic dependent launch where supported;
     default on).  A row-per-thread variant (two 16-byte halves, no
-    shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (session 4) and was removed."""
+    shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (H200 @ 694bd6c) and was removed."""
     # H200 (2026-11-30, T=21876, K=8, CUPTI with L2 flushed): RCP on [32, 8] tiles x 1 warp 2.02 us, RCP on
     # [128, 8] x 4 warps 2.10, the plain division on [128, 8] x 4 warps (the previous default) 2.32, the
     # per-column variant (64 rows, 2 warps) 4.2 (graph).  The interpreter keeps the plain division (its

@@ -47,7 +47,7 @@ def _tune(device, name, candidates):
 # Launch-config candidates at the anchor shape (8001 x 7168), overriding the defaults that the wrappers pass
 # to tritile.runtime.tuned.  FAST=False / HW_DECODE=False select the previous code paths (same bits).
 # per-token, npc 128, packed UE8M0; default (the shape rule): [4, 1024] tiles, one a program, 4 warps, FAST, no
-# prefetch, KFAST (session 11: 43.67 us CUPTI against 44.67 without; the last candidates below)
+# prefetch, KFAST (H200 @ fd8764c: 43.67 us CUPTI against 44.67 without; the last candidates below)
 _PER_TOKEN_TUNE = [
     dict(FAST=False),
     dict(PREFETCH=True),
@@ -72,12 +72,12 @@ _PER_TOKEN_TUNE = [
     dict(CHUNKS_PER_PROG=1),
     dict(CHUNKS_PER_PROG=1, BLOCK_M=4, num_warps=4),
     dict(CHUNKS_PER_PROG=4, BLOCK_M=1, BLOCK_K=512, num_warps=1, PREFETCH=True),
-    # session 11: KFAST (the grid's first dimension over the chunk groups) is the default: 43.67 us against 44.67
+    # H200 @ fd8764c: KFAST (the grid's first dimension over the chunk groups) is the default: 43.67 us against 44.67
     # for the row-block order (KFAST=False); one-row programs of 1 warp 68.28
     dict(KFAST=False), dict(KFAST=True, CHUNKS_PER_PROG=1, BLOCK_M=1, num_warps=1),
 ]
 # per-token with an FP4 QuantTensor input (32x32 scales) -> FP4
-# Session 9: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
+# H200 @ 31c87fe: the byte-permute requantization kernel (FP4_REQUANT, ``_fp4_requant.py``) is the default ([4, 512] tiles
 # at 2 warps); the general kernel's candidates run with FP4_REQUANT=False.  Swept (CUPTI, us): the default 52.26-52.49,
 # ROWLOOP (a program walking its rows' chunks, the next chunk's loads in flight; removed) [4] x 2 warps 53.03,
 # [2] x 1 53.32, [8] x 4 54.00, [4] x 4 58.14; tiles [4, 1024] x 2 53.23, [8, 512] x 4 56.6-57.1, [16, 512] x 4
@@ -90,7 +90,7 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # BLOCKS 40.04, [8, 512] x 2 40.32, [4, 1024] 40.44, [8, 512] x 4 43.25, [4, 512] x 4 56.06, [16, 512] x 4
     # 63.35, [2, 512] x 1 68.22, BLOCKS=False 52.26
     dict(BLOCKS=False)] + [
-    # register caps (session 10): the fast path alone needs 26-44 registers (sm_90a), the general path in the same
+    # register caps (H200 @ 424cc12): the fast path alone needs 26-44 registers (sm_90a), the general path in the same
     # kernel 85 (255 at 16 words a thread), which sets the occupancy; under a cap the general path spills (rare tiles
     # only) and the fast path stays spill-free.  First sweep (CUPTI, us; the default 36.06): [8, 512] x 1 warp cap 64
     # 22.14, [4, 1024] x 2 cap 48 23.70, [8, 512] x 2 cap 40 24.17, cap 48 24.59, [16, 512] x 4 cap 48 28.96, [8,
@@ -111,56 +111,56 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # KFAST: consecutive programs on consecutive chunks of the same rows (DRAM locality).  Sixth sweep (the default
     # 19.34): KFAST 19.34, KFAST [16, 512] x 2 18.58 (without KFAST 19.99 here; 18.76 / 20.45 before: noisy, not
     # switched on one sweep), KFAST [4, 1024] x 1 19.08
-    # Session 11: a persistent grid whose tile loop the compiler software-pipelines (cp.async into shared memory, the
+    # H200 @ fd8764c: a persistent grid whose tile loop the compiler software-pipelines (cp.async into shared memory, the
     # general tiles after the loop; sm_90a: spill-free at 128 registers) lost and was removed: 27.98 us at PIPE=2, 16
     # programs an SM, 29.97-31.62 at PIPE=3 and 8-16 programs, 32.69 at [16, 512] x 2 warps (the default 19.43)
-    # Session 11 sweep (the then-default 19.40): KFAST [16, 512] x 2 18.33 (the new default), KFAST [4, 1024] x 1
+    # H200 @ fd8764c sweep (the then-default 19.40): KFAST [16, 512] x 2 18.33 (the new default), KFAST [4, 1024] x 1
     # 19.05, KFAST alone 19.33
     dict(KFAST=False, BLOCK_M=8, num_warps=1), dict(KFAST=True, BLOCK_M=8, num_warps=1),
     dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024, num_warps=1), dict(KFAST=False)]
-# 128x128 bf16 -> e4m3: one block per chunk.  Default (session 6): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
+# 128x128 bf16 -> e4m3: one block per chunk.  Default (H200 @ 65d4724): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
-# (scripts/block_sass.py; registers, instructions per element on a finite program's path, blocks of 256 threads per
-# SM): the session-5 default 128 regs, 7.00/elem, 2 blocks (Nsight Compute: 25 % occupancy, 67.8 % of peak DRAM,
+# (an sm_90a ptxas / SASS count; registers, instructions per element on a finite program's path, blocks of 256 threads per
+# SM): the H200 @ 2615106 default 128 regs, 7.00/elem, 2 blocks (Nsight Compute: 25 % occupancy, 67.8 % of peak DRAM,
 # 10 cycles per issued instruction: latency-bound); WORDS 80, 6.80, 3; WORDS + INT_SF 69, 6.86, 3; + maxnreg=64 64,
-# 6.88, 4.  Session-6 sweep (us): session-5 default 48.16, WORDS 46.95, WORDS + INT_SF 50.38 (!), + maxnreg=64
+# 6.88, 4.  H200 @ 65d4724 sweep (us): H200 @ 2615106 default 48.16, WORDS 46.95, WORDS + INT_SF 50.38 (!), + maxnreg=64
 # 48.21, CHUNKS_PER_PROG=1 47.28, 16 warps with one chunk 46.80, CHUNKS_PER_PROG=4 53.81 (48.55 at 64 registers),
 # 16 warps with 4 chunks at 40 registers 50.18; the older candidates (FAST off, 16 warps, 1/4/7 chunks, PREFETCH at
-# 16 warps, 4 warps) were all within 2 % of the session-5 default before
+# 16 warps, 4 warps) were all within 2 % of the H200 @ 2615106 default before
 _PER_BLOCK_128_TUNE = [
-    dict(WORDS=False, INT_SF=False, PREFETCH=False, maxnreg=None),  # the session-5 default (48.16 us)
+    dict(WORDS=False, INT_SF=False, PREFETCH=False, maxnreg=None),  # the H200 @ 2615106 default (48.16 us)
     dict(WORDS=False, INT_SF=False, PREFETCH=False, maxnreg=None, FINITE=False),  # the 2026-11-30 default (50.1)
     dict(INT_SF=False, PREFETCH=False, maxnreg=None),  # WORDS alone (46.95)
     dict(PREFETCH=False, maxnreg=None, num_warps=16, CHUNKS_PER_PROG=1),  # 32 regs, 4 x 16 warps (46.80)
     dict(PREFETCH=False, maxnreg=None, CHUNKS_PER_PROG=1),  # 58 regs, 4 blocks (47.28)
     dict(maxnreg=None), dict(maxnreg=72), dict(maxnreg=96),
     dict(INT_SF=False), dict(CHUNKS_PER_PROG=1), dict(num_warps=16, maxnreg=None),
-    # KFAST (session 11): the grid's first dimension over the chunk groups (consecutive programs read whole rows'
+    # KFAST (H200 @ fd8764c): the grid's first dimension over the chunk groups (consecutive programs read whole rows'
     # runs).  scripts/steady_probe.py: 93.7 % of copy in steady state, 3.75 us fixed cost against a copy's 2.29.
     # Two sweeps (CUPTI, the then-default 46.73-46.75 us): KFAST + one block a program at 16 warps, no prefetch
     # 44.42-44.44 (the new default), KFAST alone 44.77-44.90, maxnreg=96 46.32-46.52
-    dict(KFAST=False, CHUNKS_PER_PROG=2, PREFETCH=True, maxnreg=80, num_warps=8),  # the session-6 default (46.7)
+    dict(KFAST=False, CHUNKS_PER_PROG=2, PREFETCH=True, maxnreg=80, num_warps=8),  # the H200 @ 65d4724 default (46.7)
     dict(KFAST=True, CHUNKS_PER_PROG=2, PREFETCH=True, maxnreg=80, num_warps=8),
     dict(num_warps=8), dict(maxnreg=64),
 ]
 # 32x32 fp32 -> e2m1 packed: default CHUNKS_PER_PROG=4 (a multiple of 4: whole UE8M0 words), 4 warps, FAST,
 # PREFETCH, PAIRS (pair tiles in the packed bytes' layout), FINITE (finite chunks skip the NaN/sign patches)
-_PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per program, 4 warps (68.68 us CUPTI)
-    dict(WIDE=False, WIDE_VEC=16),  # the session-4 default (93.65 us CUPTI)
+_PER_BLOCK_32_TUNE = [  # default (H200 @ 2615106): WIDE, WIDE_VEC=4, 4 chunks per program, 4 warps (68.68 us CUPTI)
+    dict(WIDE=False, WIDE_VEC=16),  # the H200 @ 694bd6c default (93.65 us CUPTI)
     dict(PAIRS=False, FINITE=False, num_warps=2),  # the 2026-11-30 default (93.9 us)
     dict(FAST=False, PAIRS=False, FINITE=False, num_warps=2),
     dict(FINITE=False),
     dict(num_warps=2),
     dict(PREFETCH=False),
     dict(num_warps=2, PREFETCH=False),
-    dict(num_warps=1),  # the session-3 default (139.5 us: half occupancy)
+    dict(num_warps=1),  # the H200 @ 8b7524c default (139.5 us: half occupancy)
     dict(num_warps=8),
     dict(num_warps=4, PREFETCH=False),
     dict(CHUNKS_PER_PROG=8),
     dict(CHUNKS_PER_PROG=8, PREFETCH=False),
     dict(CHUNKS_PER_PROG=16, PREFETCH=False),
-    # session 5 (2026-11-30) candidates (same bits; sm_90a SASS of the anchor's variant, straight-line path of a finite program,
+    # H200 @ 2615106 (2026-11-30) candidates (same bits; sm_90a SASS of the anchor's variant, straight-line path of a finite program,
     # instructions per element per thread / registers; the default: 25.2 / 50 regs = 9 blocks of 4 warps per SM,
     # at most 4-8 KB of loads in flight per block and three block barriers per 32x32 block).
     # INT_SF: round_sf scales from the amax bits (no div_rn, no slow-path call): 23.4 / 48
@@ -176,19 +176,19 @@ _PER_BLOCK_32_TUNE = [  # default (session 5): WIDE, WIDE_VEC=4, 4 chunks per pr
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=4, num_warps=8),  # 23.6 / 48: 5 blocks x 16 KB
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8, num_warps=8),  # 20.1 / 80: 3 blocks x 32 KB
     dict(WIDE=True, WIDE_VEC=4, INT_SF=True, CHUNKS_PER_PROG=8),  # 18.3 / 206: 2 blocks x 32 KB (a bound)
-    # session 6: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
+    # H200 @ 65d4724: register caps on the default (80 registers: 6 warps per scheduler, 37.5 % occupancy; Nsight Compute
     # 73 % of peak DRAM, SM 75 %): 72 gives 7 warps per scheduler, 64 gives 8
     dict(maxnreg=72), dict(maxnreg=64), dict(INT_SF=True, maxnreg=64),
-    # session 11: KFAST (the grid's first dimension over the chunk groups) is the default: 66.75 us against 68.66
+    # H200 @ fd8764c: KFAST (the grid's first dimension over the chunk groups) is the default: 66.75 us against 68.66
     dict(KFAST=False), dict(KFAST=True, CHUNKS_PER_PROG=8, num_warps=8),  # 68.66 / 68.17
-    # session 8: WARP_BLOCKS (the wide tile held so that each warp owns whole 32x32 blocks: amax by 5 SHFL, no shared
-    # memory, no barrier, 55 registers, 19.09 instructions per element against 20.56 / 80; scripts/fp4_block_sass.py
+    # H200 @ d53c6fa: WARP_BLOCKS (the wide tile held so that each warp owns whole 32x32 blocks: amax by 5 SHFL, no shared
+    # memory, no barrier, 55 registers, 19.09 instructions per element against 20.56 / 80; an sm_90a SASS count
     # prints these figures) lost on the H200: 74.68 us against 68.15 (8 chunks at 8 warps 70.53, 2 warps 75.38,
     # WIDE_VEC 16 116.53, STREAM 83.37); a 32x32 block's FP4 row is 16 bytes, half a 32-byte sector, and with the
     # warps on the blocks every store instruction writes half sectors (the lossless SFW lesson).  Removed.
 ]
-# per-token e4m3 -> bf16: default (session 7) BLOCK_M=1, BLOCK_K=8192, CHUNKS_PER_PROG=1 (the whole row), 16 warps,
-# hardware e4m3 decode, VEC=8 (loads in the stores' layout).  Session-7 sweep (CUPTI, L2 flushed, us; TileKernels
+# per-token e4m3 -> bf16: default (H200 @ bc6f44a) BLOCK_M=1, BLOCK_K=8192, CHUNKS_PER_PROG=1 (the whole row), 16 warps,
+# hardware e4m3 decode, VEC=8 (loads in the stores' layout).  H200 @ bc6f44a sweep (CUPTI, L2 flushed, us; TileKernels
 # 44.07): this default 43.19; the old default (BLOCK_K=2048 x 4 chunks at 8 warps, PREFETCH: the next chunk's loads
 # first) 44.07, with VEC=0 43.98, 8192 x 1 at 8 warps 44.38, 4096 x 2 at 8 warps 44.10, 4 warps 44.90, 2 warps 44.99,
 # PREFETCH=False 45.00, STREAM (evict-first loads, .cs stores) 45.28, CHUNKS_PER_PROG=2 45.21, 1024 x 7 at 4 warps

@@ -23,12 +23,12 @@ _M = "quant"
 # blocks: BLOCK_K columns per program, ROWS_PER_STEP (128: the block in registers, one read; else two
 # streamed passes), warps, FINITE_BRANCH (skip the NaN patch of finite tiles), VEC (columns per thread; 0 =
 # Triton's choice).
-# Default (no input sf, session 6): WORDS + HMUL_ENC on the one-pass [128, 128] x 4 warps tile (INT_POW2): 25.22 /
-# 25.06 us CUPTI (round_sf off / on; per_channel_cast_fused 25.17) against 26.52 / 26.39 for the session-5 default
+# Default (no input sf, H200 @ 65d4724): WORDS + HMUL_ENC on the one-pass [128, 128] x 4 warps tile (INT_POW2): 25.22 /
+# 25.06 us CUPTI (round_sf off / on; per_channel_cast_fused 25.17) against 26.52 / 26.39 for the H200 @ 2615106 default
 # (the element kernel, the first candidate).  WORDS (``_per_channel_cast_words_kernel``, same bits): the block as int32
 # words of two bf16; sm_90a at [128, 128] x 4 warps (registers, SASS instructions per element, round_sf off / on;
-# scripts/per_channel_sass.py): element kernel 127 / 128, 9.82 / 8.48 (4 blocks per SM); WORDS 94 / 106, 8.24 /
-# 6.41; WORDS + HMUL_ENC 94 / 96, 8.24 / 5.97 (5 blocks per SM).  Session-6 sweep (us, round_sf off / on): WORDS
+# an sm_90a ptxas / SASS count): element kernel 127 / 128, 9.82 / 8.48 (4 blocks per SM); WORDS 94 / 106, 8.24 /
+# 6.41; WORDS + HMUL_ENC 94 / 96, 8.24 / 5.97 (5 blocks per SM).  H200 @ 65d4724 sweep (us, round_sf off / on): WORDS
 # alone 25.22 / 25.46, + maxnreg=88 25.67 / 25.93, BLOCK_K=64 26.21 / 25.98, 8 warps 25.98 / 26.00; maxnreg=80
 # spilled (25.1 / 23.7 us graph against 22.7 / 22.3).  The element kernel's knobs: BLOCK_K (columns), ROWS_PER_STEP
 # (128 one pass; 16-64 two streamed passes), warps, FINITE_BRANCH, VEC, SIGNED_ENC (the NaN patch as a byte merge
@@ -36,35 +36,35 @@ _M = "quant"
 # from amax's bits).
 _EL = dict(WORDS=False, HMUL_ENC=False)
 _TUNE_CHANNEL = [
-    dict(_EL),  # the session-5 default (26.52 / 26.39 us)
-    dict(_EL, SIGNED_ENC=0, INT_POW2=False, BLOCK_K=64),  # the session-3 default (30.1-30.8 us graph)
-    dict(_EL, BLOCK_K=64),  # the first session-4 default (27.0-27.1 us CUPTI)
+    dict(_EL),  # the H200 @ 2615106 default (26.52 / 26.39 us)
+    dict(_EL, SIGNED_ENC=0, INT_POW2=False, BLOCK_K=64),  # the H200 @ 8b7524c default (30.1-30.8 us graph)
+    dict(_EL, BLOCK_K=64),  # the first H200 @ 694bd6c default (27.0-27.1 us CUPTI)
     dict(_EL, BLOCK_K=128, ROWS_PER_STEP=32), dict(_EL, BLOCK_K=64, num_warps=8),
     dict(HMUL_ENC=False), dict(maxnreg=88), dict(BLOCK_K=64), dict(num_warps=8), dict(BLOCK_K=256, num_warps=8),
-    # session 7 candidates on the WORDS kernel (same bits; sm_90a at the anchor, scripts/per_channel_sass.py: registers,
+    # H200 @ bc6f44a candidates on the WORDS kernel (same bits; sm_90a at the anchor, an sm_90a ptxas / SASS count: registers,
     # SASS instructions per element, round_sf off / on; the default 94 / 96, 8.24 / 5.97, 5 blocks per SM):
     # STATIC_STRIDES (the row strides as constexprs: one base register plus immediate offsets per row, no 64-bit
     # address arithmetic per load / store; one compile per stride) 95 / 94, 7.22 / 4.96; FAST_DIV (round_sf off: the
     # two IEEE divisions of each column's scales on a's mantissa, the fast path of div.rn without its range check and
     # slow-path call) 96, 7.05; both 96 / 94, 6.05 / 4.96; with maxnreg=80 (6 blocks per SM) 80 / 80, 6.24 / 5.01, a
     # 32-byte / no spill; BLOCK_K=64 56 / 48 registers (9 / 10 blocks of 4 warps per SM), 8.03 / 6.36; 8 warps
-    # 57 / 57, 8.16 / 6.48.  Session-7 sweep (CUPTI, round_sf off, per_channel_cast / _fused): both 24.99 / 24.96 us
-    # (the new default), STATIC_STRIDES 25.03 / 25.12, FAST_DIV 25.12 / 25.10, neither (the session-6 default) 25.28 /
+    # 57 / 57, 8.16 / 6.48.  H200 @ bc6f44a sweep (CUPTI, round_sf off, per_channel_cast / _fused): both 24.99 / 24.96 us
+    # (the new default), STATIC_STRIDES 25.03 / 25.12, FAST_DIV 25.12 / 25.10, neither (the H200 @ 65d4724 default) 25.28 /
     # 25.28, HMUL_ENC=False 25.09 / 25.22, maxnreg=88 25.61 / 25.80
     dict(STATIC_STRIDES=False, FAST_DIV=False), dict(STATIC_STRIDES=False), dict(FAST_DIV=False),
     dict(maxnreg=80),
-    # session 12: KFAST on the WORDS kernel (the grid's first dimension over the column blocks; it took four casts -2
-    # to -5 % in session 11).  First sweep (CUPTI, per_channel_cast / _fused, the default 25.03 / 24.93 us): KFAST
+    # H200 @ 4d49e57: KFAST on the WORDS kernel (the grid's first dimension over the column blocks; it took four casts -2
+    # to -5 % in H200 @ fd8764c).  First sweep (CUPTI, per_channel_cast / _fused, the default 25.03 / 24.93 us): KFAST
     # 23.89 / 24.13, with BLOCK_K=64 24.63 / 24.69
     dict(KFAST=True), dict(KFAST=True, BLOCK_K=64), dict(KFAST=True, BLOCK_K=256, num_warps=8),
     dict(KFAST=True, num_warps=8), dict(KFAST=True, maxnreg=80), dict(KFAST=False),
 ]
-# per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and session 4): npt 128: [128, 64] x 4 warps
-# (KFAST since session 12), npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive
+# per_channel_cast_and_transpose.  Defaults (H200 sweeps, 2026-11-30 and H200 @ 694bd6c): npt 128: [128, 64] x 4 warps
+# (KFAST since H200 @ 4d49e57), npt 32: [32, 128] x 2 warps; SIGNED_ENC=2; VEC=8, PERM (each thread's rows are consecutive
 # tokens: words packed in registers), FINITE_BRANCH off, words.  The first candidate of each list is the first version
 # (npt 128: 121.2 us).
 _TUNE_TRANSPOSE = {
-    128: [dict(BLOCK_K=32, num_warps=2, SIGNED_ENC=0),  # the session-3 default (57.9-58.6 us)
+    128: [dict(BLOCK_K=32, num_warps=2, SIGNED_ENC=0),  # the H200 @ 8b7524c default (57.9-58.6 us)
           dict(BLOCK_K=64, num_warps=8, VEC=0, PERM=False, SIGNED_ENC=0), dict(BLOCK_K=32, num_warps=2),
           dict(FINITE_BRANCH=True), dict(maxnreg=96, FINITE_BRANCH=True), dict(BLOCK_K=16, num_warps=1),
           dict(BLOCK_K=64, num_warps=2), dict(num_warps=4), dict(num_stages=1), dict(PERM=False),
@@ -73,24 +73,24 @@ _TUNE_TRANSPOSE = {
           dict(SIGNED_ENC=2), dict(SIGNED_ENC=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=4),
           dict(SIGNED_ENC=2, BLOCK_K=16, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=2),
           dict(SIGNED_ENC=2, INT_POW2=True),
-         # session 11: KFAST (the grid's first dimension over the column blocks; the default since session 12) and a
+         # H200 @ fd8764c: KFAST (the grid's first dimension over the column blocks; the default since H200 @ 4d49e57) and a
          # register cap (95 -> 80: 6 blocks an SM instead of 5).  scripts/steady_probe.py: 95.2 % of copy in steady
          # state, 4.22 us fixed cost against a copy's 2.50.  Two sweeps (CUPTI, the default 47.05 / 47.07 us): KFAST
          # 46.94 / 46.87 (within the spread: not switched then), maxnreg=80 47.06 / 47.11, both 47.89 / 47.92
          dict(KFAST=False), dict(maxnreg=80), dict(KFAST=True, maxnreg=80),
-         # session 12: a third sweep, KFAST 46.87 against 47.75, made it the default at npt 128 (KFAST=False above
+         # H200 @ 4d49e57: a third sweep, KFAST 46.87 against 47.75, made it the default at npt 128 (KFAST=False above
          # is the old order).  Its fixed cost (4.46 us against a copy's 2.86, steady_probe) is the tail of ~4 us
          # programs; shorter programs and fewer elements a thread lost (KFAST, us): [128, 32] x 2 warps 51.59, x 1
          # warp 51.21 (64-byte row reads), [128, 64] x 8 warps 63.42 (59.79 without KFAST), [128, 128] x 8 warps
          # 56.22 (56.98); removed
          ],
-    32: [dict(SIGNED_ENC=0),  # the session-3 default (57.5-59.1 us)
+    32: [dict(SIGNED_ENC=0),  # the H200 @ 8b7524c default (57.5-59.1 us)
          dict(BLOCK_K=128, num_warps=4, VEC=0, PERM=False), dict(BLOCK_K=256, num_warps=4),
          dict(BLOCK_K=64, num_warps=1), dict(BLOCK_K=256, num_warps=2), dict(FINITE_BRANCH=True),
          dict(BLOCK_K=64, num_warps=2), dict(num_stages=1), dict(PERM=False),
          dict(SIGNED_ENC=2), dict(SIGNED_ENC=2, BLOCK_K=64, num_warps=1), dict(SIGNED_ENC=2, BLOCK_K=256, num_warps=4),
          dict(SIGNED_ENC=2, INT_POW2=True),
-         # session 12: KFAST (the npt-128 default since then) lost here (CUPTI, round_sf off / on): 49.36 / 49.37 us
+         # H200 @ 4d49e57: KFAST (the npt-128 default since then) lost here (CUPTI, round_sf off / on): 49.36 / 49.37 us
          # against 48.53-48.71 / 48.72-48.79; at npt 128 in the same sweep 46.99 / 47.07 against 47.56 / 47.52
          dict(KFAST=True)],
 }

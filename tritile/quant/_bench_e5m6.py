@@ -23,19 +23,19 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 # RTZ; sm_90: ~16 SASS per element, 32 registers (the previous default, first candidate: two passes of
 # 2048-column chunks, 4-byte stores at a 12-byte stride, ~22 SASS per element, 120 registers).  BLOCK_Q=32
 # candidates: two passes of 7 exact 1024-column chunks, a warp per row (x re-read from L2).
-# Default (session 6): the quad kernel, COAL_ST and the three instruction cuts INT_SF (round_sf: power-of-two scales
+# Default (H200 @ 65d4724): the quad kernel, COAL_ST and the three instruction cuts INT_SF (round_sf: power-of-two scales
 # from the amax bits, no division), AMAX16 (amax by max.u16x2 on the bf16 pair words) and PAIR_ENC (round_sf: the E5M6
 # codes of a bf16 pair per cvt.rz.f16x2, rounded on both halves at once; tiles with a row of amax > 65024 keep the
-# general encoder).  sm_90a, finite-row path of the 256 quads x 4 warps tile (scripts/e5m6_sass.py): 64 registers and
+# general encoder).  sm_90a, finite-row path of the 256 quads x 4 warps tile (an sm_90a SASS count): 64 registers and
 # 16.44 SASS instructions per element without the cuts, 66 and 10.53 with them (-36 %); Nsight Compute (base clocks)
-# 67.3 -> 48.8 us, SM 80 -> 58 %, DRAM 56 -> 76 %.  Session-6 sweep (CUPTI, L2 flushed, us; row-major / TMA-aligned
+# 67.3 -> 48.8 us, SM 80 -> 58 %, DRAM 56 -> 76 %.  H200 @ 65d4724 sweep (CUPTI, L2 flushed, us; row-major / TMA-aligned
 # packed sf): without the cuts 55.87 / 55.87, all three 49.93 / 49.90, PAIR_ENC alone 50.03 / 49.79, AMAX16 alone
 # 53.63 / 53.80, INT_SF alone 55.35 / 55.53, all three at 8 warps 50.24 / 50.07, 2 x 256 quads x 8 warps 52.19 / 52.20.
 # COAL_ST (lane-contiguous 16-byte stores through a shared-memory layout conversion) 55.6-56.0 against 58.4-58.5 us
-# (session 4).  The first candidate is the session-4/5 default.
+# (H200 @ 694bd6c).  The first candidate is the H200 @ 694bd6c/2615106 default.
 _NO_CUTS = dict(INT_SF=False, PAIR_ENC=False, AMAX16=False)
 _TUNE_E5M6 = [
-    dict(_NO_CUTS), dict(_NO_CUTS, COAL_ST=False),  # the session-3 default (58.4 us CUPTI)
+    dict(_NO_CUTS), dict(_NO_CUTS, COAL_ST=False),  # the H200 @ 8b7524c default (58.4 us CUPTI)
     dict(_NO_CUTS, QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2),
     dict(INT_SF=False), dict(AMAX16=False), dict(PAIR_ENC=False), dict(num_warps=8),
     dict(BLOCK_Q=128, num_warps=4), dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8),
@@ -51,7 +51,7 @@ _TUNE_CAST_BACK = [
     dict(BLOCK_M=1, BLOCK_G=128, num_warps=1), dict(BLOCK_M=4, BLOCK_G=128, num_warps=4),
 ]
 # per_block_cast_lossless: default word kernel, TM rows x TW words (8 values each), 16 words per thread
-# PRMT / PAIR64 candidates (offline: sm_90a ptxas, scripts/lossless_sass.py; float32 sf in and out; the
+# PRMT / PAIR64 candidates (offline: sm_90a ptxas, an sm_90a ptxas / SASS count; float32 sf in and out; the
 # fast path per output value of one thread): PRMT builds the fast path's e4m3 bytes by byte permutes (~9
 # instructions per input word instead of ~30); PAIR64 lays the tile out as the store wants it and stores int64
 # pairs of output words from each branch (no join/reshape shuffles: -32 SHFL, -64 SEL per thread), maxnreg caps
@@ -67,14 +67,14 @@ _TUNE_CAST_BACK = [
 # Looping word kernel (TILES: chunks of consecutive tiles per program, K fastest; PERSIST: get_num_sms() * PERSIST
 # programs, grid-stride; both prefetch the next tile's words and sf before converting the current one: the PRMT
 # [4, 128] x 1 warp program is latency-bound, 41 % fewer instructions gave 4 %).  sm_90a at (1, 128), float32 sf
-# (scripts/lossless_sass.py; instructions per value of the tile loop's fast path): PRMT TILES=1 (only the K-fastest
+# (an sm_90a ptxas / SASS count; instructions per value of the tile loop's fast path): PRMT TILES=1 (only the K-fastest
 # 1-D grid) 96 regs / 4.58; TILES=4 135 / 4.26 (maxnreg=128: 127 / 4.62, no spills: 4 warps per scheduler; 96: 40 B
 # stack, 10 LDL per tile); TILES=4 x 2 warps 95 / 5.39 (8 words per thread); TW=64 x 1 warp 115 / 6.08 (maxnreg=96:
 # 95 / 6.70; maxnreg=80: 80 / 6.80, no spills: 6 warps per scheduler).  PERSIST must not exceed the blocks per SM
 # that fit (1 warp at 128 regs: 16; 2 warps at 96: 10; 1 warp at 80: 24), or the extra programs run after the rest.
 _PRMT_PAIR = dict(PRMT=True, PAIR64=True)
 _LOOP = dict(PRMT=True)
-# (1, 128): the GPU default is PRMT + TILES=1 since session 7 (``_gpu_defaults``).  Session-7 sweeps (CUPTI, us):
+# (1, 128): the GPU default is PRMT + TILES=1 since H200 @ bc6f44a (``_gpu_defaults``).  H200 @ bc6f44a sweeps (CUPTI, us):
 # PRMT TILES=1 26.88 / 26.87; PRMT PERSIST=16 maxnreg=128 26.93 (prefetch by hand); PRMT on the 2-D grid 27.20 /
 # 27.38; PRMT PERSIST=16 PIPE=3 27.90 (compiler pipelining through shared memory); PRMT PERSIST=24 TW=64 maxnreg=80
 # 28.15; PRMT maxnreg=80 28.23; PRMT PERSIST=32 PIPE=3 28.36; the word kernel without PRMT (the default before)
@@ -83,7 +83,7 @@ _LOOP = dict(PRMT=True)
 # warps, PIPE with TILES, PAIR64 without a cap; then PIPE itself (the walk as a Triton-pipelined tl.range loop,
 # cp.async into shared memory) was removed.  More bytes in flight (prefetch by hand or by cp.async) bought nothing:
 # the 1-warp [4, 128] program is not latency-bound; Nsight puts it on MIO (the relayouts through shared memory).
-# SFW (session 8; built in three layouts, swept on the H200, removed; NOTES.md has the figures): the tile in one
+# SFW (H200 @ d53c6fa; built in three layouts, swept on the H200, removed; docs/PERFORMANCE.md has the outcome): the tile in one
 # register layout for the loads, the per-word input scales and the stores, with no relayout through shared memory.
 # (1) the words' layout with a split-view store: 33.47 us against 26.83 (every 32-byte output sector written in two
 # 16-byte halves by two store instructions); (2) a block's words in two neighbouring lanes (whole-sector stores):

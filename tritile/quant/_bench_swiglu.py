@@ -106,10 +106,10 @@ def _fwd_cases(device, quick):
 # BLOCK_R=2, CH=512, 2 warps, 8 persistent programs per SM, every fast flag on but PREFETCH).  sm_90a SASS,
 # executed per element on the fast path: 42.8 with the first candidate (the default before 2026-11-30),
 # 37.1 with FAST_DIV and BF16X2_CLAMP off, 33.6 with the defaults (92 registers: 10 programs of 2 warps fit).
-_FWD_TUNE = (  # default (session 5): [1, CH] x 1 warp, 20 programs per SM, PREFETCH + PREFETCH_RB, and the four
-    # instruction cuts below (CUPTI 171.91 us against 203.99 for the session-4 default, the first candidate)
+_FWD_TUNE = (  # default (H200 @ 2615106): [1, CH] x 1 warp, 20 programs per SM, PREFETCH + PREFETCH_RB, and the four
+    # instruction cuts below (CUPTI 171.91 us against 203.99 for the H200 @ 694bd6c default, the first candidate)
     [dict(FUSED_SILU=0, INT_COUNT=False, XORSIGN_CLAMP=False, INT_SCALE=False),
-     dict(BLOCK_R=2, num_warps=2, programs_per_sm=8, PREFETCH=False, PREFETCH_RB=False),  # session 3 (242.9 us)
+     dict(BLOCK_R=2, num_warps=2, programs_per_sm=8, PREFETCH=False, PREFETCH_RB=False),  # H200 @ 8b7524c (242.9 us)
      dict(WORDS=False, BF16X2_COUNT=False, BF16X2_CLAMP=False, FAST_DIV=False), dict(FAST_DIV=False),
      dict(PREFETCH_RB=False), dict(PREFETCH=False, PREFETCH_RB=False)]
     # more programs per SM: 1 warp at ~96 registers fits ~21, so more need a register cap
@@ -121,7 +121,7 @@ _FWD_TUNE = (  # default (session 5): [1, CH] x 1 warp, 20 programs per SM, PREF
     # spills (17 one-warp programs fit); maxnreg=104: 8 bytes of stack, 19 fit
     + [dict(PREFETCH2=True, programs_per_sm=p) for p in (12, 16, 17)]
     + [dict(PREFETCH2=True, programs_per_sm=19, maxnreg=104)]
-    # Same-bits instruction cuts (session 5; see _swiglu_forward_and_per_token_cast_kernel).  sm_90a hot path at the
+    # Same-bits instruction cuts (H200 @ 2615106; see _swiglu_forward_and_per_token_cast_kernel).  sm_90a hot path at the
     # anchor, executed instructions per element (inner chunk loop + row-block overhead / 7 chunks; the default:
     # 37.5 = 35.75 + 1.8, 96 registers): FUSED_SILU=4 one PTX block per four words from the bf16 words to float32
     # act (expf/division rewrites of the per-channel op, bf16 guard); INT_COUNT the clamp counts as 16-bit mask sums
@@ -174,18 +174,18 @@ def _bwd_cases(device, quick):
 # Tuning candidates at the backward anchor (H = 7168, npc = 128).  weight_grad is a float32 row sum whose order
 # follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM can differ from the
 # default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4) and then show as "output differs"
-# in the bitwise sweep; compare their other outputs by hand.  The default (session 6): CH=512 x 1 warp with
+# in the bitwise sweep; compare their other outputs by hand.  The default (H200 @ 65d4724): CH=512 x 1 warp with
 # ROWSUM_PAIRS (the 2-warp layout's row-sum order, no barrier or smem in the loop), the same-bits instruction cuts
 # FUSED_BWD=4 / XORSIGN_CLAMP / INT_SCALE, registers capped at 112.  sm_90a hot path at the anchor (clamp 0.5,
 # round_sf), executed instructions per column (x and y element) of the chunk loop: 56.3 (110 registers, 18 warps
 # per SM), against 64.0 without the cuts (128 registers, 24 bytes of stack), 75.2 without FAST_DIV as well.
-# Sessions 3-6 (CUPTI, L2 flushed): the session-6 default 884.2 us, the session-5 default (first candidate) 907.2,
-# the session-4 default (second) 948.0; CH 1024-2048 with 4-8 warps, BLOCK_R=2 and the persistent PREFETCH variants
+# H200 @ 8b7524c..65d4724 (CUPTI, L2 flushed): the H200 @ 65d4724 default 884.2 us, the H200 @ 2615106 default (first candidate) 907.2,
+# the H200 @ 694bd6c default (second) 948.0; CH 1024-2048 with 4-8 warps, BLOCK_R=2 and the persistent PREFETCH variants
 # (1043-2246 us) were removed after losing by 15 % or more in two sweeps.
 _BWD_TUNE = (
-    [dict(FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False, maxnreg=128),                 # session 5 (907.2 us)
+    [dict(FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False, maxnreg=128),                 # H200 @ 2615106 (907.2 us)
      dict(FUSED_BWD=0, XORSIGN_CLAMP=False, INT_SCALE=False, maxnreg=128, CH=1024, num_warps=2,
-          ROWSUM_PAIRS=False)]                                                               # session 4 (948.0 us)
+          ROWSUM_PAIRS=False)]                                                               # H200 @ 694bd6c (948.0 us)
     # FUSED_BWD alone / with XORSIGN_CLAMP (58.9 / 57.9 per column, 114 registers): 889.3 / 889.5 us
     + [dict(XORSIGN_CLAMP=False, INT_SCALE=False), dict(INT_SCALE=False)]
     # register caps: a warp's registers come from one of the SM's four 16 K partitions, so 112 and 104 registers both
@@ -194,14 +194,14 @@ _BWD_TUNE = (
     + [dict(maxnreg=None), dict(maxnreg=96), dict(maxnreg=80)]
     # the 2-warp layout with the cuts (weight_grad order unchanged: same bits)
     + [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]
-    # Session 7 (same bits): SPLIT_STORE stores the three bf16 tiles as each thread's two 16-byte halves, without the
+    # H200 @ bc6f44a (same bits): SPLIT_STORE stores the three bf16 tiles as each thread's two 16-byte halves, without the
     # 24 SHFL.IDX + 48 SEL per chunk of the plain store's lane exchange (the loop's SHFL 37 -> 13): 56.6 -> 52.1 sm_90a
     # instructions per column, 110 registers; CUPTI 899.9 us against 884.4 for the default (uncapped 925.1, cap 96
     # 955.0).  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2, no registers) lost: 939-1063 us; removed.
     + [dict(SPLIT_STORE=True)]
-    # Session 8 (same bits; tests: test_session8_candidates_same_bits, test_fused_groups_same_bits, the exhaustive
+    # H200 @ d53c6fa (same bits; tests: test_loop_candidates_same_bits, test_fused_groups_same_bits, the exhaustive
     # bf16 test for FUSED_BWD=8 / 16).  sm_90a, executed instructions per column on the chunk loop's fast path
-    # (scripts/swiglu_sass.py "fast"; the default 56.6 at 108 registers, 37 SHFL per 16 columns).  MUFU: 2 per column
+    # (an sm_90a ptxas / SASS count "fast"; the default 56.6 at 108 registers, 37 SHFL per 16 columns).  MUFU: 2 per column
     # executed (ex2.approx.ftz in expf; one rcp.approx.ftz shared by s = 1/t and xf/t); the 4 per column of the static
     # count include the guarded rcp.rn / div.rn slow path, never taken at the anchor.  No same-bits MUFU cut is left.
     # Memory side (the SASS): each program waits for its row's index, then its weight (kept in a uniform register that
@@ -218,10 +218,10 @@ _BWD_TUNE = (
        dict(FUSED_BWD=8, UNROLL=2, maxnreg=128),           # 54.7, 128
        dict(FUSED_BWD=8, PEEL=True, maxnreg=128),          # 55.7, 124
        dict(STREAM=2), dict(STREAM=3)]                     # 56.6 / 56.9, 108: .cs stores / also evict-first loads
-    # Session 11: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
+    # H200 @ fd8764c: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
     # the loop's static instructions 1.8x, shared-memory reads and barriers) lost and was removed: CUPTI 1038.0 us at
     # num_stages=3 and 128 registers, 1209.4 at 2, 1311.7 at 2 and 112 registers (spills), the default 890.3
-    # SPLIT (session 11; every output's bits but weight_grad's, a float32 sum in another order): a row's chunks over
+    # SPLIT (H200 @ fd8764c; every output's bits but weight_grad's, a float32 sum in another order): a row's chunks over
     # SPLIT programs.  scripts/steady_probe.py (CUPTI): the default at N and 2N rows runs at 90.1 % of copy in steady
     # state with an 18.6 us fixed cost (a same-size copy: ~2.5): the tail of 38272 one-warp programs of ~49 us, ~18
     # waves.  sm_90a: the loop unchanged (1384 instructions, 108 / 106 registers).  Expected: the tail's cost / SPLIT
@@ -241,7 +241,7 @@ _BWD_TUNE = (
 
 
 _CHANNEL_TUNE = [  # default (npt 32) [32, 64] x 2 warps, VEC=8, SIGNED_ENC=2, FAST_DIV, INT_POW2, FINITE_BRANCH off
-    dict(BLOCK_K=32, num_warps=1, SIGNED_ENC=0, FAST_DIV=False, INT_POW2=False),  # session-3 default (66.7 us)
+    dict(BLOCK_K=32, num_warps=1, SIGNED_ENC=0, FAST_DIV=False, INT_POW2=False),  # H200 @ 8b7524c default (66.7 us)
     dict(BLOCK_K=128, num_warps=4, VEC=0), dict(BLOCK_K=128, num_warps=4), dict(BLOCK_K=64, num_warps=2),
     dict(FINITE_BRANCH=True), dict(VEC=0), dict(BLOCK_K=16, num_warps=1), dict(BLOCK_K=64, num_warps=1),
     dict(BLOCK_K=32, num_warps=2), dict(BLOCK_M=64, BLOCK_K=32, num_warps=2),
@@ -257,7 +257,7 @@ _CHANNEL_TUNE = [  # default (npt 32) [32, 64] x 2 warps, VEC=8, SIGNED_ENC=2, F
 # into its constants, its cvt.sat into the fma and its last mul into 1 + e as one fma; the fast division's guard on
 # max |l|), PACKED_MAX = the column max with max.u16x2 on the words, SCALE_BITS = round_sf scales from the max bf16
 # pattern in ~8 integer ops, HMUL_ENC = the power-of-two multiply of the encode on bf16 pairs, NO_MASK = no masks on
-# even tiles.  The default since session 5 at npt 32 without a clamp: [32, 128] x 2 warps, FUSED_SILU=4, HMUL_ENC
+# even tiles.  The default since H200 @ 2615106 at npt 32 without a clamp: [32, 128] x 2 warps, FUSED_SILU=4, HMUL_ENC
 # (H200 CUPTI 41.98 us against 56.53 for the element kernel, the first candidate below).  sm_90a static hot-path
 # instructions per element in the comments (the element kernel: 41.0).
 # The element kernel's candidates above run with WORDS=False (its default launch: the first below).
@@ -271,8 +271,8 @@ _CHANNEL_TUNE = [_ELEMENT_DEFAULT] + _CHANNEL_TUNE + [
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=2, HMUL_ENC=True),
     dict(WORDS=True, BLOCK_K=128, VEC=8, num_warps=2, FUSED_SILU=4, HMUL_ENC=False),
     dict(WORDS=True, BLOCK_K=64, VEC=8, num_warps=1, FUSED_SILU=0),                 # 32.0 (no PTX silu)
-    # Session 12: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to -5 % in session
-    # 11), now the default (the candidates above run with it), with 4 warps without transpose (2 with it).  This op
+    # H200 @ 4d49e57: KFAST (the grid's first dimension over the column blocks; it took four casts -2 to -5 % at
+    # fd8764c), now the default (the candidates above run with it), with 4 warps without transpose (2 with it).  This op
     # ran at 86 % of a copy of its own size (scripts/copy_ceiling.py).  Three sweeps (CUPTI, us; without / with
     # transpose): the old default 41.96 / 42.55 / - and 43.25 / -, KFAST 41.07 / 40.76 / 41.25 and 42.64 / 42.60,
     # KFAST with 4 warps 39.74 / 39.67 and 43.45 / 43.51, KFAST with [32, 256] x 4 warps 40.38 / 41.33 / 41.43 and

@@ -19,20 +19,29 @@ Where an input block lies in one output group (BLOCKS: x_block_size 32 x 32 -> n
 scale byte and one map (an 8-byte load from a table) a block, the group max by shuffles within a warp, and the
 output scale's exponent in integers.  H200 (2026-11-30, 8001 x 7168, x_block_size (32, 32) -> npc 128, packed
 UE8M0, CUPTI): 18.6 us at [16, 512] tiles, 2 warps, 80 registers, the grid's first dimension over the chunks
-(session 11; 19.2 us at [8, 512] x 1 warp in row-block order, 37.4 in session 9 with [rows, groups, blocks, words]
-words and a SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 74 % of the copy bandwidth for
-its 58 MB.  The register cap matters: the general branch in the same kernel would take 255 registers and set the
+(commit fd8764c; 19.2 us at [8, 512] x 1 warp in row-block order, 37.4 at commit 31c87fe with [rows, groups, blocks,
+words] words and a SWAR max, 52.3 once a word; the general kernel 123.7, TileKernels 287.8): 74 % of the copy
+bandwidth for its 58 MB.  The register cap matters: the general branch in the same kernel would take 255 registers and set the
 occupancy.
 """
 
 from __future__ import annotations
 
+import struct
 from fractions import Fraction
+from typing import Optional
 
+import torch
 import triton
 import triton.language as tl
 
+from ..language import e2m1_code_to_f32, quant_scale, sf_to_ue8m0, ue8m0_to_f32
+from ..language.grid import tile_grid, tile_ids
+from ..language.pdl import pdl_args, pdl_enter
+from ..utils import ceil_div
+from ._block_cast_tiles import _amax_of, _encode_store, _load_tile, _scale_tile, _store_sf
 from ._lossless_ptx import prmt
+from .common import FMT_CLAMP, FMT_MAX
 
 _E2M1 = [Fraction(0), Fraction(1, 2), Fraction(1), Fraction(3, 2), Fraction(2), Fraction(3), Fraction(4), Fraction(6)]
 
@@ -147,3 +156,181 @@ def _word_max_code(w):
     for i in tl.static_range(1, 8):
         mx = tl.maximum(mx, (m >> (4 * i)) & 7)
     return mx
+
+
+@triton.jit
+def _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                          XBM: tl.constexpr, XBK: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr):
+    """A chunk's words ``[BLOCK_M, G, WPG]`` (groups of WPG words: the group max and its broadcast back stay in the
+    layout), their offsets and mask, and each word's input scale byte (a word lies in one input block)."""
+    wj = (col0 // 8 + tl.arange(0, G).to(tl.int64)[:, None] * WPG + tl.arange(0, WPG).to(tl.int64)[None, :])[None, :, :]
+    r3 = rows[:, None, None]
+    wmask = (r3 < M) & (wj < KW)
+    w = tl.load(xw_ptr + r3 * stride_xw + wj, mask=wmask, other=0)
+    kb = (wj * 8) // XBK
+    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=wmask & (kb < num_xsf_k),
+                 other=0)
+    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
+
+
+@triton.jit
+def _fp4_chunk_fast(w, wj, wmask, e_in, rows, kb0, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm, stride_sk,
+                    BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr,
+                    MAX: tl.constexpr):
+    """The byte-permute requantization of one chunk (every scale byte <= 252): amax per group from each word's largest
+    magnitude, the scales as the general path computes them, the codes through the map of k = e_in - e_out."""
+    amax = tl.max(e2m1_code_to_f32(_word_max_code(w)) * ue8m0_to_f32(e_in), axis=2)
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+    k = tl.where(e_in == 0, -128, e_in - sf_to_ue8m0(sf)[:, :, None])  # a zero byte (scale 0.0) zeroes the block
+    lo, hi = _lut_select(k)
+    tl.store(outw_ptr + rows[:, None, None] * stride_ow + wj, _requant_words(w, lo, hi), mask=wmask)
+
+
+@triton.jit
+def _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw, stride_xsf_m, stride_xsf_k,
+                           XBM: tl.constexpr, XBK: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                           BPG: tl.constexpr, WPB: tl.constexpr):
+    """The words of chunk ``pk`` as ``[BPG, G, BLOCK_M, WPB]`` (input block b of group g of a row: the blocks of a
+    group in neighbouring lanes, then the groups, then the rows, so a warp's load covers whole rows' runs and the group
+    max is a shuffle within the warp), their offsets and mask, and each block's input scale byte ``[BPG, G,
+    BLOCK_M]``."""
+    blk = tl.arange(0, G)[None, :, None] * BPG + tl.arange(0, BPG)[:, None, None]  # [BPG, G, 1]: block in the chunk
+    wj = (pk * (BLOCK_K // 8) + blk * WPB)[:, :, :, None] + tl.arange(0, WPB)[None, None, None, :]
+    r4 = rows[None, None, :, None]
+    wmask = (r4 < M) & (wj < KW)
+    w = tl.load(xw_ptr + r4 * stride_xw + wj, mask=wmask, other=0)
+    r3 = rows[None, None, :]
+    kb = pk * (BLOCK_K // XBK) + blk
+    sw = tl.load(xsf_ptr + (r3 // XBM) * stride_xsf_m + (kb // 4) * stride_xsf_k, mask=(r3 < M) & (kb < num_xsf_k),
+                 other=0)
+    return w, wj, wmask, (sw >> ((kb % 4) * 8).to(tl.int32)) & 0xFF
+
+
+@triton.jit
+def _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                           stride_sk, BLOCK_M: tl.constexpr, G: tl.constexpr, PACKED: tl.constexpr,
+                           CLAMP_BITS: tl.constexpr, TABLE: tl.constexpr):
+    """:func:`_fp4_chunk_fast` once a block on the ``[BPG, G, BLOCK_M, WPB]`` words of
+    :func:`_fp4_blocks_and_scales`, the output scale from amax's exponent alone: ``a = max(amax, CLAMP)`` is 1.0 or
+    1.5 x 2^E and normal (e2m1 values times powers of two, CLAMP = 1.5 x 2^-124), so ``2^ceil(log2(a / 6))``, the
+    general path's ``quant_scale`` with round_sf, is 2^(E - 2), and E is the largest of the blocks' product exponents
+    (:func:`_block_max_exp`) and CLAMP's; the maps from the table at ``lut_ptr`` (TABLE) or by selects."""
+    amax_exp = tl.max(_block_max_exp(w & 0x77777777, e_in, 3, lut_ptr, TABLE), axis=0)  # [G, BLOCK_M]: its exponent
+    e_out = tl.maximum(amax_exp, CLAMP_BITS >> 23) - 2  # the biased exponent of sf
+    kb0 = pk * G
+    kg = kb0 + tl.arange(0, G)[:, None].to(tl.int64)
+    row_ok = (rows < M)[None, :]
+    if PACKED:
+        sh = 8 * (tl.arange(0, G)[:, None] % 4)
+        word = tl.sum(tl.reshape(tl.where(kg < num_ks, e_out, 0) << sh, (G // 4, 4, BLOCK_M)), axis=1)
+        wi = kb0 // 4 + tl.arange(0, G // 4)[:, None].to(tl.int64)
+        tl.store(sf_ptr + rows[None, :] * stride_sm + wi * stride_sk, word, mask=row_ok & (wi < (num_ks + 3) // 4))
+    else:
+        tl.store(sf_ptr + rows[None, :] * stride_sm + kg * stride_sk, (e_out << 23).to(tl.float32, bitcast=True),
+                 mask=row_ok & (kg < num_ks))
+    k = tl.where(e_in == 0, -128, e_in - e_out[None, :, :])  # a zero byte (scale 0.0) zeroes the block
+    lo, hi = _map_words(k, lut_ptr, TABLE)
+    tl.store(outw_ptr + rows[None, None, :, None] * stride_ow + wj,
+             _requant_words(w, lo[:, :, :, None], hi[:, :, :, None]), mask=wmask)
+
+
+@triton.jit
+def _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, kb0, M, K, num_xsf_k, num_ks, stride_xb,
+                       stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM: tl.constexpr,
+                       XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                       G: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr):
+    """One chunk by the general kernel's code (float decode, scale, amax, encode): the same bits for any scale byte."""
+    row_ok = rows < M
+    x = _load_tile(xb_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xb, stride_xsf_m, stride_xsf_k, num_xsf_k,
+                   BLOCK_M, BLOCK_K, 3, XBM, XBK, True)
+    amax = _amax_of(x, BLOCK_M, 1, G, BK, True)
+    sf, sf_inv = quant_scale(amax, CLAMP, MAX, True)
+    _store_sf(sf_ptr, sf, rows, kb0, M, num_ks, stride_sm, stride_sk, BLOCK_M, G, PACKED)
+    _encode_store(outb_ptr, x, _scale_tile(x, sf_inv, BLOCK_M, 1, G, BK), rows, row_ok, col0, K, stride_ob,
+                  BLOCK_M, BLOCK_K, True, True)
+
+
+@triton.jit
+def _fp4_requant_kernel(
+    xw_ptr, xb_ptr, xsf_ptr, outw_ptr, outb_ptr, sf_ptr, lut_ptr,
+    M, K, KW, num_xsf_k, num_ks,
+    stride_xw, stride_xb, stride_xsf_m, stride_xsf_k, stride_ow, stride_ob, stride_sm, stride_sk,
+    XBM: tl.constexpr, XBK: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, FAST_LIMIT: tl.constexpr = 252,
+    BLOCKS: tl.constexpr = False, TABLE: tl.constexpr = False, CLAMP_BITS: tl.constexpr = 0,
+    KFAST: tl.constexpr = False, PDL: tl.constexpr = False
+):
+    """Per-token FP4 -> FP4 requantization of a [BLOCK_M, BLOCK_K] tile (``tritile/quant/_fp4_requant.py``): x as
+    int32 words of eight nibbles (``xw_ptr``, ``stride_xw`` in words) and as bytes (``xb_ptr``) for the general code,
+    which a tile holding an input scale byte above FAST_LIMIT = 252 takes (FAST_LIMIT = -1: always, for the tests);
+    the same for the output.  Power-of-two output scales (round_sf), UE8M0 input scales (packed), groups of BK
+    columns, XBK and BK multiples of 8.  BLOCKS (an input block lies in one group): the words as ``[BPG, G, BLOCK_M,
+    WPB]``, one scale byte, one max and one map a block instead of a word (``_fp4_chunk_fast_blocks``: one-hot block
+    maxima, the scale exponent in integers, the maps from the table at ``lut_ptr`` with TABLE).  KFAST: the grid's
+    first dimension runs over the chunks (consecutive programs read consecutive chunks of the same rows)."""
+    pdl_enter(PDL)
+    G: tl.constexpr = BLOCK_K // BK
+    pm, pk = tile_ids(KFAST)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    col0 = pk * BLOCK_K
+    if BLOCKS:
+        w, wj, wmask, e_in = _fp4_blocks_and_scales(xw_ptr, xsf_ptr, rows, pk, M, KW, num_xsf_k, stride_xw,
+                                                    stride_xsf_m, stride_xsf_k, XBM, XBK, BLOCK_K, G, BK // XBK,
+                                                    XBK // 8)
+    else:
+        w, wj, wmask, e_in = _fp4_words_and_scales(xw_ptr, xsf_ptr, rows, col0, M, KW, num_xsf_k, stride_xw,
+                                                   stride_xsf_m, stride_xsf_k, XBM, XBK, G, BK // 8)
+    if tl.max(tl.max(tl.max(e_in, 2), 1), 0) <= FAST_LIMIT:
+        if BLOCKS:
+            _fp4_chunk_fast_blocks(w, wj, wmask, e_in, rows, pk, lut_ptr, outw_ptr, sf_ptr, M, num_ks, stride_ow,
+                                   stride_sm, stride_sk, BLOCK_M, G, PACKED, CLAMP_BITS, TABLE)
+        else:
+            _fp4_chunk_fast(w, wj, wmask, e_in, rows, pk * G, outw_ptr, sf_ptr, M, num_ks, stride_ow, stride_sm,
+                            stride_sk, BLOCK_M, G, PACKED, CLAMP, MAX)
+    else:
+        _fp4_chunk_general(xb_ptr, xsf_ptr, outb_ptr, sf_ptr, rows, col0, pk * G, M, K, num_xsf_k, num_ks, stride_xb,
+                           stride_xsf_m, stride_xsf_k, stride_ob, stride_sm, stride_sk, XBM, XBK, BK, BLOCK_M, BLOCK_K,
+                           G, PACKED, CLAMP, MAX)
+
+
+def _fp4_requant_launch(data, x_sf, out, sf, m: int, k: int, xbm: int, xbk: int, bk: int, packed: bool,
+                        cfg: dict) -> bool:
+    """Launch ``_fp4_requant_kernel`` (x and the output as words of eight nibbles); False when x's rows cannot be
+    viewed as int32 words (an odd start or row stride), for the general kernel to take over."""
+    try:
+        xw, ow = data.view(torch.int32), out.view(torch.int32)
+    except RuntimeError:
+        return False
+    block_k, block_m = int(cfg.get("BLOCK_K", 512)), int(cfg["BLOCK_M"])
+    if block_k < 4 * bk or block_k % bk or block_k & (block_k - 1):
+        raise ValueError(f"BLOCK_K={block_k} must be a power of two holding at least 4 groups of {bk}")
+    grid, kfast = tile_grid(ceil_div(m, block_m), ceil_div(k, block_k), cfg.get("KFAST", False))
+    extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
+    blocks = bool(cfg.get("BLOCKS", True)) and bk % xbk == 0 and (xbk // 8) & (xbk // 8 - 1) == 0
+    lut = _map_table(data.device) if blocks and cfg.get("TABLE", True) else None
+    _fp4_requant_kernel[grid](
+        xw, data, x_sf, ow, out, sf, lut if lut is not None else xw, m, k, k // 8, ceil_div(k, xbk), ceil_div(k, bk),
+        xw.stride(0), data.stride(0), x_sf.stride(0), x_sf.stride(1), ow.stride(0), out.stride(0), sf.stride(0),
+        sf.stride(1), XBM=xbm, XBK=xbk, BK=bk, BLOCK_M=block_m, BLOCK_K=block_k, PACKED=bool(packed),
+        CLAMP=FMT_CLAMP["e2m1"], MAX=FMT_MAX["e2m1"], FAST_LIMIT=int(cfg["FAST_LIMIT"]),
+        BLOCKS=blocks, TABLE=lut is not None, CLAMP_BITS=_E2M1_CLAMP_BITS, KFAST=kfast,
+        num_warps=int(cfg["num_warps"]), **extra, **pdl_args(data.device))
+    return True
+
+
+_MAP_TABLES: dict = {}
+_E2M1_CLAMP_BITS = struct.unpack("<I", struct.pack("<f", FMT_CLAMP["e2m1"]))[0]  # float32 bits of the e2m1 clamp
+
+
+def _map_table(device: torch.device) -> Optional[torch.Tensor]:
+    """The FP4 requantization maps as an int64 tensor on ``device`` (``_fp4_requant._map_table_values``), made once
+    per device; None while a CUDA graph is being captured and it is not made yet (the kernel then selects the maps
+    by compares, same bits), since a tensor allocated during a capture belongs to the graph's memory pool."""
+    key = str(device)
+    t = _MAP_TABLES.get(key)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        t = _MAP_TABLES[key] = torch.tensor(_map_table_values(), dtype=torch.int64, device=device)
+    return t

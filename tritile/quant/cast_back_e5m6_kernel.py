@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
 
 from ..language import f32_to_bf16, ue8m0_to_f32
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import check_choice, check_same_device, check_tensor, empty, interpreter_configs, tuned
+from ..runtime import check_choice, check_same_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
-from .common import sf_info
+from .common import SFInfo, sf_info
 from .types import QuantTensor
 
 __all__ = ["cast_back_e5m6"]
@@ -142,7 +144,28 @@ def _check_block(name, block):
     return int(block[0]), int(block[1])
 
 
-def cast_back_e5m6(x: QuantTensor, fmt: str, x_block_size) -> torch.Tensor:
+def _check_words(data: torch.Tensor) -> None:
+    """The kernel reads 4-byte words: unit column stride, rows and start 4-byte aligned."""
+    if data.shape[0] > 0 and data.shape[1] > 0:
+        if data.stride(1) != 1 or data.stride(0) % 4 != 0 or data.storage_offset() % 4 != 0 or \
+                data.data_ptr() % 4 != 0:
+            raise ValueError("x[0] (data) must have unit column stride, a row stride that is a multiple of 4 "
+                             f"bytes and 4-byte alignment, got strides {tuple(data.stride())}")
+
+
+def _cast_back_e5m6_fake(data, sf, bm, bk, bf16):
+    return data.new_empty((data.shape[0], data.shape[1] * 2 // 3), dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+@custom_op("cast_back_e5m6", fake=_cast_back_e5m6_fake)
+def _cast_back_e5m6_op(data: torch.Tensor, sf: torch.Tensor, bm: int, bk: int, bf16: bool) -> torch.Tensor:
+    """``torch.library`` op ``tritile::cast_back_e5m6`` (validated arguments)."""
+    _check_words(data)
+    sfi = SFInfo(sf, sf.stride(0), sf.stride(1), sf.dtype == torch.int32)
+    return _cast_back_e5m6_launch(data, sfi, bm, bk, torch.bfloat16 if bf16 else torch.float32)
+
+
+def cast_back_e5m6(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int]) -> torch.Tensor:
     """Dequantize E5M6 data: ``out[i, j] = cast_out(f32(fp16(code << 4)) * sf[i // bm, j // bk])``.
 
     Args:
@@ -168,13 +191,10 @@ def cast_back_e5m6(x: QuantTensor, fmt: str, x_block_size) -> torch.Tensor:
     if cols % 12 != 0:
         raise ValueError(f"x[0] (data) must have K*3/2 columns with K % 8 == 0 (a multiple of 12), got {cols}")
     hidden = cols * 2 // 3
-    if num_tokens > 0 and cols > 0:
-        if data.stride(1) != 1 or data.stride(0) % 4 != 0 or data.storage_offset() % 4 != 0 or \
-                data.data_ptr() % 4 != 0:
-            raise ValueError("x[0] (data) must have unit column stride, a row stride that is a multiple of 4 "
-                             f"bytes and 4-byte alignment, got strides {tuple(data.stride())}")
+    if not torch.compiler.is_compiling():  # traced: the op checks the real tensor
+        _check_words(data)
     sfi = sf_info("x[1] (sf)", sf, ceil_div(num_tokens, bm), ceil_div(hidden, bk))
     out_dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
     if hidden == 0:
         return empty((num_tokens, 0), out_dtype, data.device)
-    return _cast_back_e5m6_launch(data, sfi, bm, bk, out_dtype)
+    return _cast_back_e5m6_op(data, sfi.tensor, bm, bk, fmt == "bf16")

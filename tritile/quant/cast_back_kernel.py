@@ -3,7 +3,7 @@
 ``out[i, j] = cast_out(f32(decode(q[i, j]) * sf[i // bm, j // bk]))`` with bf16 rounded to nearest even.
 The sf may be in any layout: float32 of any strides, or packed UE8M0 int32 (the dtype decides; byte
 ``k % 4`` of word ``k // 4``, ``2^(e-127)``, e = 0 decodes to 0.0).  The tile loader is the one the block
-casts use (``per_token_cast_kernel._load_tile``).
+casts use (``_block_cast_tiles._load_tile``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from ..language.cast import e4m3_bits_to_f32_fast
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
-from .per_token_cast_kernel import _IN_KIND, _apply_block_sf, _data_view, _load_block_sf, _load_tile, _parse_input
+from ._block_cast_host import _IN_KIND, _data_view, _parse_input
+from ._block_cast_tiles import _apply_block_sf, _load_block_sf, _load_tile
 from .types import QuantTensor
 
 __all__ = ["cast_back", "per_token_cast_back"]
@@ -143,10 +144,10 @@ def _config(m: int, k: int):
     if interpreter_configs():
         bm, bk = min(next_power_of_two(m), 64), min(next_power_of_two(k), 2048)
         return bm, bk, ceil_div(k, bk), 4
-    # H200 sweeps (8001 x 7168 e4m3 -> bf16): one row x 2048 per chunk, 4 warps: 47.4 us; 4 x 1024: 51.0;
-    # session 4 (CUDA graph): 8 warps 45.40 us, 4 warps 46.04.  Session 7 (CUPTI, L2 flushed): the whole row as one
-    # 8192-column chunk at 16 warps 43.19 us against 44.07 for 4 chunks of 2048 at 8 warps (the default before;
-    # TileKernels 44.07) and 44.38 for 8192 at 8 warps; same bits
+    # H200 sweeps (8001 x 7168 e4m3 -> bf16): one row x 2048 per chunk, 4 warps: 47.4 us; 4 x 1024: 51.0; H200,
+    # 2026-11-30, commit 694bd6c (CUDA graph): 8 warps 45.40 us, 4 warps 46.04.  H200, 2026-11-30, commit bc6f44a
+    # (CUPTI, L2 flushed): the whole row as one 8192-column chunk at 16 warps 43.19 us against 44.07 for 4 chunks of
+    # 2048 at 8 warps (the default before; TileKernels 44.07) and 44.38 for 8192 at 8 warps; same bits
     bm, bk = 1, min(next_power_of_two(k), 8192)
     return bm, bk, ceil_div(k, bk), max(4, min(16, bk // 512))
 

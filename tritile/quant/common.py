@@ -23,6 +23,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
+from torch.types import Device
 import triton.language as tl
 
 from ..runtime import empty, empty_strided
@@ -115,7 +116,7 @@ def get_sf_shape(shape: Tuple[int, int], config: BaseCastConfig) -> Tuple[int, i
     return (bk, bm) if config.use_tma_aligned_col_major_sf else (bm, bk)
 
 
-def alloc_scaling_factors(shape: Tuple[int, int], out_config: BaseCastConfig, device=None) -> torch.Tensor:
+def alloc_scaling_factors(shape: Tuple[int, int], out_config: BaseCastConfig, device: Device = None) -> torch.Tensor:
     """sf storage for a ``shape = (M, K)`` logical tensor, in TileKernels' pre-epilogue form.
 
     ``device`` defaults to the current CUDA device when one is present, else the CPU."""
@@ -155,7 +156,7 @@ def check_sf_flags(use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packe
 
 
 def alloc_sf(num_rows: int, num_cols: int, sf_block: Tuple[int, int], use_tma_aligned_col_major_sf: bool,
-             use_packed_ue8m0: bool, device) -> torch.Tensor:
+             use_packed_ue8m0: bool, device: Device) -> torch.Tensor:
     """User-facing sf tensor for an ``(num_rows, num_cols)`` logical tensor, with the exact §2.3 layout.
 
     Kernels write it through its own strides (``sf.stride(0)``, ``sf.stride(1)``), in float32 elements,
@@ -185,7 +186,7 @@ class SFInfo(NamedTuple):
     packed: bool
 
 
-def sf_info(name: str, sf, num_row_blocks: int, num_col_blocks: int) -> SFInfo:
+def sf_info(name: str, sf: torch.Tensor, num_row_blocks: int, num_col_blocks: int) -> SFInfo:
     """Validate an input sf of any strides; int32 means packed UE8M0, float32 means plain scales."""
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(sf).__name__}")
@@ -211,6 +212,9 @@ def pack_ue8m0_words(e):
     return tl.sum(e4 << shift[None, None, :], axis=2)
 
 
+_UNPACK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # every e2m1 value is exact in each
+
+
 def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode packed FP4 e2m1 bytes ``[..., N]`` (int8/uint8) into ``[..., 2N]`` values of ``out_dtype``.
 
@@ -223,6 +227,8 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
         raise TypeError(f"x must be int8 or uint8 (packed FP4), got {x.dtype}")
     if x.ndim == 0:
         raise ValueError("x must have at least 1 dimension so the last dim can be doubled")
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in _UNPACK_DTYPES:
+        raise TypeError(f"out_dtype must be one of {[str(d) for d in _UNPACK_DTYPES]}, got {out_dtype!r}")
     b = x.view(torch.uint8).to(torch.int32)
     codes = torch.stack([b & 0xF, (b >> 4) & 0xF], dim=-1)
     e = (codes >> 1) & 3

@@ -16,16 +16,8 @@ import torch
 
 from ..utils import is_power_of_two
 from .common import check_sf_flags
-from .per_token_cast_kernel import (
-    SF_ONLY,
-    SF_PRECOMPUTED,
-    SF_QUANT,
-    _check_block,
-    _check_fmt,
-    _check_precomputed_sf,
-    _launch_cast,
-    _parse_input,
-)
+from ._block_cast_host import SF_ONLY, SF_PRECOMPUTED, SF_QUANT, _check_block, _check_fmt, _parse_input
+from .per_token_cast_kernel import _check_precomputed_sf, _launch_cast
 from .types import QuantTensor
 
 __all__ = ["per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf"]
@@ -40,7 +32,7 @@ def _per_block(x, fmt, block_size, col_major, round_sf, packed, sf_mode, psf=Non
             raise ValueError(f"block_size {name} must be a power of two in [16, 256] (TileKernels: 32 or 128), "
                              f"got block_size={tuple(block_size)}")
     _parse_input("x", x, None, allow_quant=False)
-    if psf is not None:
+    if sf_mode == SF_PRECOMPUTED:
         _check_precomputed_sf(psf, x.shape[0], x.shape[1], bm, bk, x.device)
     return _launch_cast(x, None, fmt, bm, bk, False, sf_mode, psf, round_sf, col_major, packed)
 

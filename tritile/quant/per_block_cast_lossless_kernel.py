@@ -13,6 +13,8 @@ Exponent arithmetic only; no value is rounded when the input satisfies the preco
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -20,11 +22,11 @@ import triton.language as tl
 from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
-                       checks_enabled, empty, interpreter_configs, tuned)
+                       checks_enabled, custom_op, empty, interpreter_configs, tuned)
 from ..config import get_num_sms
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
 from ._lossless_ptx import prmt
-from .common import alloc_sf, check_sf_flags, sf_info
+from .common import SFInfo, alloc_sf, check_sf_flags, sf_info
 from .types import QuantTensor
 
 __all__ = ["per_block_cast_lossless"]
@@ -207,7 +209,7 @@ def _per_block_cast_lossless_words_kernel(
     ``[WPB // V, NIM, BMI, NIK, V]`` words (V = 2 adjacent words per thread, two lanes per input block row: 8-byte
     loads), so that the int64 pairs of output words (one per input word) are stored, from inside each branch, in
     the load's layout with 16-byte stores: no join/reshape layout conversion (32 SHFL and 64 SEL per thread at
-    16 words).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (scripts/lossless_sass.py): 94 registers and
+    16 words).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (offline SASS): 94 registers and
     7.60 instructions per value on the fast path by default, PRMT 96 / 4.49, PRMT + PAIR64 132 / 3.45 (80 / 3.63
     with ``maxnreg=80``: the spills land in the slow path)."""
     pdl_enter(PDL)
@@ -440,9 +442,9 @@ def _word_tile(bmo: int, bko: int, hidden: int):
 
 
 def _gpu_defaults(bmo: int, words_ok: bool) -> dict:
-    """The GPU's speed-only defaults (same bits).  Session 7 (H200, CUPTI, 8001 x 7168, (1, 128) out blocks):
-    PRMT in the looping kernel with one tile a program (TILES=1: the 1-D grid with K fastest) 26.88 / 26.87 us in two
-    sweeps, against 28.53 / 28.57 for the word kernel without PRMT (the default before) and 27.20 / 27.38 with PRMT on
+    """The GPU's speed-only defaults (same bits).  H200, 2026-11-30, commit bc6f44a (CUPTI, 8001 x 7168, (1, 128)
+    out blocks): PRMT in the looping kernel with one tile a program (TILES=1: the 1-D grid with K fastest) 26.88 /
+    26.87 us in two sweeps, against 28.53 / 28.57 for the word kernel without PRMT (the default before) and 27.20 / 27.38 with PRMT on
     the 2-D grid.  Other out blocks: not measured, unchanged."""
     if interpreter_configs() or not words_ok or bmo != 1:
         return {}
@@ -492,7 +494,7 @@ def _block(name, block):
     return int(block[0]), int(block[1])
 
 
-def per_block_cast_lossless(x: QuantTensor, fmt: str, x_block_size, out_block_size,
+def per_block_cast_lossless(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int], out_block_size: Tuple[int, int],
                             use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                             use_packed_ue8m0: bool = False) -> QuantTensor:
     """Losslessly re-quantize FP4 (e2m1) data with power-of-two scales to FP8 (e4m3) with larger blocks.
@@ -547,8 +549,24 @@ def per_block_cast_lossless(x: QuantTensor, fmt: str, x_block_size, out_block_si
     if hidden % 32 != 0:
         raise ValueError(f"x[0] (data) must have a logical hidden size (2 * columns) divisible by 32, got {hidden}")
     ms_in, ks_in = ceil_div(num_tokens, bmi), ceil_div(hidden, bki)
-    sfi = sf_info("x[1] (sf)", sf, ms_in, ks_in)
+    sf_info("x[1] (sf)", sf, ms_in, ks_in)
+    return _lossless_op(data, sf, bmi, bki, bmo, bko, bool(use_tma_aligned_col_major_sf), bool(use_packed_ue8m0))
 
+
+def _lossless_fake(data, sf, bmi, bki, bmo, bko, col_major, packed):
+    num_tokens, hidden = data.shape[0], data.shape[1] * 2
+    return (data.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn),
+            alloc_sf(num_tokens, hidden, (bmo, bko), col_major, packed, data.device))
+
+
+@custom_op("per_block_cast_lossless", fake=_lossless_fake)
+def _lossless_op(data: torch.Tensor, sf: torch.Tensor, bmi: int, bki: int, bmo: int, bko: int, col_major: bool,
+                 packed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.library`` op ``tritile::per_block_cast_lossless`` (validated arguments)."""
+    use_tma_aligned_col_major_sf, use_packed_ue8m0 = col_major, packed
+    num_tokens, hidden = data.shape[0], data.shape[1] * 2
+    ms_in, ks_in = ceil_div(num_tokens, bmi), ceil_div(hidden, bki)
+    sfi = SFInfo(sf, sf.stride(0), sf.stride(1), sf.dtype == torch.int32)
     out = empty((num_tokens, hidden), torch.float8_e4m3fn, data.device)
     out_sf = alloc_sf(num_tokens, hidden, (bmo, bko), use_tma_aligned_col_major_sf, use_packed_ue8m0, data.device)
     if num_tokens == 0 or hidden == 0:

@@ -116,21 +116,19 @@ def _launch(x: torch.Tensor, num_per_tokens: int, round_sf: bool, config: Option
     cfg = per_channel_launch_config(m, k, num_per_tokens)
     vec = 0
     if not interpreter_configs():
-        # one scale block of rows per tile (a taller tile's grouped reduction compiles to very long code on
-        # sm90), 4 warps, 8 columns per thread (VEC=8: one 16-byte load per row) and 8 rows per thread, which
-        # PERM makes 8 consecutive tokens, so the transposed words are packed in registers:
-        # [128, 64] for npt 128, [32, 256] for npt 32.  sm90 SASS (npt 128, no loops): 19.6 instructions per
-        # element, 95 registers, 20 shuffles, against 31.8, 95 and 86 for the former [128, 64] x 8 warps
-        # tile without VEC/PERM (121.2 us on the H200, TileKernels 48.6 us).  FINITE_BRANCH would save ~5
-        # more per element but needs 128 registers (tune candidate).  H200 sweep (2026-11-30, 8064 x 7168,
-        # CUDA-graph us): 2 warps beat 4 at the same elements per thread, [128, 32] 56.4 us against [128, 64]
-        # 60.4 us (npt 128), [32, 128] 57.0 us against [32, 256] x 4 warps 93.4 us (npt 32).
-        # Session 4 sweep: SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 46.9-47.2 us at npt 32 (this tile),
-        # and at npt 128 [128, 64] x 4 warps 45.6-46.4 us ([128, 32] x 2 warps: 52.3), against 57.5-59.1 us
-        # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.  KFAST (the grid's first dimension over the
-        # column blocks, tritile.language.grid), four sweeps (CUPTI, npt 128): 46.94 / 46.87 / 46.87 / 46.99 us
-        # against 47.05 / 47.07 / 47.75 / 47.56, the default there since session 12; at npt 32 it lost (49.36
-        # against 48.53).
+        # one scale block of rows per tile (a taller tile's grouped reduction compiles to very long code on sm90), 4
+        # warps, 8 columns per thread (VEC=8: one 16-byte load per row) and 8 rows per thread, which PERM makes 8
+        # consecutive tokens, so the transposed words are packed in registers: [128, 64] for npt 128, [32, 256] for npt
+        # 32.  sm90 SASS (npt 128, no loops): 19.6 instructions per element, 95 registers, 20 shuffles, against 31.8, 95
+        # and 86 for the former [128, 64] x 8 warps tile without VEC/PERM (121.2 us on the H200, TileKernels 48.6 us). 
+        # FINITE_BRANCH would save ~5 more per element but needs 128 registers (tune candidate).  H200 sweep
+        # (2026-11-30, 8064 x 7168, CUDA-graph us): 2 warps beat 4 at the same elements per thread, [128, 32] 56.4 us
+        # against [128, 64] 60.4 us (npt 128), [32, 128] 57.0 us against [32, 256] x 4 warps 93.4 us (npt 32). Sweep of
+        # 2026-11-30 (H200, commit 694bd6c): SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 46.9-47.2 us at npt 32
+        # (this tile), and at npt 128 [128, 64] x 4 warps 45.6-46.4 us ([128, 32] x 2 warps: 52.3), against 57.5-59.1 us
+        # without (TileKernels 48.6); INT_POW2 0-0.4 us slower here.  KFAST (the grid's first dimension over the column
+        # blocks, tritile.language.grid), four sweeps (CUPTI, npt 128): 46.94 / 46.87 / 46.87 / 46.99 us against 47.05 /
+        # 47.07 / 47.75 / 47.56, the default there since commit 4d49e57; at npt 32 it lost (49.36 against 48.53).
         if num_per_tokens == 128:
             cfg = cfg._replace(block_m=128, block_k=64, num_warps=4)
         else:

@@ -322,7 +322,7 @@ def _launch_words(x: torch.Tensor, pos_to_token: Optional[torch.Tensor], out: to
 def _words_candidates(c: dict, x: torch.Tensor, out: torch.Tensor) -> dict:
     """The WORDS kernel's speed-only constexprs from the config (same bits; absent keys: off): ``STATIC_STRIDES``
     (x's and out's row strides as constexprs: one compile per stride pair) and ``FAST_DIV`` (see
-    ``_per_channel_cast_words_kernel``); both on by default since session 7."""
+    ``_per_channel_cast_words_kernel``); both on by default since commit bc6f44a."""
     extra = {}
     if c.get("STATIC_STRIDES", False):
         extra.update(SXM=x.stride(0) // 2, SOM=out.stride(0) // 2)
@@ -344,14 +344,14 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
     kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
-    only, on with it by default since session 7, same bits): see ``_words_candidates``.  ``KFAST`` (WORDS only, on with
-    it since session 12): the grid's first dimension over the column blocks (``tritile.language.grid``).  sm_90a figures at 4096 x 7168
-    (scripts/per_channel_sass.py; registers, SASS instructions per element, round_sf off / on), [128, 128] x 4
-    warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
+    only, on with it by default since commit bc6f44a, same bits): see ``_words_candidates``.  ``KFAST`` (WORDS only,
+    on with it since commit 4d49e57): the grid's first dimension over the column blocks (``tritile.language.grid``).
+    sm_90a figures at 4096 x 7168 (offline SASS; registers, SASS instructions per element, round_sf off / on),
+    [128, 128] x 4 warps, VEC 8: default 127 / 128 registers, 9.82 / 8.48; WORDS 94 / 106, 8.24 / 6.41; WORDS + HMUL_ENC
     94 / 96, 8.24 / 5.97 (5 blocks per SM instead of 4: 1.25x the bytes in flight); with maxnreg=80: 80
     registers, 6 blocks per SM, 48 / 16 bytes of stack, 8.70 / 6.09.  [128, 64] x 4 warps: default 72, WORDS
-    64 registers (8 blocks per SM), 13.5 / 11.5 instructions per element.  First H200 look (CUDA-graph medians,
-    scripts/per_channel_words_gpu.py): 24.0 / 23.4 us default, 22.7 / 22.3 us WORDS + HMUL_ENC (same bits)."""
+    64 registers (8 blocks per SM), 13.5 / 11.5 instructions per element.  First H200 look (CUDA-graph medians):
+    24.0 / 23.4 us default, 22.7 / 22.3 us WORDS + HMUL_ENC (same bits)."""
     num_rows_in, hidden = x.shape
     dev = x.device
     num_per_tokens = 128
@@ -361,26 +361,26 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         return out, sf
     has_sf = x_sf is not None
     cfg = per_channel_launch_config(num_rows_out, hidden, num_per_tokens, k_multiple=128 if has_sf else 1)
-    # GPU default, from the H200 sweep of 2026-11-30 (4096 x 7168 bf16, CUDA-graph us): without an input sf,
-    # one pass over a [128, 64] tile held in registers by 4 warps, VEC=8 (8 columns per thread), no
-    # FINITE_BRANCH: 30.5 us, against 49.2 us for [128, 128] streamed in 16-row steps with FINITE_BRANCH (the
-    # SASS-count favourite: ~11.4 instructions per element, but two dependent passes), 36.2 us for 32-row
-    # steps, 35.9 us for the one-pass tile with FINITE_BRANCH, and 41.8 us for the first version.  With an
-    # input sf (BLOCK_K a multiple of 128): 32-row steps of [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL.
-    # Session 4 sweep (same shape): SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 24.9 us, with INT_POW2
-    # (round_sf) 24.8 us, against 30.1-30.8 us without (TileKernels 25.1 / 25.0).
-    # Session 4 (CUPTI, L2 flushed): [128, 128] x 4 warps 26.3-26.5 us against 27.0-27.1 us for [128, 64].
+    # GPU default, from the H200 sweep of 2026-11-30 (4096 x 7168 bf16, CUDA-graph us): without an input sf, one pass
+    # over a [128, 64] tile held in registers by 4 warps, VEC=8 (8 columns per thread), no FINITE_BRANCH: 30.5 us,
+    # against 49.2 us for [128, 128] streamed in 16-row steps with FINITE_BRANCH (the SASS-count favourite: ~11.4
+    # instructions per element, but two dependent passes), 36.2 us for 32-row steps, 35.9 us for the one-pass tile with
+    # FINITE_BRANCH, and 41.8 us for the first version.  With an input sf (BLOCK_K a multiple of 128): 32-row steps of
+    # [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL. Sweep of 2026-11-30 (H200, commit 694bd6c; same shape):
+    # SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 24.9 us, with INT_POW2 (round_sf) 24.8 us, against 30.1-30.8 us
+    # without (TileKernels 25.1 / 25.0). H200, 2026-11-30, commit 694bd6c (CUPTI, L2 flushed): [128, 128] x 4 warps
+    # 26.3-26.5 us against 27.0-27.1 us for [128, 64].
     gpu = not interpreter_configs()
     if gpu:
         one_pass = not has_sf
         cfg = cfg._replace(block_k=128, rows_per_step=128 if one_pass else 32)
-    # WORDS + HMUL_ENC (bf16 x without an input sf; the GPU default since session 6): CUPTI at 4096 x 7168, round_sf
-    # off / on, 25.22 / 25.06 us against 26.52 / 26.39 (per_channel_cast_fused: 25.17 against 26.66).  Session 7:
-    # + STATIC_STRIDES + FAST_DIV, 24.99 / 24.96 us (per_channel_cast / _fused, round_sf off) against 25.28 / 25.28
-    # for WORDS + HMUL_ENC in the same sweep (TileKernels 25.1 / 25.0); same bits (the division's exhaustive GPU test)
-    # Session 12: + KFAST (the grid's first dimension over the column blocks, tritile.language.grid), two sweeps
-    # (CUPTI, round_sf off): per_channel_cast 23.89 / 24.03 us against 25.03 / 24.91, round_sf on 23.74 against
-    # 24.60, per_channel_cast_fused 24.13 / 24.04 against 24.93 / 24.78
+    # WORDS + HMUL_ENC (bf16 x without an input sf; the GPU default since commit 65d4724): CUPTI at 4096 x 7168,
+    # round_sf off / on, 25.22 / 25.06 us against 26.52 / 26.39 (per_channel_cast_fused: 25.17 against 26.66).  H200,
+    # 2026-11-30, commit bc6f44a: + STATIC_STRIDES + FAST_DIV, 24.99 / 24.96 us (per_channel_cast / _fused, round_sf
+    # off) against 25.28 / 25.28 for WORDS + HMUL_ENC in the same sweep (TileKernels 25.1 / 25.0); same bits (the
+    # division's exhaustive GPU test).  H200, 2026-12-01, commit 4d49e57: + KFAST (the grid's first dimension over the
+    # column blocks, tritile.language.grid), two sweeps (CUPTI, round_sf off): per_channel_cast 23.89 / 24.03 us against
+    # 25.03 / 24.91, round_sf on 23.74 against 24.60, per_channel_cast_fused 24.13 / 24.04 against 24.93 / 24.78
     words = gpu and not has_sf
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,

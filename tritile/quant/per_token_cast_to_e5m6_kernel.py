@@ -20,6 +20,7 @@ tiles whose rows all have ``sf_inv >= 1``); figures in ``_TUNE_E5M6`` (tritile/q
 from __future__ import annotations
 
 import operator
+from typing import Tuple
 
 import torch
 import triton
@@ -27,12 +28,12 @@ import triton.language as tl
 
 from ..language import bf16_bits_to_f32, f32_to_e5m6_code, quant_scale, sf_to_ue8m0
 from ..language.cast import EMULATE
+from ..language.cast import round_scale_bits as _round_scale_bits
 from ..language.e5m6_fast import e5m6_pair_codes, max_u16x2, pack3_pairs
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs, tuned
+from ..runtime import check_device, check_inner_contiguous, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
 from .common import FMT_CLAMP, FMT_MAX, alloc_sf, check_sf_flags
-from .per_token_cast_kernel import _round_scale_bits
 from .types import QuantTensor
 
 __all__ = ["per_token_cast_to_e5m6"]
@@ -446,9 +447,10 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         block_m, bq, num_warps = _quad_launch_config(num_tokens, hidden)
         if block_q is not None:
             bq = block_q
-        # COAL_ST: session 4 sweep (8001 x 7168, CUPTI, L2 flushed) 55.6-56.0 us against 58.4-58.5 us.  The three
-        # instruction cuts (GPU default since session 6; the interpreter keeps the plain path, which the forced-config
-        # tests compare them with): 49.8-49.9 us against 55.9 in the session-6 sweep, both sf layouts
+        # COAL_ST: sweep of 2026-11-30 (H200, commit 694bd6c; 8001 x 7168, CUPTI, L2 flushed) 55.6-56.0 us against
+        # 58.4-58.5 us.  The three instruction cuts (GPU default since commit 65d4724; the interpreter keeps the plain
+        # path, which the forced-config tests compare them with): 49.8-49.9 us against 55.9 in the sweep of 2026-11-30
+        # (commit 65d4724), both sf layouts
         fast = not interpreter_configs()
         c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": True,
              "INT_SF": fast, "PAIR_ENC": fast, "AMAX16": fast, **over}
@@ -484,6 +486,19 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         num_warps=num_warps, **pdl_args(out.device),
     )
     return out.view(torch.uint8), sf
+
+
+def _e5m6_fake(x, col_major, round_sf, packed):
+    num_tokens, hidden = x.shape
+    return (x.new_empty((num_tokens, hidden // 8 * 12), dtype=torch.uint8),
+            alloc_sf(num_tokens, hidden, (1, hidden), col_major, packed, x.device))
+
+
+@custom_op("per_token_cast_to_e5m6", fake=_e5m6_fake)
+def _per_token_cast_to_e5m6_op(x: torch.Tensor, col_major: bool, round_sf: bool,
+                               packed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.library`` op ``tritile::per_token_cast_to_e5m6`` (validated arguments)."""
+    return _per_token_cast_to_e5m6_launch(x, col_major, round_sf, packed)
 
 
 def per_token_cast_to_e5m6(x: torch.Tensor, num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
@@ -528,4 +543,4 @@ def per_token_cast_to_e5m6(x: torch.Tensor, num_per_channels: int, use_tma_align
     if hidden % 8 != 0 or hidden == 0:
         raise ValueError(f"x must have a positive number of columns divisible by 8 for E5M6, got K={hidden}")
     check_inner_contiguous("x", x)
-    return _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return _per_token_cast_to_e5m6_op(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)

@@ -22,13 +22,13 @@ from ..language import EMULATE, e4m3_bits_to_f32, exp_f32, f32_to_bf16_bits, qua
 from ..language.cast import _libdevice, f32_to_e4m3_bits_satfinite
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
-                       empty, interpreter_configs, tuned)
+                       custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
-from .common import alloc_sf, sf_info
+from .common import SFInfo, alloc_sf, sf_info
+from ._swiglu_jit import (_encode_e4m3, _group_amax, _nan_as_inf_abs, _pow2_scale_f32_bits, _swiglu_clamp,
+                          _swiglu_clamp_minmax)
 from ._swiglu_ptx import ptx_abs_max, ptx_div_fast, ptx_one_plus_exp_neg
-from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _encode_e4m3, _group_amax,
-                                                       _minmax_clamp_ok, _nan_as_inf_abs, _pow2_scale_f32_bits,
-                                                       _swiglu_clamp, _swiglu_clamp_minmax)
+from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int, _minmax_clamp_ok
 from .types import QuantTensor
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
@@ -424,12 +424,12 @@ def _swiglu_backward_and_per_token_cast_kernel(
     flags as ``set`` masks, grad_out widened in the block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one
     ``min.NaN.xorsign.abs.f32``; INT_SCALE (ROUND_SF) dx's power-of-two scales from amax's bits.  Under the
     interpreter FUSED_BWD runs its element-wise stand-in.  SPLIT_STORE: the bf16 stores (out, both x_grad halves) as
-    ``_store_bf16_split`` (each thread's two 16-byte halves from its own registers; no lane exchange; session 7:
-    899.9 us CUPTI against 884.4 for the default).  Bulk L2 prefetches of the chunks ahead (cp.async.bulk.prefetch.L2)
-    were tried in session 7 and removed: 939-1063 us.
+    ``_store_bf16_split`` (each thread's two 16-byte halves from its own registers; no lane exchange; H200,
+    2026-11-30, commit bc6f44a: 899.9 us CUPTI against 884.4 for the default).  Bulk L2 prefetches of the chunks
+    ahead (cp.async.bulk.prefetch.L2) were tried at commit bc6f44a and removed: 939-1063 us.
 
-    Session-8 candidates (config keys, off by default; same bits: every value, weight_grad's summation order included,
-    is unchanged; sm_90a figures in _bench_swiglu.py's _BWD_TUNE):
+    Loop candidates (config keys, off by default; same bits: every value, weight_grad's summation order included, is
+    unchanged; H200, 2026-11-30, commit d53c6fa; sm_90a figures in _bench_swiglu.py's _BWD_TUNE):
     FUSED_BWD=8 / 16: the fused block over 8 / 16 elements of a thread (one guard and one branch per block, so the
     compiler can interleave more expf / reciprocal chains; ``_bwd_fused_ptx``).
     UNROLL=2 (non-PREFETCH, an even chunk count): two chunks a loop step, both chunks' loads issued before the first
@@ -621,20 +621,21 @@ def _config(H: int, npc: int) -> dict:
     FAST_ENC, MINMAX_CLAMP, MASK_FLAGS (164 registers), 61.2 adding FAST_DIV (the default since
     2026-11-30; 168 registers, no spills).  CH = 1024 with 4 warps: 68.5 per column, but 96 registers
     and no shared-memory round trips for the bf16 stores (the 2-warp layout holds 16 columns per
-    thread, the stores 8).  H200 sweep (session 4, the anchor, CUDA graph): registers capped at 128 (8 blocks of
-    2 warps per SM instead of 6) 958.3 us, against 1049.6 us uncapped; the persistent PREFETCH variants
+    thread, the stores 8).  H200 sweep (2026-11-30, commit 694bd6c, the anchor, CUDA graph): registers capped at
+    128 (8 blocks of 2 warps per SM instead of 6) 958.3 us, against 1049.6 us uncapped; the persistent PREFETCH variants
     1047-1548 us."""
     ch = _chunk(H, npc)
     gpu = not interpreter_configs()
-    # Session 4 sweep (CUPTI, L2 flushed): a 1024-wide chunk as two 512-wide chunks of 1 warp with ROWSUM_PAIRS
-    # (the 2-warp layout's weight_grad summation order: same bits; no shared-memory relayout, no barrier)
-    # 906.5 us against 950.0 us for [1, 1024] x 2 warps
+    # Sweep of 2026-11-30 (H200, commit 694bd6c; CUPTI, L2 flushed): a 1024-wide chunk as two 512-wide chunks of 1 warp
+    # with ROWSUM_PAIRS (the 2-warp layout's weight_grad summation order: same bits; no shared-memory relayout, no
+    # barrier) 906.5 us against 950.0 us for [1, 1024] x 2 warps
     pairs = gpu and ch == 1024 and npc <= 512
-    # Session 6 sweep (CUPTI, L2 flushed, the anchor): the same-bits instruction cuts FUSED_BWD=4, XORSIGN_CLAMP and
-    # INT_SCALE (64.0 -> 56.1 sm_90a instructions per column, 114 registers, no stack) capped at 112 registers
-    # 884.2 us against 907.2 us for the session-4 default (FUSED_BWD alone 889.3, uncapped 885.0, cap 104 889.1)
-    # Session 11 (CUPTI, L2 flushed): SPLIT=2 (a row's 14 chunks over two programs: the launch's tail at half the
-    # length) 878.5-878.8 us against 890.9-891.2 in three sweeps (8 + 6 chunks); weight_grad sums in another order
+    # Sweep of 2026-11-30 (H200, commit 65d4724; CUPTI, L2 flushed, the anchor): the same-bits instruction cuts
+    # FUSED_BWD=4, XORSIGN_CLAMP and INT_SCALE (64.0 -> 56.1 sm_90a instructions per column, 114 registers, no stack)
+    # capped at 112 registers 884.2 us against 907.2 us for the default of commit 694bd6c (FUSED_BWD alone 889.3,
+    # uncapped 885.0, cap 104 889.1).  H200, 2026-11-30, commit fd8764c (CUPTI, L2 flushed): SPLIT=2 (a row's 14 chunks
+    # over two programs: the launch's tail at half the length) 878.5-878.8 us against 890.9-891.2 in three sweeps (8 + 6
+    # chunks); weight_grad sums in another order
     return dict(BLOCK_R=1 if gpu else 64, CH=512 if pairs else ch, num_warps=1 if pairs else max(1, ch // 512),
                 FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
                 FAST_DIV=True, PREFETCH=False, ROWSUM_PAIRS=pairs, programs_per_sm=4,
@@ -727,6 +728,25 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
     return out, (dq, dsf), xg, wg
 
 
+def _launch_fake(q, sf, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
+    num_rows, two_h = q.shape
+    return (q.new_empty((num_rows, two_h // 2), dtype=torch.bfloat16),
+            q.new_empty((num_rows, two_h), dtype=torch.float8_e4m3fn),
+            alloc_sf(num_rows, two_h, (1, npc), False, False, q.device),
+            q.new_empty((num_rows, two_h), dtype=torch.bfloat16),
+            weight.new_empty(tuple(weight.shape), dtype=torch.float32))
+
+
+@custom_op("swiglu_backward_and_per_token_cast", fake=_launch_fake)
+def _launch_op(q: torch.Tensor, sf: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor, ptt: torch.Tensor,
+               ttp: torch.Tensor, npc: int, round_sf: bool, clamp: Optional[float]
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.library`` op ``tritile::swiglu_backward_and_per_token_cast`` (validated arguments; flat outputs)."""
+    sfi = SFInfo(sf, sf.stride(0), sf.stride(1), sf.dtype == torch.int32)
+    out, (dq, dsf), xg, wg = _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp)
+    return out, dq, dsf, xg, wg
+
+
 def swiglu_backward_and_per_token_cast(
         x: QuantTensor, grad_out: torch.Tensor, weight: torch.Tensor, pos_to_token_topk: torch.Tensor,
         token_topk_to_pos: torch.Tensor, num_per_channels: int, round_sf: bool = False,
@@ -805,5 +825,7 @@ def swiglu_backward_and_per_token_cast(
     clamp = _check_clamp_value("swiglu_clamp_value", swiglu_clamp_value)
     check_same_device(x=data, x_sf=sfi.tensor, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                       token_topk_to_pos=token_topk_to_pos)
-    return _launch(data, sfi, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
+    out, dq, dsf, xg, wg = _launch_op(data, sfi.tensor, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc,
+                                      round_sf, clamp)
+    return out, (dq, dsf), xg, wg
 

@@ -10,7 +10,7 @@ per (``npt`` rows x 1 column) block through the shared per-channel epilogue
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -20,13 +20,13 @@ from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
 from ..language.cast import EMULATE, f32_to_bf16_bits_sw, f32_to_e4m3_bits_sw
 from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, empty, interpreter_configs,
-                       tuned)
+from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
+                       interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._per_channel_common import per_channel_quant_tile_bf16, per_channel_scale
+from ._swiglu_jit import _div_neg_fast, _swiglu_act, _swiglu_clamp
 from ._swiglu_ptx import ptx_abs_max, ptx_div_fast, ptx_one_plus_exp_neg, ptx_unpack_bf16_words
-from .swiglu_forward_and_per_token_cast_kernel import (_check_clamp_value, _check_int, _div_neg_fast, _swiglu_act,
-                                                        _swiglu_clamp)
+from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int
 from .types import QuantTensor
 
 __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
@@ -349,8 +349,8 @@ def _config(H: int, npt: int):
 
     H200 sweep (2026-11-30, 4096 x 7168, npt 32, no transpose, VEC=8): [32, 32] x 1 warp (the same 32
     elements per thread) 66.7 us, [32, 64] x 2 warps 68.5 us, [32, 128] x 4 warps 77.8 us: npt 32 takes
-    [32, 32] x 1 warp; npt 128 (not swept) keeps [128, 32] x 4 warps.  Session 4 sweep (same shape): with
-    SIGNED_ENC=2, FAST_DIV and INT_POW2 (same bits, fewer instructions), [32, 64] x 2 warps 54.7 us, [32, 32] x
+    [32, 32] x 1 warp; npt 128 (not swept) keeps [128, 32] x 4 warps.  Sweep of 2026-11-30 (H200, commit 694bd6c;
+    same shape): with SIGNED_ENC=2, FAST_DIV and INT_POW2 (same bits, fewer instructions), [32, 64] x 2 warps 54.7 us, [32, 32] x
     1 warp 55.6 us (TileKernels 45.1)."""
     if interpreter_configs():
         return max(128, npt), min(max(next_power_of_two(H), 16), 1024), 4
@@ -368,13 +368,13 @@ def _launch(x, npt, round_sf, without_transpose, clamp):
     if m == 0 or H == 0:
         return out, sf
     bm, bk, num_warps = _config(H, npt)
-    # WORDS by default where it was measured: npt 32 without a clamp (H200, 4096 x 7168, no transpose, CUPTI with
-    # L2 flushed: 41.98 us on [32 rows, 128 columns] x 2 warps with FUSED_SILU=4 and HMUL_ENC, against 56.53 for
-    # the element kernel; TileKernels 45.09).  A clamp compiles to ~190 registers there, and npt 128 puts 4x the
-    # elements on each thread.  Session 12: KFAST (the grid's first dimension over the column blocks,
-    # tritile.language.grid), three sweeps (CUPTI): 41.07 / 40.76 / 41.25 us against 41.96 / 42.55 / 41.59 (the
-    # last one KFAST against itself) without transpose, 42.64 / 42.60 against 43.25 with it; without transpose
-    # 4 warps on the same tile (16 words a thread instead of 32) 39.74 / 39.67, with it 43.45 / 43.51.
+    # WORDS by default where it was measured: npt 32 without a clamp (H200, 4096 x 7168, no transpose, CUPTI with L2
+    # flushed: 41.98 us on [32 rows, 128 columns] x 2 warps with FUSED_SILU=4 and HMUL_ENC, against 56.53 for the
+    # element kernel; TileKernels 45.09).  A clamp compiles to ~190 registers there, and npt 128 puts 4x the elements on
+    # each thread.  H200, 2026-12-01, commit 4d49e57: KFAST (the grid's first dimension over the column blocks,
+    # tritile.language.grid), three sweeps (CUPTI): 41.07 / 40.76 / 41.25 us against 41.96 / 42.55 / 41.59 (the last one
+    # KFAST against itself) without transpose, 42.64 / 42.60 against 43.25 with it; without transpose 4 warps on the
+    # same tile (16 words a thread instead of 32) 39.74 / 39.67, with it 43.45 / 43.51.
     words = not interpreter_configs() and npt == 32 and clamp is None
     if words:
         bk, num_warps = 128, 4 if without_transpose else 2
@@ -436,6 +436,19 @@ def _launch_words(x, out, sf, npt, round_sf, without_transpose, clamp, c):
     return out, sf
 
 
+def _launch_fake(x, npt, round_sf, without_transpose, clamp):
+    m, H = x.shape[0], x.shape[1] // 2
+    return (x.new_empty((m, H) if without_transpose else (H, m), dtype=torch.float8_e4m3fn),
+            x.new_empty((m // npt, H), dtype=torch.float32))
+
+
+@custom_op("swiglu_forward_and_per_channel_cast_and_transpose", fake=_launch_fake)
+def _launch_op(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
+               clamp: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.library`` op ``tritile::swiglu_forward_and_per_channel_cast_and_transpose`` (validated arguments)."""
+    return _launch(x, npt, round_sf, without_transpose, clamp)
+
+
 def swiglu_forward_and_per_channel_cast_and_transpose(
         x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, without_transpose: bool = False,
         swiglu_clamp_value: Optional[float] = None) -> QuantTensor:
@@ -475,4 +488,4 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     check_inner_contiguous("x", x)
     check_device("x", x)
     clamp = _check_clamp_value("swiglu_clamp_value", swiglu_clamp_value)
-    return _launch(x, npt, round_sf, without_transpose, clamp)
+    return _launch_op(x, npt, round_sf, without_transpose, clamp)

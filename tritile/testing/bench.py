@@ -8,6 +8,8 @@ from typing import Callable, Optional
 
 import torch
 
+__all__ = ["time_events", "time_graph", "time_kernels", "time_host", "copy_bandwidth_gbs"]
+
 
 def _sync():
     torch.cuda.synchronize()

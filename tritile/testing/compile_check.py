@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+__all__ = ["install_recorder", "compile_all"]
+
 _DTYPE_SIG = {
     "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
     "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5", "torch.int8": "i8", "torch.uint8": "u8",

@@ -7,12 +7,17 @@ grids that keep every edge (partial blocks, odd sizes, 0 tokens) but cost few in
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Sequence, Tuple, TypeVar
 
 import torch
+from torch.types import Device
 
 from ..runtime import is_interpreter
 from ..utils import align
+
+__all__ = ["get_device", "is_gpu_run", "full_test", "pick", "generate_num_tokens", "generate_hidden_sizes",
+           "generate_rand_float", "generate_moe_params", "generate_topk_idx", "generate_num_sms",
+           "generate_topk_idx_rows", "generate_e5m6_inputs"]
 
 
 def get_device() -> torch.device:
@@ -33,12 +38,15 @@ def full_test() -> bool:
     return os.environ.get("TRITILE_FULL_TEST", os.environ.get("TK_FULL_TEST", "0")) == "1"
 
 
-def pick(cpu, gpu):
+_T = TypeVar("_T")
+
+
+def pick(cpu: _T, gpu: _T) -> _T:
     """``gpu`` on a GPU run, ``cpu`` under the interpreter."""
     return gpu if is_gpu_run() else cpu
 
 
-def generate_num_tokens(alignment: int = 1, cpu=(0, 3, 130)) -> List[int]:
+def generate_num_tokens(alignment: int = 1, cpu: Sequence[int] = (0, 3, 130)) -> List[int]:
     """TileKernels' [4001, 8001] (aligned up) plus 0 on the GPU; a small grid on the CPU."""
     if is_gpu_run():
         vals = [align(4001, alignment), align(8001, alignment)]
@@ -46,7 +54,7 @@ def generate_num_tokens(alignment: int = 1, cpu=(0, 3, 130)) -> List[int]:
     return [align(v, alignment) if v else 0 for v in cpu]
 
 
-def generate_hidden_sizes(align_to: int = 64, cpu=(256, 576)) -> List[int]:
+def generate_hidden_sizes(align_to: int = 64, cpu: Sequence[int] = (256, 576)) -> List[int]:
     """TileKernels' hidden sizes (filtered by ``align_to``) on the GPU; a small set on the CPU."""
     if is_gpu_run():
         sizes = [576, 2048, 2560, 3072, 4096, 6144, 7168]
@@ -55,7 +63,8 @@ def generate_hidden_sizes(align_to: int = 64, cpu=(256, 576)) -> List[int]:
     return [h for h in sizes if h % align_to == 0]
 
 
-def generate_rand_float(shape, device=None, min_exp: int = -110, max_exp: int = 126) -> torch.Tensor:
+def generate_rand_float(shape: Tuple[int, ...], device: Device = None, min_exp: int = -110,
+                        max_exp: int = 126) -> torch.Tensor:
     """float32 with a random sign, mantissa and exponent in [min_exp, max_exp] (wide dynamic range)."""
     device = device if device is not None else get_device()
     mant = torch.rand(shape, device=device) + 1.0
@@ -65,7 +74,7 @@ def generate_rand_float(shape, device=None, min_exp: int = -110, max_exp: int = 
 
 
 def generate_moe_params(is_benchmark: bool = False, cpu_num_send_tokens: int = 33,
-                        cpu_topks=(1, 6, 9)) -> List[dict]:
+                        cpu_topks: Sequence[int] = (1, 6, 9)) -> List[dict]:
     """TileKernels' MoE grid: dicts ``{num_send_tokens, num_topk, num_experts (local), num_ep_ranks}``.
 
     GPU: 4001 senders per rank, K in {2, 6, 8, 9}, (E_total, ep) in {(72, 8), (256, 8), (256, 64)}
@@ -88,7 +97,7 @@ def generate_moe_params(is_benchmark: bool = False, cpu_num_send_tokens: int = 3
     return params
 
 
-def generate_topk_idx(params: dict, device=None) -> torch.Tensor:
+def generate_topk_idx(params: dict, device: Device = None) -> torch.Tensor:
     """The receiving side of an EP dispatch, as TileKernels generates it (without ``torch.compile``).
 
     ``num_send_tokens * ep`` senders draw distinct experts among ``E_local * ep``; ids outside the local range
@@ -116,7 +125,7 @@ def generate_num_sms() -> List[int]:
 
 
 def generate_topk_idx_rows(num_tokens: int, num_topk: int, num_experts: int, num_ep_ranks: int,
-                           device=None, seed: int = 0) -> torch.Tensor:
+                           device: Device = None, seed: int = 0) -> torch.Tensor:
     """``generate_topk_idx``'s EP-receive routing, drawn until exactly ``num_tokens`` rows are kept (the
     benchmarks' anchor shapes give the received token count).  Reproducible: its own generator, ``seed``."""
     device = device if device is not None else get_device()
@@ -137,7 +146,7 @@ def generate_topk_idx_rows(num_tokens: int, num_topk: int, num_experts: int, num
     return torch.cat(rows)[:num_tokens].contiguous()
 
 
-def generate_e5m6_inputs(m: int, k: int, dtype: torch.dtype, device=None) -> dict:
+def generate_e5m6_inputs(m: int, k: int, dtype: torch.dtype, device: Device = None) -> dict:
     """TileKernels' E5M6 test inputs: ``randn`` plus three 'special' tensors filled with 2^-20, 63*2^-20 or
     2^-14 whose last column is 65024 (so the row's sf is exactly 1)."""
     device = device if device is not None else get_device()

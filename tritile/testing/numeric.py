@@ -6,6 +6,8 @@ import math
 
 import torch
 
+__all__ = ["assert_equal", "assert_tree_equal", "calc_diff", "check_bias", "count_bytes"]
+
 
 def assert_equal(x: torch.Tensor, y: torch.Tensor, check_dtype: bool = True, check_shape: bool = True,
                  check_stride: bool = True) -> None:
@@ -32,6 +34,18 @@ def assert_equal(x: torch.Tensor, y: torch.Tensor, check_dtype: bool = True, che
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape)) if x.dim() else ()
         raise AssertionError(
             f"{n_bad} of {xb.numel()} bytes differ; first at element {idx}: {_show(xs, first)} vs {_show(ys, first)}")
+
+
+def assert_tree_equal(x: object, y: object) -> None:
+    """:func:`assert_equal` over nested tuples / lists of tensors (an op's return structure); None where both are."""
+    if isinstance(y, (tuple, list)):
+        assert isinstance(x, (tuple, list)) and len(x) == len(y), f"structure differs: {type(x)} vs {type(y)}"
+        for a, b in zip(x, y):
+            assert_tree_equal(a, b)
+    elif y is None:
+        assert x is None, f"{type(x).__name__} vs None"
+    else:
+        assert_equal(x, y)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +87,7 @@ def check_bias(x: torch.Tensor, ref: torch.Tensor) -> None:
     assert abs(ratio - 0.5) <= tol, f"rounding is biased: ratio {ratio:.5f} not within {tol:.5f} of 0.5"
 
 
-def count_bytes(*tensors) -> int:
+def count_bytes(*tensors: object) -> int:
     """Sum of ``numel * element_size`` over tensors, recursing into tuples/lists and skipping None."""
     total = 0
     for t in tensors:

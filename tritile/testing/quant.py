@@ -6,6 +6,8 @@ import torch
 
 from ..utils import align, ceil_div
 
+__all__ = ["clear_unused_sf"]
+
 
 def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> torch.Tensor:
     """Packed UE8M0 sf -> a ``(rows, align(ceil(hidden/npc), 4))`` uint8 copy whose bytes past the

@@ -149,7 +149,8 @@ def _layout_sf(sf: torch.Tensor, round_sf: bool, col_major: bool, packed: bool) 
 def cast(x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], fmt: str,
          block_size: Tuple[int, int] = (32, 32), sf: Optional[torch.Tensor] = None,
          x_block_size: Optional[Tuple[int, int]] = None, round_sf: bool = False,
-         use_tma_aligned_col_major_sf: bool = False, use_packed_ue8m0: bool = False):
+         use_tma_aligned_col_major_sf: bool = False,
+         use_packed_ue8m0: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Reference block cast to e4m3 / e2m1 with per-``block_size`` scales.
 
     Args:

@@ -76,7 +76,7 @@ def per_channel_cast_values(xf: torch.Tensor, num_per_tokens: int, round_sf: boo
 
 def per_channel_cast_fused(x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], num_per_tokens: int,
                            num_per_channels: Optional[int] = None, round_sf: bool = False,
-                           pos_to_token: Optional[torch.Tensor] = None):
+                           pos_to_token: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reference e4m3 cast with per-channel scales over blocks of ``num_per_tokens`` rows x 1 column.
 
     Args:

@@ -24,7 +24,7 @@ def _tune(dt: str, batched: bool):
                   dict(PDL=True, STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(PDL=True, STREAM=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
                   dict(PDL=True, BLOCK_M4=16, BLOCK_N4=32, num_warps=4), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=16, num_warps=2)]
-        # Session 12: the grid's first dimension over the m blocks (MFAST, now the default with 128 x 256-byte tiles;
+        # H200 @ 4d49e57: the grid's first dimension over the m blocks (MFAST, now the default with 128 x 256-byte tiles;
         # the candidates above run with it unless they set it).  The programs running together then write whole
         # output rows' runs and read narrow strips of many input rows.  Two sweeps (CUPTI, us): batches of 32 MFAST
         # 901.3 against 941.9 for the old default ([64, 32] words, no MFAST), 918.5 with [64, 32]; one matrix 30.81 /
@@ -42,12 +42,12 @@ def _tune(dt: str, batched: bool):
                   dict(GROUP=16), dict(GROUP=32), dict(GROUP=48), dict(GROUP=8)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
-    # PDL (the default on sm_90+; H200, session 5: bf16 58.9 us graph against 59.5 without): programmatic dependent
+    # PDL (the default on sm_90+; H200, H200 @ 2615106: bf16 58.9 us graph against 59.5 without): programmatic dependent
     # launch, the next call's programs are scheduled during this one's tail
     pdl = [dict(PDL=False), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
            dict(PDL=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STREAM=True), dict(PDL=True, BLOCK_M=128, BLOCK_N=256,
                                                                                     num_warps=8)]
-    # Session 12 (see fp8): MFAST, now the default of 2- and 4-byte elements (the candidates here run with it unless
+    # H200 @ 4d49e57 (see fp8): MFAST, now the default of 2- and 4-byte elements (the candidates here run with it unless
     # they set it).  Two sweeps (CUPTI, us): fp32 batches 3542.7 / 3537.0 against 3647.1 / 3628.8 without, bf16
     # batches 1766.6 against 1804.3, one bf16 matrix 64.51 / 57.84 against 65.41 / 58.57; GROUP 8-32 lost or tied
     mfast = [dict(MFAST=False), dict(MFAST=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),

@@ -23,6 +23,8 @@ from ..language.pdl import pdl_enter, use_pdl
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
 
+__all__ = ["transpose", "batched_transpose", "batched_transpose_with_config"]
+
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -190,12 +192,11 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     pdl = use_pdl(x.device) and bool((config or {}).get("PDL", True))  # PDL: on where supported (sm_90+)
     pdl_kw = dict(launch_pdl=True) if pdl else {}
     stream = bool(config.get("STREAM", False)) if config else False
-    # Grid order (tritile.language.grid): MFAST, the m blocks first (the default of the word path and of 2- and
-    # 4-byte elements since session 12: the programs running together write whole output rows' runs), or GROUP,
-    # groups of GROUP m blocks (a candidate; it lost).  Two H200 sweeps (CUPTI, 32 x 8064 x 7168 batches): fp32
-    # 3542.7 / 3537.0 us against 3647.1 / 3628.8, bf16 1766.6 against 1804.3, fp8 (with 128 x 256-byte tiles) 901.3
-    # against 941.9; one 8064 x 7168 matrix: bf16 64.51 / 57.84 against 65.41 / 58.57, fp8 30.81 / 30.62 against
-    # 30.90 / 30.77.
+    # Grid order (tritile.language.grid): MFAST, the m blocks first (the default of the word path and of 2- and 4-byte
+    # elements since commit 4d49e57: the programs running together write whole output rows' runs), or GROUP, groups of
+    # GROUP m blocks (a candidate; it lost).  Two H200 sweeps (CUPTI, 32 x 8064 x 7168 batches): fp32 3542.7 / 3537.0 us
+    # against 3647.1 / 3628.8, bf16 1766.6 against 1804.3, fp8 (with 128 x 256-byte tiles) 901.3 against 941.9; one 8064
+    # x 7168 matrix: bf16 64.51 / 57.84 against 65.41 / 58.57, fp8 30.81 / 30.62 against 30.90 / 30.77.
     word = _u8x4_ok(x) and (config is None or config.get("word_path", True))
     mfast = bool((config or {}).get("MFAST", word or x.element_size() in (2, 4)))
     group = int((config or {}).get("GROUP", 0))
@@ -203,8 +204,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         raise ValueError(f"transpose launch config: GROUP must be >= 0, got {group}")
     mfast = mfast and not group
     if word:
-        # H200 sweeps: 128 x 256-byte tiles (session 12, with MFAST; before, 256 x 128 for batches and 128 x 128
-        # for one matrix)
+        # H200 sweeps: 128 x 256-byte tiles (H200, 2026-12-01, commit 4d49e57, with MFAST; before, 256 x 128 for batches
+        # and 128 x 128 for one matrix)
         bm4, bn4, warps = (16, 16, 4) if interpreter_configs() else (32, 64, 4)
         if config:
             bm4, bn4, warps = config.get("BLOCK_M4", bm4), config.get("BLOCK_N4", bn4), config.get("num_warps", warps)
