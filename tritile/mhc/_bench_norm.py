@@ -73,13 +73,10 @@ def _close(atol, rtol):
 
 
 def _liger():
-    """``liger_kernel.ops.mhc`` where Liger-Kernel is installed and can run here (CUDA), else None."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        from liger_kernel.ops import mhc as liger_mhc
-    except ImportError:
-        return None
+    """Liger-Kernel's mHC ops with its fused GEMM + RMS (``mhc_mm_norm_fwd``), else None."""
+    from ._bench import _liger as liger_ops
+
+    liger_mhc = liger_ops()
     return liger_mhc if hasattr(liger_mhc, "mhc_mm_norm_fwd") else None
 
 
