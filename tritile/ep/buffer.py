@@ -190,6 +190,16 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+
+def _check_recv_stats(stats: Optional[torch.Tensor], num_local_experts: int) -> None:
+    """``cumulative_local_expert_recv_stats``: None, or int32 ``(num_local_experts,)``."""
+    if stats is None:
+        return
+    check_tensor("cumulative_local_expert_recv_stats", stats, dtypes=(torch.int32,), ndim=1)
+    if stats.numel() != num_local_experts:
+        raise ValueError(f"cumulative_local_expert_recv_stats must have {num_local_experts} elements, got "
+                         f"{stats.numel()}")
+
 class Buffer:
     """Expert-parallel dispatch / combine for one process group, with DeepEP v1's methods and return tuples.
 
@@ -531,12 +541,7 @@ class Buffer:
                 raise ValueError(f"topk_weights must have topk_idx's shape {tuple(topk_idx.shape)}, got "
                                  f"{tuple(topk_weights.shape)}")
         per = num_experts // self.group_size
-        if cumulative_local_expert_recv_stats is not None:
-            check_tensor("cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
-                         dtypes=(torch.int32,), ndim=1)
-            if cumulative_local_expert_recv_stats.numel() != per:
-                raise ValueError(f"cumulative_local_expert_recv_stats must have {per} elements, got "
-                                 f"{cumulative_local_expert_recv_stats.numel()}")
+        _check_recv_stats(cumulative_local_expert_recv_stats, per)
         capacity = 0
         if num_worst_tokens:
             capacity = self.num_max_tokens_per_rank or num_worst_tokens // self.group_size
@@ -949,12 +954,7 @@ class Buffer:
                 raise ValueError(f"topk_weights must have shape {(t, k)}, got {tuple(topk_weights.shape)}")
         R = self.group_size
         per = num_experts // R
-        if cumulative_local_expert_recv_stats is not None:
-            check_tensor("cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
-                         dtypes=(torch.int32,), ndim=1)
-            if cumulative_local_expert_recv_stats.numel() != per:
-                raise ValueError(f"cumulative_local_expert_recv_stats must have {per} elements, got "
-                                 f"{cumulative_local_expert_recv_stats.numel()}")
+        _check_recv_stats(cumulative_local_expert_recv_stats, per)
         ctx = self._ctx(None, async_finish, False)
         with ctx.run(keep=(x, topk_idx, topk_weights)):
             sf_hdr = (((hidden + 511) // 512, _DTYPES[torch.int32]) if use_ue8m0 else
