@@ -481,10 +481,7 @@ class Buffer:
                 raise ValueError("use_fp8=True needs a bfloat16 x, got an (fp8, scales) tuple")
             check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
             self._check_device("x", x)
-            from ..quant import per_token_cast
-
-            x = tuple(per_token_cast(x, "e4m3", 128, round_sf=bool(round_scale or use_ue8m0),
-                                     use_tma_aligned_col_major_sf=bool(use_ue8m0), use_packed_ue8m0=bool(use_ue8m0)))
+            x = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
         data, sf, sf_1d = self._check_x(x)
         if not _is_int(expert_alignment) or expert_alignment < 1:
             raise ValueError(f"expert_alignment must be an int >= 1, got {expert_alignment!r}")
@@ -965,11 +962,7 @@ class Buffer:
             with self._phase("layout"):
                 _, _, _, slot, _ = dispatch_layout(topk_idx, num_experts, R)
             if use_fp8:
-                from ..quant import per_token_cast
-
-                data, sf = per_token_cast(x, "e4m3", 128, round_sf=bool(round_scale or use_ue8m0),
-                                          use_tma_aligned_col_major_sf=bool(use_ue8m0),
-                                          use_packed_ue8m0=bool(use_ue8m0))
+                data, sf = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
                 sf_words = sf.view(torch.int32) if sf.dtype == torch.float32 else sf
             else:
                 data, sf, sf_words = x, None, None
@@ -1136,6 +1129,20 @@ class Buffer:
         ctx.own(res)
         hook = (lambda: None) if return_recv_hook else None
         return res, ctx.event, hook
+
+
+def _cast_e4m3(x: torch.Tensor, round_sf: bool, ue8m0: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``tritile.quant.per_token_cast(x, "e4m3", 128, ...)`` (UE8M0: packed, TMA-aligned column-major), or its
+    ``tritile.torch`` twin (bitwise the same) for CPU tensors without the Triton interpreter."""
+    if kernel_device_ok(x.device):
+        from ..quant import per_token_cast
+
+        return tuple(per_token_cast(x, "e4m3", 128, round_sf=round_sf, use_tma_aligned_col_major_sf=ue8m0,
+                                    use_packed_ue8m0=ue8m0))
+    from ..torch.cast import cast
+
+    return tuple(cast(x, "e4m3", (1, 128), round_sf=round_sf, use_tma_aligned_col_major_sf=ue8m0,
+                      use_packed_ue8m0=ue8m0))
 
 
 def _reduce_fused(x: torch.Tensor, w: Optional[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
