@@ -169,7 +169,7 @@ def test_moe_no_shared_and_no_group_limit(device):
 
 def test_grouped_linear_loop_matches_grouped_mm(device, monkeypatch):
     e, k, m = 5, 64, 48
-    counts = [16, 0, 32, 16, 0]  # multiples of 16, as the layer's alignment makes them
+    counts = [16, 0, 32, 16, 0]  # multiples of 16, as the layer's alignment makes them; experts 1 and 4 empty
     x = torch.randn(sum(counts), k, device=device).bfloat16()
     w = torch.randn(e, m, k, device=device).bfloat16()
     ref = torch.cat([x[s:s + c].float() @ w[i].float().T
@@ -180,9 +180,9 @@ def test_grouped_linear_loop_matches_grouped_mm(device, monkeypatch):
     # both round one float32-accumulated dot product to bf16: at most 1 bf16 ulp apart from the float32 result
     torch.testing.assert_close(fast.float(), ref, rtol=2 ** -8, atol=1e-3)
     torch.testing.assert_close(loop.float(), ref, rtol=2 ** -8, atol=1e-3)
-    dw_loop = moe_mod._grouped_wgrad(fast, x, counts)
+    dw_loop = moe_mod._grouped_wgrad(fast.T, x.T, counts)
     monkeypatch.undo()
-    dw_fast = moe_mod._grouped_wgrad(fast, x, counts)
+    dw_fast = moe_mod._grouped_wgrad(fast.T, x.T, counts)
     assert not dw_fast[1].any() and not dw_fast[4].any() and not dw_loop[1].any()
     dw_ref = torch.stack([fast[s:s + c].float().T @ x[s:s + c].float()
                           for s, c in zip([0, 16, 16, 48, 64], counts)])
