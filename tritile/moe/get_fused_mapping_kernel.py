@@ -47,6 +47,7 @@ from .. import runtime as _rt
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_device, check_tensor, checks_enabled, custom_op, empty,
                        interpreter_configs, override_key, tuned)
+from ..config import get_num_sms
 from ..utils import align, ceil_div, next_power_of_two
 
 __all__ = ["get_fused_mapping"]
@@ -276,7 +277,7 @@ def _check_int(name: str, v, lo: int, hi: int = None) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _default_config(num_experts: int, interp: bool) -> dict:
+def _default_config(num_experts: int, numel: int, num_sms: int, interp: bool) -> dict:
     """Launch config (a dict, so that ``python -m tritile tune`` can override it).  ``chunk``: slots per program;
     ``sb``: slots placed per step (the rank is an ``[sb, sb]`` comparison); ``single_max``: largest ``T*K``
     that takes the one-program path."""
@@ -288,7 +289,16 @@ def _default_config(num_experts: int, interp: bool) -> dict:
         # (8 slots per thread, no loop, 25 barriers) against 8 x 733 per 512 slots (96 barriers) before.
         return dict(chunk=1024, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
                     fuse_scan=8192, lanes_max=8, single_warps=4)
-    if num_experts <= 32:
+    if 16 < num_experts <= 32:
+        # Eight lanes ([CHUNK, 8] int64 one-hots): the chunk grows with T*K so that there are about two programs
+        # per SM (clamped to [256, 1024] slots), and the count table stays fused into the scatter up to 512
+        # chunks (16384 words).  H200 (2026-12-02, E = 32, CUPTI, sync mode): T*K = 112266: 11.6 us at 512 slots
+        # against 19.3 at 256; 174280: 19.2 at 512 (28.7 at 256); 207846: 20.0 at 1024 (32.3 at 256); 17934:
+        # 6.2 at 256 (larger chunks slower).  4 warps throughout (8 and 16 lost at every size).
+        chunk = max(256, min(1024, next_power_of_two(ceil_div(max(numel, 1), 2 * max(num_sms, 1)))))
+        return dict(chunk=chunk, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
+                    fuse_scan=16384, lanes_max=8, single_warps=8)
+    if num_experts <= 16:
         # The packed ranks in BLOCK_E / 4 lanes, the whole chunk in one step (before: CHUNK / SB dependent [SB, SB]
         # rank steps, 16.9 us at T*K = 15804, E = 9 against TileKernels' 6.68).  [CHUNK, LANES] int64 one-hots of
         # 2048 entries on 4 warps (ptxas, sm_90: 124 registers at [512, 4], 209 at [512, 8], no spills); the
@@ -353,7 +363,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
     launch, ``(num_view, na, ea)`` (else None).  ``override``: ``override_key("get_fused_mapping")``, so tuning
     sweeps see their candidates."""
     numel = num_tokens * num_topk
-    c = tuned("get_fused_mapping", _default_config(num_experts, interpreter_configs()))
+    c = tuned("get_fused_mapping", _default_config(num_experts, numel, get_num_sms(), interpreter_configs()))
     cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
                 c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"], c.get("lanes_max", 8),
                 c.get("single_warps", c["num_warps"]))
