@@ -1,6 +1,10 @@
 """Render bench JSON files (from `python -m tritile bench --json`) into benchmarks/RESULTS.md.
 
     python scripts/results_md.py [--commit HASH] out/bench_*.json > benchmarks/RESULTS.md
+    python scripts/results_md.py --grid [--commit HASH] out/*_grid.json > benchmarks/GRID.md
+
+``--grid`` renders `python -m tritile bench --grid` runs as one table per op (TileKernels' µs where an anchor has it,
+ours, × TK, % copy) with each op's worst shape and geometric mean.
 
 The provenance line names the date and GPU from the JSON and the commit the run measured: ``--commit``, else the
 JSON's ``meta["commit"]``, else the checkout's HEAD (`scripts/gpu_check.sh` writes it to ``env.txt``).  Design notes
@@ -58,12 +62,43 @@ def render(paths: List[str], commit: Optional[str] = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_grid(paths: List[str], commit: Optional[str] = None) -> str:
+    """The grid runs of ``paths`` as per-op tables (``tritile.bench.runner.print_grid_tables``) under a provenance
+    header; a later file's rows of an op replace an earlier file's (a re-run of some ops after a change)."""
+    import io
+
+    from tritile.bench.runner import print_grid_tables
+
+    by_op, metas = {}, []
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        metas.append(d["meta"])
+        ops = {}
+        for r in d["rows"]:
+            ops.setdefault(r["op"].split("[")[0], []).append(r)
+        by_op.update(ops)
+    meta = metas[0]
+    commit = commit or meta.get("commit") or _head_commit() or "unknown"
+    buf = io.StringIO()
+    print_grid_tables([r for rs in by_op.values() for r in rs], buf)
+    bws = sorted({m.get("copy_bandwidth_gbs") for m in metas if m.get("copy_bandwidth_gbs")})
+    head = [f"- Date: {meta['date']}; GPU: {meta['device']}; commit {commit}; torch {meta['torch']}; "
+            f"Triton {meta['triton']}; copy bandwidth in the same runs: {', '.join(str(b) for b in bws)} GB/s.",
+            "- tritile µs: CUPTI kernel time with L2 flushed (TileKernels' timer), else graph time.  × TK = "
+            "TileKernels' µs / ours.  Token counts: TileKernels' own where it has a figure, else one seeded draw of "
+            "its routing.  event µs / host µs: a single call with CUDA events / the host's cost per call (a "
+            "synchronising op's host sync shows in its event µs).\n"]
+    return "\n".join(head) + buf.getvalue()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commit", help="the commit the run measured (default: the JSON's, else HEAD)")
     ap.add_argument("paths", nargs="+", help="bench JSON files")
+    ap.add_argument("--grid", action="store_true", help="render `bench --grid` runs as per-op grid tables")
     args = ap.parse_args(argv)
-    print(render(args.paths, args.commit), end="")
+    print((render_grid if args.grid else render)(args.paths, args.commit), end="")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 ``python -m tritile.testing.engram_gluon_check`` (CUDA, Hopper, Triton with Gluon) runs ``engram_gate_bwd`` on a few
 small shapes the one-pass kernel covers (hc in {1, 2, 4}, H a multiple of 256: long token chunks that wrap the
-shared-memory ring, chunks of one token, rows without tokens), checks that the Gluon kernel ran, and compares its
-grad_v bit for bit and grad_x / grad_k / grad_w_partial closely against the two-pass Triton kernels.  Run under
+shared-memory ring, chunks of one token, rows without tokens), checks that the Gluon kernel ran, and compares
+grad_v (calc_diff < 1e-8, the spec's bound; the elements that differ at all are counted and printed) and grad_x /
+grad_k / grad_w_partial (calc_diff < 1e-5) against the two-pass Triton kernels.  Run under
 ``compute-sanitizer --tool racecheck`` / ``--tool synccheck`` (``scripts/gpu_check.sh``): exits 1 when the kernel
 cannot run here or a result differs.
 """
@@ -61,12 +62,18 @@ def _check_shape(T: int, hc: int, H: int, num_sms: int) -> List[str]:
     errors = []
     if calls[0] != 1:
         errors.append(f"T={T} hc={hc} H={H}: the one-pass kernel ran {calls[0]} times, expected once")
-    if not torch.equal(one[2].view(torch.int16), two[2].view(torch.int16)):
-        errors.append(f"T={T} hc={hc} H={H}: grad_v differs from the two-pass kernels")
-    pairs = (("grad_x", one[0], two[0]), ("grad_k", one[1], two[1]), ("grad_w", one[3].sum(0), two[3].sum(0)))
-    for name, a, b in pairs:
+    # grad_v = bf16(sum_h g_h G_h) in head order; the spec leaves FMA contraction open (its bound is calc_diff
+    # < 1e-8), so the two designs may differ by a rounding: report how many elements differ and by how much.
+    nd = int((one[2].view(torch.int16) != two[2].view(torch.int16)).sum())
+    if nd:
+        ulps = (one[2].view(torch.int16).int() - two[2].view(torch.int16).int()).abs().max().item()
+        print(f"T={T} hc={hc} H={H}: grad_v: {nd} of {one[2].numel()} elements differ from the two-pass kernels "
+              f"(at most {ulps} bf16 ulp)")
+    pairs = (("grad_v", one[2], two[2], 1e-8), ("grad_x", one[0], two[0], 1e-5), ("grad_k", one[1], two[1], 1e-5),
+             ("grad_w", one[3].sum(0), two[3].sum(0), 1e-5))
+    for name, a, b, bound in pairs:
         d = calc_diff(a.float(), b.float())
-        if not d < 1e-5:
+        if not d < bound:
             errors.append(f"T={T} hc={hc} H={H}: {name} differs from the two-pass kernels (diff {d:.3g})")
     return errors
 
@@ -79,8 +86,9 @@ def main() -> int:
         return 1
     errors = []
     for shape in SHAPES:
-        errors += _check_shape(*shape)
-        print(f"T, hc, H, num_sms = {shape}: {'ok' if not errors else 'FAILED'}", flush=True)
+        errs = _check_shape(*shape)
+        errors += errs
+        print(f"T, hc, H, num_sms = {shape}: {'ok' if not errs else 'FAILED'}", flush=True)
     for e in errors:
         print(e)
     return 1 if errors else 0
