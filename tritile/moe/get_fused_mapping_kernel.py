@@ -123,7 +123,7 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
                                   PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
                                   PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                                  LANES: tl.constexpr = 1, PDL: tl.constexpr = False):
+                                  LANES: tl.constexpr = 1, FIELD: tl.constexpr = 16, PDL: tl.constexpr = False):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -201,17 +201,21 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
         _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
                      valid, pos, e32, num_expanded, NUM_TOPK)
     elif PACKED:
-        # BLOCK_E = 4 * LANES: the same in LANES int64 lanes (experts 4l .. 4l+3 in lane l), one [CHUNK, LANES]
-        # cumsum along the chunk instead of CHUNK / SB dependent steps; the base is gathered.
+        # BLOCK_E = (64 / FIELD) * LANES: the same in LANES int64 lanes of FIELD-bit counters (experts
+        # FPL*l .. FPL*l + FPL-1 in lane l), one [CHUNK, LANES] cumsum along the chunk instead of CHUNK / SB
+        # dependent steps; the base is gathered.  8-bit fields (CHUNK <= 256: an exclusive count is at most 255;
+        # an inclusive one may carry into the next field, which the subtraction of ``one`` undoes exactly, mod
+        # 2**64) halve the lanes of 16-bit ones.
+        FPL: tl.constexpr = 64 // FIELD
         valid = m & (e >= 0) & (e < num_experts)
         eg = tl.where(valid, e, 0).to(tl.int32)
-        sh = (eg % 4).to(tl.int64) * 16
+        sh = (eg % FPL).to(tl.int64) * FIELD
         l_ar = tl.arange(0, LANES)
-        in_lane = valid[:, None] & ((eg // 4)[:, None] == l_ar[None, :])
+        in_lane = valid[:, None] & ((eg // FPL)[:, None] == l_ar[None, :])
         one = tl.where(in_lane, tl.full([CHUNK, LANES], 1, tl.int64) << sh[:, None], 0)
         excl = tl.sum(tl.where(in_lane, tl.cumsum(one, axis=0) - one, 0), axis=1)
         e32 = tl.where(valid, eg, -1)
-        pos = ((excl >> sh) & 0xFFFF).to(tl.int32) + tl.gather(base, eg, axis=0)
+        pos = ((excl >> sh) & ((1 << FIELD) - 1)).to(tl.int32) + tl.gather(base, eg, axis=0)
         _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
                      valid, pos, e32, num_expanded, NUM_TOPK)
     else:
@@ -314,7 +318,7 @@ def _default_config(num_experts: int, numel: int, num_sms: int, interp: bool) ->
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int,
           num_warps: int, scan_tp: int, scan_eb: int, packed: bool, fuse_scan: int, lanes_max: int = 8,
-          single_warps: int = 4) -> dict:
+          single_warps: int = 4, field_bits: int = 16) -> dict:
     """Block sizes and chunking.  Constexprs are rounded to powers of two so that a GPU compiles few variants
     while T varies.  Cached: the host path is latency-critical."""
     block_e = max(2, next_power_of_two(num_experts))
@@ -330,7 +334,9 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
     scan_eb = min(next_power_of_two(scan_eb), block_e)
     # packed: int64s of four 16-bit counters per slot (LANES of them: E <= 4 * lanes_max) instead of the [SB, SB]
     # rank comparison; the count kernel packs only at E <= 4 (else tl.histogram).
-    lanes = max(1, block_e // 4)
+    # field_bits = 8: eight 8-bit counters a lane, for BLOCK_E >= 16 (lanes of several experts) and CHUNK <= 256
+    field = 8 if field_bits == 8 and block_e >= 16 and chunk <= 256 else 16
+    lanes = max(1, block_e // (64 // field))
     packed_scatter = bool(packed) and lanes <= max(1, lanes_max) and chunk < 2**16
     packed = bool(packed) and block_e <= 4 and chunk < 2**16
     if packed_scatter:
@@ -347,7 +353,8 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
                 scatter=dict(NUM_TOPK=num_topk, SINGLE=single, TABLE_ROWS=table_rows, PACKED=packed_scatter,
                              CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
                              PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
-                             PAD_BLOCK=pad_block, TAIL_BLOCK=1024, LANES=lanes if packed_scatter else 1))
+                             PAD_BLOCK=pad_block, TAIL_BLOCK=1024, LANES=lanes if packed_scatter else 1,
+                             FIELD=field if packed_scatter else 16))
 
 
 @functools.lru_cache(maxsize=256)
@@ -366,7 +373,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
     c = tuned("get_fused_mapping", _default_config(num_experts, numel, get_num_sms(), interpreter_configs()))
     cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
                 c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"], c.get("lanes_max", 8),
-                c.get("single_warps", c["num_warps"]))
+                c.get("single_warps", c["num_warps"]), c.get("field_bits", 16))
     num_chunks = cfg["num_chunks"]
     table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
     num_view = 0 if sync_mode else num_expanded  # the synchronising mode's length comes from the data
@@ -389,7 +396,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
         # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
         k = dict(cfg["scatter"], FILL_TAIL=not sync_mode)
         names = ("NUM_TOPK", "SINGLE", "TABLE_ROWS", "PACKED", "FILL_TAIL", "CHUNK", "SB", "HIST_BLOCK", "BLOCK_E",
-                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK", "LANES")
+                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK", "LANES", "FIELD")
         launches.append((_fused_mapping_scatter_kernel, (num_chunks,), (numel, num_experts, num_expanded, alignment),
                          tuple(k[n] for n in names), cfg["num_warps"]))
     fixed_views = None if sync_mode and numel > 0 else (num_view, na, ea)
