@@ -100,8 +100,9 @@ def main():
                    nw)
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=128, BLOCK_D=bd, EARLY=True, SWAP=True, TAIL=4), nw)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=fk._config(H)), 4)
-    compile_kernel(hk._engram_hash_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 4)
-    compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001)), 2)
+    for fast, hash_warps in ((False, 4), (True, 2)):
+        compile_kernel(hk._engram_hash_kernel, HASH, dict(N=3, E=8, E_P2=8, BLOCK_T=hk._config(8001), FAST_MOD=fast),
+                       hash_warps)
     # every int argument specialised to 1 (Triton turns ints equal to 1 into constants)
     compile_kernel(gk._engram_gate_fwd_kernel, FWD,
                    dict(SAVE=True, ROWS=1, BLOCK_H=1, H=1, hc=1, num_rows=1, s_x1=1, s_o1=1), 4)
@@ -110,8 +111,9 @@ def main():
     compile_kernel(rk._grad_w_reduce_kernel, REDUCE, dict(ROWS=1, BLOCK_D=1, EARLY=False, SWAP=False, TAIL=0, P=1,
                                                           H=1), 4)
     compile_kernel(fk._fused_weight_kernel, FUSED, dict(BLOCK=1, H=1, s_wh=1), 4)
-    compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
-    compile_kernel(hk._engram_hash_fast_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1), 4)
+    for fast in (False, True):
+        compile_kernel(hk._engram_hash_kernel, HASH, dict(N=2, E=1, E_P2=1, BLOCK_T=1, T=1, s_id0=1, FAST_MOD=fast),
+                       4)
     compile_kernel(gk._engram_gate_bwd_coef_kernel, COEF, dict(HC_P2=1, TOK=1, BLOCK_D=1, T=1, hc=1, H=1), 4)
     for pipe in (0, 3):
         compile_kernel(gk._engram_gate_bwd_split_kernel, SPLIT, dict(HC_P2=1, BLOCK_D=1, SPLIT=1, PREFETCH=pipe == 0,

@@ -5,18 +5,10 @@ import pytest
 import torch
 
 from tritile.mhc import mhc_post_bwd, mhc_post_fwd
+from tritile.mhc._bench import post_data as _data
 from tritile.modeling.mhc.ops.post import mhc_post
 from tritile.testing import pick
 from tritile.torch.mhc import mhc_post_ref
-
-
-def _data(n0, n1, h, device, n=4):
-    x = torch.randn(n0, n1, h, dtype=torch.bfloat16, device=device)
-    residual = torch.randn(n0, n1, n, h, dtype=torch.bfloat16, device=device)
-    post = torch.randn(n0, n1, n, 1, device=device)
-    comb = torch.randn(n0, n1, n, n, device=device)
-    g = torch.randn(n0, n1, n, h, dtype=torch.bfloat16, device=device)
-    return x, residual, post, comb, g
 
 
 def _tester(impl, x, residual, post, comb, g):

@@ -64,12 +64,17 @@ def _gpu(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def _weights(device, hc, H):
+    """The gate's two bf16 ``(hc, H)`` weights ``w_hidden``, ``w_embed``."""
+    return (torch.randn(hc, H, dtype=torch.bfloat16, device=device),
+            torch.randn(hc, H, dtype=torch.bfloat16, device=device))
+
+
 def _gate_data(device, T, hc, H, grad=False):
     x = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
     k = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device)
     v = torch.randn(T, H, dtype=torch.bfloat16, device=device)
-    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    wh, we = _weights(device, hc, H)
     go = torch.randn(T, hc, H, dtype=torch.bfloat16, device=device) if grad else None
     return x, k, v, wh, we, go
 
@@ -81,6 +86,15 @@ def _gate_shape(device):
 def _grid_hidden(device):
     """TileKernels' ``generate_hidden_sizes(128)`` (CPU: two small multiples of 128, a correctness pass)."""
     return [2048, 2560, 3072, 4096, 6144, 7168] if _gpu(device) else [256, 640]
+
+
+def _over_weight_hidden(cases):
+    """The benchmark generator of a weight-only op (``fused_weight``, ``grad_w_reduce``) from ``cases(device, hc,
+    H)``: hc = 4 and TileKernels' hidden sizes (the grid) or the anchor's."""
+    def gen(device, quick, grid=False):
+        for H in (_grid_hidden(device) if grid and not quick else [7168 if _gpu(device) else 2560]):
+            yield from cases(device, 4, H)
+    return gen
 
 
 def _grid_gate_shapes(device, quick, grid):
@@ -101,15 +115,9 @@ def _check_diffs(tol):
 
 
 @register("engram", "fused_weight")
-def _fused_weight(device, quick, grid=False):
-    hidden = _grid_hidden(device) if grid and not quick else [7168 if _gpu(device) else 2560]
-    for H in hidden:
-        yield from _fused_weight_case(device, 4, H)
-
-
-def _fused_weight_case(device, hc, H):
-    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+@_over_weight_hidden
+def _fused_weight(device, hc, H):
+    wh, we = _weights(device, hc, H)
     out = fused_weight(wh, we)
     yield Case(params=dict(hc=hc, hidden=H), fn=lambda: fused_weight(wh, we), ref=lambda: wh.float() * we.float(),
                check=assert_equal, nbytes=count_bytes(wh, we, out), latency_bound=True,
@@ -177,17 +185,11 @@ def _gate_bwd_cases(device, T, hc, H):
 
 
 @register("engram", "grad_w_reduce")
-def _grad_w_reduce(device, quick, grid=False):
-    hidden = _grid_hidden(device) if grid and not quick else [7168 if _gpu(device) else 2560]
-    for H in hidden:
-        yield from _grad_w_reduce_case(device, 4, H)
-
-
-def _grad_w_reduce_case(device, hc, H):
+@_over_weight_hidden
+def _grad_w_reduce(device, hc, H):
     P = get_num_sms()
     partial = torch.randn(P, hc, H, device=device)
-    wh = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
-    we = torch.randn(hc, H, dtype=torch.bfloat16, device=device)
+    wh, we = _weights(device, hc, H)
     gwh = torch.zeros(hc, H, device=device)
     gwe = torch.zeros(hc, H, device=device)
 

@@ -40,15 +40,20 @@ def _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g
 
 
 @triton.jit
-def _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2: tl.constexpr, TOK: tl.constexpr):
-    """Pass 1's program: its TOK tokens ``t``, heads ``hh``, masks, the (token, head) offsets ``sc`` into the
-    (T, hc) saved tensors and the gates ``[TOK, HC]`` (0 outside)."""
+def _bwd_pass1(go_ptr, v_ptr, gate_ptr, gv_ptr, T, hc, H, s_g0, s_g1, s_v0, s_gv0,
+               HC_P2: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Pass 1's program, TOK tokens ``t``, all heads: loads the gates, stores grad_v (:func:`_bwd_gamma_grad_v`).
+    Returns the (token, head) offsets ``sc`` into the (T, hc) saved tensors, their mask, the gates and
+    gamma = G . v, each ``[TOK, HC_P2]`` (0 outside)."""
     t = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
     hh = tl.arange(0, HC_P2)
     tmask = t < T
     th_mask = tmask[:, None] & (hh < hc)[None, :]
     sc = t[:, None] * hc + hh[None, :]
-    return t, hh, tmask, th_mask, sc, tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
+    gate = tl.load(gate_ptr + sc, mask=th_mask, other=0.0)
+    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
+                              HC_P2, TOK, BLOCK_D)
+    return sc, th_mask, gate, gamma
 
 
 @triton.jit
@@ -60,10 +65,9 @@ def _engram_gate_bwd_gamma_kernel(
 ):
     pdl_enter(PDL)
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v, grad_v = sum_h g_h G_h.
-    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
-    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
-                              HC_P2, TOK, BLOCK_D)
-    tl.store(gamma_ptr + t[:, None] * hc + hh[None, :], gamma, mask=th_mask)
+    sc, th_mask, _, gamma = _bwd_pass1(go_ptr, v_ptr, gate_ptr, gv_ptr, T, hc, H, s_g0, s_g1, s_v0, s_gv0,
+                                       HC_P2, TOK, BLOCK_D)
+    tl.store(gamma_ptr + sc, gamma, mask=th_mask)
 
 
 @triton.jit(do_not_specialize=["T", "tokens_per_chunk"])
@@ -124,9 +128,8 @@ def _engram_gate_bwd_coef_kernel(
     pdl_enter(PDL)
     # TOK tokens per program, all heads, H in BLOCK_D-wide steps: gamma = G . v (dL/dg), grad_v = sum_h g_h G_h;
     # then the per-(token, head) coefficients of pass 2: delta = dL/dD (r held fixed), a_x, a_k.
-    t, hh, tmask, th_mask, sc, gate = _bwd_pass1_tokens(gate_ptr, T, hc, HC_P2, TOK)
-    gamma = _bwd_gamma_grad_v(go_ptr, v_ptr, gv_ptr, gate, t, hh, tmask, th_mask, H, s_g0, s_g1, s_v0, s_gv0,
-                              HC_P2, TOK, BLOCK_D)
+    sc, th_mask, gate, gamma = _bwd_pass1(go_ptr, v_ptr, gate_ptr, gv_ptr, T, hc, H, s_g0, s_g1, s_v0, s_gv0,
+                                          HC_P2, TOK, BLOCK_D)
     dot = tl.load(dot_ptr + sc, mask=th_mask, other=1.0)  # padded lanes: no 0/0
     rx = tl.load(rstd_x_ptr + sc, mask=th_mask, other=0.0)
     rk = tl.load(rstd_k_ptr + sc, mask=th_mask, other=0.0)
@@ -177,19 +180,39 @@ def _engram_gate_bwd_split_kernel(
 
 
 @triton.jit
-def _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc, hh, hmask, d, mask,
-                     go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0, s_gk1):
-    """Pass 2 for token ``t`` on one ``[HC_P2, BLOCK_D]`` tile: stores grad_x and grad_k, returns its grad_w term."""
+def _bwd_token_coefs(delta_ptr, ax_ptr, ak_ptr, t, hc, hh, hmask):
+    """Pass 1's coefficients (delta, a_x, a_k) of token ``t``, ``[HC_P2]`` (0 on padded heads)."""
     sc = t * hc + hh
     delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
     a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
     a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
+    return delta, a_x, a_k
+
+
+@triton.jit
+def _bwd_token_tiles(go_ptr, x_ptr, k_ptr, t, go_h, x_h, k_h, d, mask, s_g0, s_x0, s_k0):
+    """Token ``t``'s bf16 ``[HC_P2, BLOCK_D]`` tiles of grad_out, x and k (as bits, 0 outside ``mask``)."""
     c_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=mask, other=0)
     c_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=mask, other=0)
     c_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=mask, other=0)
-    gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
+    return c_go, c_x, c_k
+
+
+@triton.jit
+def _bwd_token_store(gx_ptr, gk_ptr, gx, gk, t, hh, d, mask, s_gx0, s_gx1, s_gk0, s_gk1):
+    """Store token ``t``'s grad_x and grad_k tiles."""
     tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
     tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
+
+
+@triton.jit
+def _bwd_split_token(go_ptr, x_ptr, k_ptr, w, delta_ptr, ax_ptr, ak_ptr, gx_ptr, gk_ptr, t, hc, hh, hmask, d, mask,
+                     go_h, x_h, k_h, s_g0, s_x0, s_k0, s_gx0, s_gx1, s_gk0, s_gk1):
+    """Pass 2 for token ``t`` on one ``[HC_P2, BLOCK_D]`` tile: stores grad_x and grad_k, returns its grad_w term."""
+    delta, a_x, a_k = _bwd_token_coefs(delta_ptr, ax_ptr, ak_ptr, t, hc, hh, hmask)
+    c_go, c_x, c_k = _bwd_token_tiles(go_ptr, x_ptr, k_ptr, t, go_h, x_h, k_h, d, mask, s_g0, s_x0, s_k0)
+    gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
+    _bwd_token_store(gx_ptr, gk_ptr, gx, gk, t, hh, d, mask, s_gx0, s_gx1, s_gk0, s_gk1)
     return dw
 
 
@@ -219,26 +242,18 @@ def _bwd_split_tiles(go_ptr, x_ptr, k_ptr, w_ptr, delta_ptr, ax_ptr, ak_ptr, gx_
         t = t_begin
         if PREFETCH:
             # software pipelining by hand: token t + 1's tiles are in flight while token t is computed
-            pm = mask & (t < t_end)
-            n_go = tl.load(go_ptr + t * s_g0 + go_h + d[None, :], mask=pm, other=0)
-            n_x = tl.load(x_ptr + t * s_x0 + x_h + d[None, :], mask=pm, other=0)
-            n_k = tl.load(k_ptr + t * s_k0 + k_h + d[None, :], mask=pm, other=0)
+            n_go, n_x, n_k = _bwd_token_tiles(go_ptr, x_ptr, k_ptr, t, go_h, x_h, k_h, d, mask & (t < t_end),
+                                              s_g0, s_x0, s_k0)
             while t < t_end:
-                sc = t * hc + hh
-                delta = tl.load(delta_ptr + sc, mask=hmask, other=0.0)
-                a_x = tl.load(ax_ptr + sc, mask=hmask, other=0.0)
-                a_k = tl.load(ak_ptr + sc, mask=hmask, other=0.0)
+                delta, a_x, a_k = _bwd_token_coefs(delta_ptr, ax_ptr, ak_ptr, t, hc, hh, hmask)
                 c_go = n_go
                 c_x = n_x
                 c_k = n_k
                 tn = t + 1
-                pm = mask & (tn < t_end)
-                n_go = tl.load(go_ptr + tn * s_g0 + go_h + d[None, :], mask=pm, other=0)
-                n_x = tl.load(x_ptr + tn * s_x0 + x_h + d[None, :], mask=pm, other=0)
-                n_k = tl.load(k_ptr + tn * s_k0 + k_h + d[None, :], mask=pm, other=0)
+                n_go, n_x, n_k = _bwd_token_tiles(go_ptr, x_ptr, k_ptr, tn, go_h, x_h, k_h, d, mask & (tn < t_end),
+                                                  s_g0, s_x0, s_k0)
                 gx, gk, dw = _bwd_tile_math(c_go, c_x, c_k, w, delta, a_x, a_k)
-                tl.store(gx_ptr + t * s_gx0 + hh[:, None] * s_gx1 + d[None, :], gx, mask=mask)
-                tl.store(gk_ptr + t * s_gk0 + hh[:, None] * s_gk1 + d[None, :], gk, mask=mask)
+                _bwd_token_store(gx_ptr, gk_ptr, gx, gk, t, hh, d, mask, s_gx0, s_gx1, s_gk0, s_gk1)
                 acc += dw
                 t = tn
         elif PIPE > 0 and not EMULATE:

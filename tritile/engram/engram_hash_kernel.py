@@ -40,13 +40,15 @@ def _floor_mod_f64(h, m):
 
 
 @triton.jit
-def _engram_hash_body(
+def _engram_hash_kernel(
     ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
     T,
     s_id0, s_out0,
     N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr,
-    FAST_MOD: tl.constexpr,
+    FAST_MOD: tl.constexpr, PDL: tl.constexpr = False
 ):
+    """FAST_MOD: the floor-mod through an fp64 reciprocal (``_floor_mod_f64``), else the int64 ``%``."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # grid axis 0: no 65535 limit
     layer = tl.program_id(1).to(tl.int64)
     tmask = t < T
@@ -74,29 +76,6 @@ def _engram_hash_body(
             res = tl.where(bad[None, :], -1, res)
             tl.store(out_ptr + layer * s_out0 + t[:, None] * C + col[None, :], res, mask=mask)
 
-
-@triton.jit
-def _engram_hash_kernel(
-    ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
-    T,
-    s_id0, s_out0,
-    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # the int64 ``%`` floor-mod (the first version)
-    _engram_hash_body(ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr, T, s_id0, s_out0, N, E, E_P2, BLOCK_T, False)
-
-
-@triton.jit
-def _engram_hash_fast_kernel(
-    ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr,
-    T,
-    s_id0, s_out0,
-    N: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False
-):
-    pdl_enter(PDL)
-    # the fp64-reciprocal floor-mod (``_floor_mod_f64``)
-    _engram_hash_body(ids_ptr, mult_ptr, vocab_ptr, off_ptr, out_ptr, T, s_id0, s_out0, N, E, E_P2, BLOCK_T, True)
 
 
 def _config(T: int) -> int:
@@ -218,11 +197,11 @@ def _launch(ngram_token_ids, multipliers, vocab_sizes, offsets):
 
 @functools.lru_cache(maxsize=256)
 def _plan(T: int, N: int, L: int, E: int, override) -> tuple:
-    """(kernel, grid, (N, E, E_P2, BLOCK_T), num_warps), cached (the host path is latency-bound); ``override``:
-    ``override_key("engram_hash")``, so tuning sweeps see their candidates."""
+    """(kernel, grid, (N, E, E_P2, BLOCK_T, FAST_MOD), num_warps), cached (the host path is latency-bound);
+    ``override``: ``override_key("engram_hash")``, so tuning sweeps see their candidates."""
     cfg = _launch_config(T)
-    kernel = _engram_hash_fast_kernel if cfg["FAST_MOD"] else _engram_hash_kernel
-    return kernel, (ceil_div(T, cfg["BLOCK_T"]), L), (N, E, next_power_of_two(E), cfg["BLOCK_T"]), cfg["WARPS"]
+    consts = (N, E, next_power_of_two(E), cfg["BLOCK_T"], bool(cfg["FAST_MOD"]))
+    return _engram_hash_kernel, (ceil_div(T, cfg["BLOCK_T"]), L), consts, cfg["WARPS"]
 
 
 def _hash_fake(ids, multipliers, vocab_sizes, offsets):

@@ -17,7 +17,7 @@ from ..utils import align
 from ._dist import CommContext, EventOverlap, a2a_rows, group_device
 from .layout import check_layout_args, dispatch_layout
 from .ll import ll_positions
-from .pack import as_words, gather_rows, meta_width, pack_meta, pack_rows, scatter_rows_into, unpack_meta
+from .pack import as_words, gather_rows, pack_meta, pack_rows, scatter_rows_into, unpack_meta
 from .reduce import combine_reduce
 
 __all__ = ["Buffer", "Config", "EPHandle", "LowLatencyHandle", "EventOverlap", "topk_idx_t"]
@@ -382,13 +382,20 @@ class Buffer:
             raise ValueError("topk_idx must hold expert ids in [-1, num_experts): rank(s) "
                              + ", ".join(f"{r} ({n} bad id(s))" for r, n in bad) + " passed ids outside")
 
+    def _exchange(self, send: torch.Tensor, recv_counts: Optional[List[int]] = None,
+                  send_counts: Optional[List[int]] = None) -> torch.Tensor:
+        """All-to-all of ``send``'s row blocks (``send_counts[r]`` rows to rank ``r``, ``recv_counts[r]`` from it;
+        None: equal blocks) into a new contiguous tensor of ``send``'s dtype and row width."""
+        rows = send.shape[0] if recv_counts is None else sum(recv_counts)
+        recv = torch.empty((rows,) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
+        a2a_rows(recv, send, recv_counts, send_counts, self.group)
+        return recv
+
     def _peer_check(self, hdr: List[int]) -> None:
         if not self.peer_checks or self._capturing():
             return
         send = torch.tensor([hdr] * self.group_size, dtype=torch.int32, device=self.device)
-        recv = torch.empty_like(send)
-        a2a_rows(recv, send, None, None, self.group)
-        self._check_headers(hdr, recv.cpu())
+        self._check_headers(hdr, self._exchange(send).cpu())
 
     # ----------------------------------------------------------------------------------------------------------
     # layout
@@ -584,8 +591,7 @@ class Buffer:
                 self._cache[key] = hdr_t
             table = torch.cat([hdr_t.expand(R, _F_BAD), bad.view(1, 1).expand(R, 1), per_rank.view(1, R).expand(R, R),
                                per_rank.view(R, 1), per_expert.view(R, per)], dim=1)
-            recv_table = torch.empty_like(table)
-            a2a_rows(recv_table, table, None, None, self.group)
+            recv_table = self._exchange(table)
             if not capacity or checks_enabled() or (self.peer_checks and not self._capturing()):
                 host = recv_table.cpu()
                 self._check_headers(hdr, host)
@@ -597,7 +603,6 @@ class Buffer:
         sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
         sw = 0 if sf is None else sf.shape[1]
         has_w = topk_weights is not None
-        mw = meta_width(num_topk, topk_idx is not None, has_w, sw)
         if capacity:
             M = capacity
             base = self._arange_base(M)
@@ -606,10 +611,8 @@ class Buffer:
                 send_x = pack_rows(x_words, slot, base, R * M)
                 send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, R * M, per, num_topk)
             with self._phase("exchange"):
-                stage_x = torch.empty_like(send_x)
-                a2a_rows(stage_x, send_x, None, None, self.group)
-                stage_meta = torch.empty_like(send_meta)
-                a2a_rows(stage_meta, send_meta, None, None, self.group)
+                stage_x = self._exchange(send_x)
+                stage_meta = self._exchange(send_meta)
             with self._phase("unpack"):
                 incl = recv_counts_t.cumsum(0, dtype=torch.int32)
                 excl = incl - recv_counts_t
@@ -642,10 +645,8 @@ class Buffer:
                 send_x = pack_rows(x_words, slot, base, s_total)
                 send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, s_total, per, num_topk)
             with self._phase("exchange"):
-                recv_xw = torch.empty((n_recv, x_words.shape[1]), dtype=x_words.dtype, device=dev)
-                a2a_rows(recv_xw, send_x, recv_counts, send_counts, self.group)
-                recv_meta = torch.empty((n_recv, mw), dtype=torch.int32, device=dev)
-                a2a_rows(recv_meta, send_meta, recv_counts, send_counts, self.group)
+                recv_xw = self._exchange(send_x, recv_counts, send_counts)
+                recv_meta = self._exchange(send_meta, recv_counts, send_counts)
             with self._phase("unpack"):
                 r_idx, r_w, r_src, r_sf = unpack_meta(recv_meta, None, num_topk, topk_idx is not None, has_w, sw)
             n_rows, row_map, send_row_map, M = n_recv, None, None, 0
@@ -735,7 +736,7 @@ class Buffer:
         ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
         with ctx.run(keep=(data, sf)):
             self._peer_check(hdr)
-            R, dev = self.group_size, self.device
+            R = self.group_size
             x_words = as_words(data)
             sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
             sw = 0 if sf is None else sf.shape[1]
@@ -746,27 +747,21 @@ class Buffer:
                     send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
                                                                 R * M, 1, 0)
                 with self._phase("exchange"):
-                    stage_x = torch.empty_like(send_x)
-                    a2a_rows(stage_x, send_x, None, None, self.group)
-                    if send_sf is not None:
-                        stage_sf = torch.empty_like(send_sf)
-                        a2a_rows(stage_sf, send_sf, None, None, self.group)
+                    stage_x = self._exchange(send_x)
+                    stage_sf = None if send_sf is None else self._exchange(send_sf)
                 with self._phase("unpack"):
                     recv_xw = gather_rows(stage_x, h.recv_row_map)
                     r_sf = None if sf is None else unpack_meta(stage_sf, h.recv_row_map, 0, False, False, sw)[3]
             else:
-                n = h.num_recv_tokens
                 with self._phase("pack"):
                     send_x = pack_rows(x_words, h.send_slot, h.send_base, sum(h.send_counts))
                     send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
                                                                 sum(h.send_counts), 1, 0)
                 with self._phase("exchange"):
-                    recv_xw = torch.empty((n, x_words.shape[1]), dtype=x_words.dtype, device=dev)
-                    a2a_rows(recv_xw, send_x, h.recv_counts, h.send_counts, self.group)
+                    recv_xw = self._exchange(send_x, h.recv_counts, h.send_counts)
                     r_sf = None
                     if send_sf is not None:
-                        recv_meta = torch.empty((n, send_sf.shape[1]), dtype=torch.int32, device=dev)
-                        a2a_rows(recv_meta, send_sf, h.recv_counts, h.send_counts, self.group)
+                        recv_meta = self._exchange(send_sf, h.recv_counts, h.send_counts)
                         with self._phase("unpack"):
                             r_sf = unpack_meta(recv_meta, None, 0, False, False, sw)[3]
             recv_data = recv_xw.view(data.dtype).reshape(h.num_recv_rows, data.shape[1])
@@ -867,22 +862,13 @@ class Buffer:
                 send_x = gather_rows(as_words(x), h.send_row_map)
                 send_w = None if w32 is None else gather_rows(w32.view(torch.int32), h.send_row_map)
             with self._phase("exchange"):
-                back = torch.empty_like(send_x)
-                a2a_rows(back, send_x, None, None, self.group)
-                wback = None
-                if send_w is not None:
-                    wback = torch.empty_like(send_w)
-                    a2a_rows(wback, send_w, None, None, self.group)
+                back = self._exchange(send_x)
+                wback = None if send_w is None else self._exchange(send_w)
             back = back.view(torch.bfloat16).reshape(R * M, hidden)
         else:
-            s = sum(h.send_counts)
             with self._phase("exchange"):
-                back = torch.empty((s, hidden), dtype=torch.bfloat16, device=dev)
-                a2a_rows(back, x, h.send_counts, h.recv_counts, self.group)
-                wback = None
-                if w32 is not None:
-                    wback = torch.empty((s, w32.shape[1]), dtype=torch.int32, device=dev)
-                    a2a_rows(wback, w32, h.send_counts, h.recv_counts, self.group)
+                back = self._exchange(x, h.send_counts, h.recv_counts)
+                wback = None if w32 is None else self._exchange(w32, h.send_counts, h.recv_counts)
         with self._phase("reduce"):
             out, wout = combine_reduce(back, h.send_slot, h.send_base, b0, b1,
                                        None if wback is None else wback.view(torch.float32))
@@ -1111,16 +1097,14 @@ class Buffer:
                     send_w = pack_meta(topk_idx, topk_weights, None, handle.send_slot, base, R * M, per,
                                        handle.num_topk, fill=-1)
                 with self._phase("exchange"):
-                    stage_w = torch.empty_like(send_w)
-                    a2a_rows(stage_w, send_w, None, None, self.group)
+                    stage_w = self._exchange(send_w)
                 recv_w = unpack_meta(stage_w, None, handle.num_topk, True, True, 0)[1]
             else:
                 recv_w = handle.recv_weights
             with self._phase("prereduce"):
                 part = _reduce_fused(x.view(per * R * M, hidden), recv_w, handle.pos)
             with self._phase("exchange"):
-                back = torch.empty_like(part)
-                a2a_rows(back, part, None, None, self.group)
+                back = self._exchange(part)
             with self._phase("reduce"):
                 res, _ = combine_reduce(back, handle.send_slot, base)
             if out is not None:

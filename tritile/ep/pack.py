@@ -61,13 +61,26 @@ def meta_width(num_topk: int, has_idx: bool, has_w: bool, sf_words: int) -> int:
 
 
 @triton.jit
+def _row_block(num_rows, BLOCK_T: tl.constexpr):
+    """This program's ``BLOCK_T`` rows along grid axis 0 (int64) and their mask."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    return rows, rows < num_rows
+
+
+@triton.jit
+def _word_tile(num_rows, num_words, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """This program's ``[BLOCK_T, BLOCK_W]`` tile of row words: rows (grid axis 0) and word columns (axis 1), int64,
+    with their masks."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_W + tl.arange(0, BLOCK_W)
+    return rows, cols, rows < num_rows, cols < num_words
+
+
+@triton.jit
 def _pack_rows_kernel(x_ptr, stride_x, out_ptr, slot_ptr, base_ptr, num_tokens, num_words,
                       NUM_RANKS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_W + tl.arange(0, BLOCK_W)
-    row_ok = rows < num_tokens
-    col_ok = cols < num_words
+    rows, cols, row_ok, col_ok = _word_tile(num_tokens, num_words, BLOCK_T, BLOCK_W)
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & col_ok[None, :])
     for r in tl.static_range(NUM_RANKS):
         slot = tl.load(slot_ptr + rows * NUM_RANKS + r, mask=row_ok, other=-1)
@@ -154,8 +167,7 @@ def _pack_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk
                       SF_W: tl.constexpr, W_OFF: tl.constexpr, SF_OFF: tl.constexpr, NUM_RANKS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < num_tokens
+    rows, row_ok = _row_block(num_tokens, BLOCK_T)
     kk = tl.arange(0, BLOCK_K)
     km = row_ok[:, None] & (kk[None, :] < NUM_TOPK)
     ss = tl.arange(0, BLOCK_S)
@@ -257,10 +269,7 @@ def pack_meta(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch.Ten
 def _gather_rows_kernel(src_ptr, stride_s, map_ptr, out_ptr, num_out, num_words,
                         BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_W + tl.arange(0, BLOCK_W)
-    row_ok = rows < num_out
-    col_ok = cols < num_words
+    rows, cols, row_ok, col_ok = _word_tile(num_out, num_words, BLOCK_T, BLOCK_W)
     src = tl.load(map_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
     v = tl.load(src_ptr + src[:, None] * stride_s + cols[None, :], mask=(src >= 0)[:, None] & col_ok[None, :],
                 other=0)
@@ -310,8 +319,7 @@ def _unpack_meta_kernel(meta_ptr, map_ptr, idx_ptr, w_ptr, src_ptr, sf_ptr, num_
                         SF_W: tl.constexpr, W_OFF: tl.constexpr, SF_OFF: tl.constexpr, HAS_MAP: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < num_out
+    rows, row_ok = _row_block(num_out, BLOCK_T)
     if HAS_MAP:
         src = tl.load(map_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
     else:

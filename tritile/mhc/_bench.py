@@ -186,12 +186,14 @@ def _apply_cases(device, quick):
                        check=_close(tol), nbytes=fwd_b + bwd_b)
 
 
-def _post_data(n0, n1, h, device):
+def post_data(n0, n1, h, device, n=N):
+    """Random ``mhc_post`` inputs (shared with its tests): bf16 ``x (n0, n1, h)``, bf16 ``residual (n0, n1, n, h)``,
+    fp32 ``post (n0, n1, n, 1)``, fp32 ``comb (n0, n1, n, n)`` and a bf16 output gradient ``(n0, n1, n, h)``."""
     x = torch.randn(n0, n1, h, dtype=torch.bfloat16, device=device)
-    r = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
-    p = torch.randn(n0, n1, N, 1, device=device)
-    c = torch.randn(n0, n1, N, N, device=device)
-    g = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
+    r = torch.randn(n0, n1, n, h, dtype=torch.bfloat16, device=device)
+    p = torch.randn(n0, n1, n, 1, device=device)
+    c = torch.randn(n0, n1, n, n, device=device)
+    g = torch.randn(n0, n1, n, h, dtype=torch.bfloat16, device=device)
     return x, r, p, c, g
 
 
@@ -208,7 +210,7 @@ def _post_tol(out, ref):
 def _post_cases(device, quick):
     for n0, n1, h in _shapes(device, quick):
         t = n0 * n1
-        x, r, p, c, g = _post_data(n0, n1, h, device)
+        x, r, p, c, g = post_data(n0, n1, h, device)
         fwd_b = t * (N * N * 4 + N * h * 2 + N * 4 + h * 2 + N * h * 2)
         bwd_b = t * (3 * N * h * 2 + 2 * h * 2 + 2 * N * N * 4 + 2 * N * 4)
         out = torch.empty_like(r)

@@ -21,7 +21,11 @@ helpers do not need to know the block shapes.
 
 Signatures used by other kernels (keep them stable): ``load_split_mixes``, ``sinkhorn_fwd``, ``apply_mix``,
 ``post_mix``, ``extract``, ``ordered_sum``, ``mix_affine``, ``sigmoid_f32``, ``pre_from_logit``,
-``post_from_logit``.  ``sinkhorn_bwd`` is used by the Sinkhorn backward kernel only.
+``post_from_logit``.  ``sinkhorn_bwd`` is used by the Sinkhorn backward kernel only.  The program prologues
+(``token_block``, ``token_prologue``, ``tile_prologue``, ``hidden_range``) and the addresses of the layouts
+(``stream_block``, ``comb_block`` / ``comb_offsets``, ``hidden_tile``, ``residual_offsets``) are shared by the
+per-token kernels; the host side has the launch rules (``hidden_block``, ``residual_tile_config``,
+``token_config``, ``partial_programs``).
 
 Fused multiply-add: every stream accumulation is written ``acc = tl.fma(w, x, acc)`` explicitly (one
 rounding on the GPU, a product and a sum under the interpreter: the same on each backend for every
@@ -33,7 +37,83 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tritile.config import get_num_sms
 from tritile.language import exp_f32
+from tritile.runtime import interpreter_configs
+from tritile.utils import ceil_div, next_power_of_two
+
+
+# ------------------------------------------------------------------------------------------------
+# Program prologues: token blocks, stream indices, hidden chunks and the addresses of each layout
+# ------------------------------------------------------------------------------------------------
+# ``stream_block``, ``comb_block`` and ``hidden_tile`` return pointers (``ptr + a + b``) and then the mask;
+# ``comb_offsets`` and ``residual_offsets`` the mask and then offsets to add to a pointer (``ptr + (a + b)``).  The
+# addresses are the same, but the two forms, and the order of the operations, compile to different sm_90 code, so
+# each kernel uses the form and order it was tuned with.
+@triton.jit
+def token_block(T, BT: tl.constexpr):
+    """This program's ``BT`` tokens along grid axis 0: int64 indices ``tok [BT]`` and their mask ``tok < T``."""
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    return tok, tok < T
+
+
+@triton.jit
+def token_prologue(T, BT: tl.constexpr, BN: tl.constexpr):
+    """Prologue of the kernels over token blocks (grid axis 0): ``tok [BT]`` (int64), the stream indices ``n2 [1, BN]``
+    (per-stream rows), ``n3 [1, BN, 1]`` (axis 1 of residual tiles and comb matrices: stream ``i``) and
+    ``o3 [1, 1, BN]`` (axis 2 of comb matrices: stream ``o``), and the token mask ``tok < T``."""
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    n = tl.arange(0, BN)
+    return tok, n[None, :], n[None, :, None], n[None, None, :], tok < T
+
+
+@triton.jit
+def tile_prologue(T, BT: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr):
+    """:func:`token_prologue` for the kernels over ``[BT tokens, BH hidden columns]`` tiles (grid axes 0 and 1):
+    ``tok``, the hidden columns ``h [BH]``, ``n2``, ``n3``, ``o3`` and ``tok < T``."""
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    n = tl.arange(0, BN)
+    return tok, h, n[None, :], n[None, :, None], n[None, None, :], tok < T
+
+
+@triton.jit
+def hidden_range(c, H, BH: tl.constexpr):
+    """Hidden chunk ``c``: columns ``h = c * BH + [0, BH)`` and their mask ``h < H``."""
+    h = c * BH + tl.arange(0, BH)
+    return h, h < H
+
+
+@triton.jit
+def stream_block(ptr, tok, tm, n2, N: tl.constexpr):
+    """Pointers ``[BT, BN]`` into contiguous ``(T, N)`` per-stream rows (pre / post weights), and their mask."""
+    return ptr + tok[:, None] * N + n2, tm[:, None] & (n2 < N)
+
+
+@triton.jit
+def comb_block(ptr, tok, tm, n3, o3, N: tl.constexpr):
+    """Pointers ``[BT, BN, BN]`` into contiguous ``(T, N, N)`` comb matrices (``[i, o]``), and their mask."""
+    return ptr + tok[:, None, None] * (N * N) + n3 * N + o3, tm[:, None, None] & (n3 < N) & (o3 < N)
+
+
+@triton.jit
+def comb_offsets(tok, tm, n3, o3, N: tl.constexpr):
+    """Offsets ``[BT, BN, BN]`` into contiguous ``(T, N, N)`` comb matrices, and their mask."""
+    mask = tm[:, None, None] & (n3 < N) & (o3 < N)
+    return tok[:, None, None] * (N * N) + n3 * N + o3, mask
+
+
+@triton.jit
+def hidden_tile(ptr, tok, tm, h, hm, H):
+    """Pointers ``[BT, BH]`` into a contiguous ``(T, H)`` hidden state at columns ``h``, and their mask."""
+    return ptr + tok[:, None] * H + h[None, :], tm[:, None] & hm[None, :]
+
+
+@triton.jit
+def residual_offsets(tok, tm, n3, h, hm, N: tl.constexpr, H):
+    """Offsets ``[BT, BN, BH]`` into a contiguous ``(T, N, H)`` residual at hidden columns ``h``, and their mask."""
+    mask = tm[:, None, None] & (n3 < N) & hm[None, None, :]
+    return tok[:, None, None] * (N * H) + n3 * H + h[None, None, :], mask
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,23 +316,39 @@ def post_mix(y, x, post, comb, n2, n3, N: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 def hidden_block(hidden: int, cap: int = 1024) -> int:
     """Hidden-chunk width: the largest power of two ``<= cap`` dividing ``hidden`` when that is at least 256
-    (no masked lanes: 7168 -> 1024, 2560 -> 512, 7680 -> 512), else ``min(cap, next_pow2(hidden))``."""
+    (no masked lanes: 7168 -> 1024, 2560 -> 512, 7680 -> 512), else ``min(cap, next_pow2(hidden))`` (at least 16)."""
     b = cap
     while b >= 256:
         if hidden % b == 0:
             return b
         b //= 2
-    p = 1
-    while p < hidden:
-        p *= 2
-    return max(16, min(cap, p))
+    return max(16, min(cap, next_power_of_two(hidden)))
 
 
-def next_pow2(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
+def residual_tile_config(hidden: int, bn: int, one_token: bool = False, interp_elems: int = 8192) -> dict:
+    """Launch config ``BT`` / ``BH`` / ``num_warps`` of the kernels over ``[BT, BN, BH]`` residual tiles.
+
+    GPU: ``BH = hidden_block(hidden)`` and tiles of about 4096 elements (8 KiB of bf16 per program and operand), or
+    one token per program (``one_token``: the backward kernels, which walk a token's hidden chunks in turn, so that
+    per-token sums need no atomics).  Interpreter: chunks up to 2048 wide and tiles of about ``interp_elems``
+    elements (fewer, larger programs)."""
+    if interpreter_configs():
+        bh = hidden_block(hidden, cap=2048)
+        return dict(BT=max(1, interp_elems // (bh * bn)), BH=bh, num_warps=4)
+    bh = hidden_block(hidden)
+    return dict(BT=1 if one_token else max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
+
+
+def token_config(gpu_bt: int, interp_bt: int) -> dict:
+    """Launch config of the small per-token kernels: ``BT`` tokens per program (``interp_bt`` under the interpreter,
+    ``gpu_bt`` elsewhere) at 4 warps."""
+    return dict(BT=interp_bt if interpreter_configs() else gpu_bt, num_warps=4)
+
+
+def partial_programs(num_tokens: int, bt: int) -> int:
+    """Program count of the backward kernels that write one row of partial sums each (deterministic, no atomics):
+    one program per ``bt``-token block, at most one per SM (each then strides over the blocks)."""
+    return max(1, min(get_num_sms(), ceil_div(num_tokens, bt)))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,13 +24,19 @@ __all__ = ["expand_to_mhc_fwd_tl", "expand_to_mhc_bwd_tl"]
 
 
 @triton.jit
+def _expand_tile(T, H: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """This program's ``[BT, BH]`` tile: tokens (grid axis 0, int64), hidden columns (axis 1) and the mask."""
+    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    return tok, h, (tok < T)[:, None] & (h < H)[None, :]
+
+
+@triton.jit
 def _expand_fwd_kernel(x_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr,
                        BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
     """``out[t, m, h] = x[t, h]`` for every stream ``m`` (a bit copy)."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    mask = (tok < T)[:, None] & (h < H)[None, :]
+    tok, h, mask = _expand_tile(T, H, BT, BH)
     x = tl.load(x_ptr + tok[:, None] * H + h[None, :], mask=mask)
     base = out_ptr + tok[:, None] * (N * H) + h[None, :]
     for m in tl.static_range(N):
@@ -42,9 +48,7 @@ def _expand_bwd_kernel(g_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr,
                        BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
     """``out[t, h] = bf16(sum_m fp32(g[t, m, h]))``, added ``m = 0..N-1`` left to right."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    mask = (tok < T)[:, None] & (h < H)[None, :]
+    tok, h, mask = _expand_tile(T, H, BT, BH)
     base = g_ptr + tok[:, None] * (N * H) + h[None, :]
     acc = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     for m in tl.static_range(1, N):

@@ -12,11 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tritile.config import get_num_sms
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import mix_affine, next_pow2, pre_from_logit, sigmoid_f32
-from tritile.runtime import custom_op, empty, interpreter_configs
-from tritile.utils import ceil_div
+from tritile.mhc._common import mix_affine, partial_programs, pre_from_logit, sigmoid_f32, token_config
+from tritile.runtime import custom_op, empty
+from tritile.utils import ceil_div, next_power_of_two
 
 
 @triton.jit
@@ -63,9 +62,7 @@ def _head_bwd_kernel(x_ptr, scale_ptr, base_ptr, g_ptr, dx_ptr, pscale_ptr, pbas
 
 
 def _config(n: int) -> dict:
-    if interpreter_configs():
-        return dict(BT=1024, num_warps=4)
-    return dict(BT=max(1, 512 // next_pow2(n)), num_warps=4)
+    return token_config(max(1, 512 // next_power_of_two(n)), 1024)
 
 
 @custom_op("mhc_head_compute_mix_fwd", fake=lambda x, scale, base, eps: x.new_empty(x.shape))
@@ -76,7 +73,7 @@ def head_fwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: 
     if t == 0 or n == 0:
         return out
     cfg = _config(n)
-    _head_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, scale, base, out, t, float(pre_eps), N=n, BN=next_pow2(n),
+    _head_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, scale, base, out, t, float(pre_eps), N=n, BN=next_power_of_two(n),
                                                 BT=cfg["BT"], num_warps=cfg["num_warps"], **pdl_args(x.device))
     return out
 
@@ -92,8 +89,8 @@ def head_bwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
     if t == 0 or n == 0:
         return dx, torch.zeros(1, dtype=torch.float32, device=dev), torch.zeros(n, dtype=torch.float32, device=dev)
     cfg = _config(n)
-    bn = next_pow2(n)
-    nprog = max(1, min(get_num_sms(), ceil_div(t, cfg["BT"])))
+    bn = next_power_of_two(n)
+    nprog = partial_programs(t, cfg["BT"])
     pscale = empty((nprog, bn), torch.float32, dev)
     pbase = empty((nprog, bn), torch.float32, dev)
     _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=bn, BT=cfg["BT"],

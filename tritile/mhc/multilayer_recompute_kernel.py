@@ -16,9 +16,9 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import apply_mix, hidden_block, next_pow2, post_mix
-from tritile.runtime import check_contiguous, check_tensor, custom_op, interpreter_configs, tuned
-from tritile.utils import ceil_div
+from tritile.mhc._common import apply_mix, post_mix, residual_tile_config, tile_prologue
+from tritile.runtime import check_contiguous, check_tensor, custom_op, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 __all__ = ["mhc_multilayer_recompute"]
 
@@ -49,13 +49,7 @@ def _multilayer_kernel(r0_ptr, pre_tab, y_tab, post_tab, comb_tab, li_tab, res_t
                        N: tl.constexpr, BN: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, BT: tl.constexpr,
                        BH: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    n = tl.arange(0, BN)
-    n2 = n[None, :]
-    n3 = n[None, :, None]
-    o3 = n[None, None, :]
-    tm = tok < T
+    tok, h, n2, n3, o3, tm = tile_prologue(T, BT, BH, BN)
     hm = h < H
     wm = tm[:, None] & (n2 < N)
     cm = tm[:, None, None] & (n3 < N) & (o3 < N)
@@ -81,14 +75,6 @@ def _multilayer_kernel(r0_ptr, pre_tab, y_tab, post_tab, comb_tab, li_tab, res_t
             r = rb.to(tl.float32)
         if i + 1 < L:
             w, y, post, comb = w_n, y_n, post_n, comb_n
-
-
-def _config(hidden: int, bn: int) -> dict:
-    if interpreter_configs():
-        bh = hidden_block(hidden, cap=2048)
-        return dict(BT=max(1, 8192 // (bh * bn)), BH=bh, num_warps=4)
-    bh = hidden_block(hidden)
-    return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
 
 
 def _check_list(name: str, tensors, length: int, dtype: torch.dtype, numel: int, device: torch.device) -> None:
@@ -171,8 +157,8 @@ def _multilayer_op(initial_residual: torch.Tensor, pre_mix_list: List[torch.Tens
     t = initial_residual.numel() // (n * h)
     dev = initial_residual.device
     num_layers, num_post = len(pre_mix_list), len(layer_output_list)
-    bn = next_pow2(n)
-    cfg = tuned("mhc_multilayer_recompute", _config(h, bn))
+    bn = next_power_of_two(n)
+    cfg = tuned("mhc_multilayer_recompute", residual_tile_config(h, bn))
     grid = (ceil_div(t, cfg["BT"]), ceil_div(h, cfg["BH"]))
     _multilayer_kernel[grid](
         initial_residual, _table(pre_mix_list, dev), _table(layer_output_list, dev), _table(post_mix_list, dev),

@@ -12,7 +12,7 @@ Kernels (all launched by the functions below):
 - ``_norm_fn_gemm_kernel``: ``p`` and ``s`` over ``[BLOCK_T tokens] x [one of SPLITS column ranges]`` tiles (a
   split over ``D`` gives enough programs at a few thousand tokens); the partials go to ``(SPLITS, T, n3)`` /
   ``(SPLITS, T)`` float32 scratch.  ``mhc_pre_big_fuse`` runs this same kernel with the same partitioning
-  (:func:`gemm_config`), then reduces the partials with the same helper (:func:`_reduce_splits`), so its mixes
+  (:func:`gemm_config`), then reduces the partials with the same helper (:func:`_normalise`), so its mixes
   are bitwise those of the unfused path.
 - ``_norm_fn_norm_kernel``: sums the partials in split order and normalises (``mixes``, and ``p``, ``s`` for the
   backward).
@@ -41,6 +41,7 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
+from tritile.mhc._common import token_block
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_tensor, custom_op, empty,
                              interpreter_configs, tuned)
 from tritile.utils import ceil_div
@@ -86,6 +87,26 @@ def _rms_scale(s, D, eps):
 
 
 @triton.jit
+def _mix_cols(N3: tl.constexpr, N3P: tl.constexpr):
+    """The projection's columns ``j [N3P]`` (padded for ``tl.dot``) and their mask ``j < N3``."""
+    j = tl.arange(0, N3P)
+    return j, j < N3
+
+
+@triton.jit
+def _split_grid_block(n, BLOCK: tl.constexpr, N3: tl.constexpr, N3P: tl.constexpr):
+    """Prologue of the kernels over ``(block, split)`` grids: the split ``k`` (grid axis 1, int64), this program's
+    ``BLOCK`` indices along grid axis 0 (int64) with their mask ``< n``, and the columns ``j``, ``j_ok``
+    (:func:`_mix_cols`)."""
+    pid = tl.program_id(0).to(tl.int64)
+    pid_k = tl.program_id(1).to(tl.int64)
+    idx = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < n
+    j, j_ok = _mix_cols(N3, N3P)
+    return pid_k, idx, ok, j, j_ok
+
+
+@triton.jit
 def _reduce_splits(p_ptr, s_ptr, rows, row_ok, cols, col_ok, num_tokens, SPLITS: tl.constexpr, N3: tl.constexpr):
     """Sum the GEMM's ``SPLITS`` partials of ``p`` (``[rows, cols]``) and ``s`` (``[rows]``) in split order."""
     m = row_ok[:, None] & col_ok[None, :]
@@ -95,6 +116,17 @@ def _reduce_splits(p_ptr, s_ptr, rows, row_ok, cols, col_ok, num_tokens, SPLITS:
         p += tl.load(p_ptr + (k * num_tokens + rows)[:, None] * N3 + cols[None, :], mask=m, other=0.0)
         s += tl.load(s_ptr + k * num_tokens + rows, mask=row_ok, other=0.0)
     return p, s
+
+
+@triton.jit
+def _normalise(p_part_ptr, s_part_ptr, rows, row_ok, num_tokens, D, eps, SPLITS: tl.constexpr, N3: tl.constexpr,
+               N3P: tl.constexpr):
+    """``norm_fn``'s normalisation of a block of tokens: the columns ``j``, ``j_ok`` (:func:`_mix_cols`), the GEMM's
+    partials summed in split order (:func:`_reduce_splits`: ``p [rows, N3P]``, ``s [rows]``) and the RMS factor
+    ``r = rsqrt(s / D + eps)``; the mixes are ``p * r[:, None]``."""
+    j, j_ok = _mix_cols(N3, N3P)
+    p, s = _reduce_splits(p_part_ptr, s_part_ptr, rows, row_ok, j, j_ok, num_tokens, SPLITS, N3)
+    return j, j_ok, p, s, _rms_scale(s, D, eps)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,12 +152,7 @@ def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
     """Program ``(t, k)``: tokens ``[t BLOCK_T, (t+1) BLOCK_T)``, columns ``[k ITERS BLOCK_D, (k+1) ITERS BLOCK_D)``.
     Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32)."""
     pdl_enter(PDL)
-    pid_t = tl.program_id(0).to(tl.int64)
-    pid_k = tl.program_id(1).to(tl.int64)
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < num_tokens
-    j = tl.arange(0, N3P)
-    j_ok = j < N3
+    pid_k, rows, row_ok, j, j_ok = _split_grid_block(num_tokens, BLOCK_T, N3, N3P)
     acc = tl.zeros([BLOCK_T, N3P], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T], dtype=tl.float32)
     d0 = pid_k * (ITERS * BLOCK_D)
@@ -148,12 +175,8 @@ def _norm_fn_norm_kernel(p_part_ptr, s_part_ptr, mixes_ptr, p_ptr, s_ptr, num_to
                          SAVE: tl.constexpr, PDL: tl.constexpr):
     """``mixes = p r`` from the split partials; with ``SAVE`` also the summed ``p`` and ``s``."""
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < num_tokens
-    j = tl.arange(0, N3P)
-    j_ok = j < N3
-    p, s = _reduce_splits(p_part_ptr, s_part_ptr, rows, row_ok, j, j_ok, num_tokens, SPLITS, N3)
-    r = _rms_scale(s, D, eps)
+    rows, row_ok = token_block(num_tokens, BLOCK_T)
+    j, j_ok, p, s, r = _normalise(p_part_ptr, s_part_ptr, rows, row_ok, num_tokens, D, eps, SPLITS, N3, N3P)
     m = row_ok[:, None] & j_ok[None, :]
     offs = rows[:, None] * N3 + j[None, :]
     tl.store(mixes_ptr + offs, p * r[:, None], mask=m)
@@ -169,10 +192,8 @@ def _norm_fn_bwd_norm_kernel(g_ptr, p_ptr, s_ptr, gp_ptr, gs_ptr, num_tokens, D,
     """``g_p = g r`` (TF32-rounded with ``TF32``; zero-padded to ``N3P`` columns) and
     ``g_s = (sum_j g_j p_j) r / (s + eps D) / -2``."""
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < num_tokens
-    j = tl.arange(0, N3P)
-    j_ok = j < N3
+    rows, row_ok = token_block(num_tokens, BLOCK_T)
+    j, j_ok = _mix_cols(N3, N3P)
     m = row_ok[:, None] & j_ok[None, :]
     g = tl.load(g_ptr + rows[:, None] * N3 + j[None, :], mask=m, other=0.0)
     p = tl.load(p_ptr + rows[:, None] * N3 + j[None, :], mask=m, other=0.0)
@@ -196,12 +217,7 @@ def _norm_fn_bwd_mul_kernel(gp_ptr, gs_ptr, x_ptr, fn_ptr, acc_ptr, gx_ptr, gfn_
     ``SPLIT_BF16`` (``g_p`` holds TF32 values): both TF32 operands run as exact bf16 hi/lo pairs
     (:func:`_split_tf32`) through bf16 MMAs with the bf16 ``x`` (exact products, float32 accumulation)."""
     pdl_enter(PDL)
-    pid_c = tl.program_id(0).to(tl.int64)
-    pid_k = tl.program_id(1).to(tl.int64)
-    cols = pid_c * BLOCK_D + tl.arange(0, BLOCK_D)
-    c_ok = cols < D
-    j = tl.arange(0, N3P)
-    j_ok = j < N3
+    pid_k, cols, c_ok, j, j_ok = _split_grid_block(D, BLOCK_D, N3, N3P)
     f = _tf32(tl.load(fn_ptr + j[:, None] * D + cols[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0))
     f_hi, f_lo = _split_tf32(f)
     gfn = tl.zeros([N3P, BLOCK_D], dtype=tl.float32)

@@ -15,10 +15,12 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import apply_mix, extract, hidden_block, next_pow2, post_mix, set_post_grad_buffer
+from tritile.mhc._common import (apply_mix, comb_block, extract, hidden_tile, post_mix, residual_offsets,
+                                 residual_tile_config, set_post_grad_buffer, stream_block, tile_prologue,
+                                 token_prologue)
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
-                             empty, interpreter_configs, tuned)
-from tritile.utils import ceil_div
+                             empty, tuned)
+from tritile.utils import ceil_div, next_power_of_two
 
 __all__ = ["mhc_post_fwd", "mhc_post_bwd"]
 
@@ -28,20 +30,15 @@ def _post_fwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, H: tl.constex
                      BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
     """``out[t, o, h] = bf16(post[t, o] * y[t, h] + sum_i comb[t, i, o] * x[t, i, h])`` (``_common.post_mix``)."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    n = tl.arange(0, BN)
-    n2 = n[None, :]
-    n3 = n[None, :, None]
-    o3 = n[None, None, :]
-    tm = tok < T
+    tok, h, n2, n3, o3, tm = tile_prologue(T, BT, BH, BN)
     hm = h < H
-    post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
-    comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3,
-                   mask=tm[:, None, None] & (n3 < N) & (o3 < N), other=0.0)
-    y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=tm[:, None] & hm[None, :], other=0.0)
-    m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
-    offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+    post_ptrs, ms = stream_block(post_ptr, tok, tm, n2, N)
+    post = tl.load(post_ptrs, mask=ms, other=0.0)
+    comb_ptrs, mc = comb_block(comb_ptr, tok, tm, n3, o3, N)
+    comb = tl.load(comb_ptrs, mask=mc, other=0.0)
+    y_ptrs, m2 = hidden_tile(y_ptr, tok, tm, h, hm, H)
+    y = tl.load(y_ptrs, mask=m2, other=0.0)
+    offs, m3 = residual_offsets(tok, tm, n3, h, hm, N, H)
     x = tl.load(x_ptr + offs, mask=m3, other=0.0)
     out = post_mix(y.to(tl.float32), x.to(tl.float32), post, comb, n2, n3, N)
     tl.store(out_ptr + offs, f32_to_bf16(out), mask=m3)
@@ -56,12 +53,7 @@ def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dp
     ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in
     ``o`` order), ``dpost[t, o] = sum_h y[h] g_o[h]``, ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` (fp32)."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    n = tl.arange(0, BN)
-    n2 = n[None, :]
-    n3 = n[None, :, None]
-    o3 = n[None, None, :]
-    tm = tok < T
+    tok, n2, n3, o3, tm = token_prologue(T, BT, BN)
     post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
     cmask = tm[:, None, None] & (n3 < N) & (o3 < N)
     comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cmask, other=0.0)
@@ -87,23 +79,6 @@ def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dp
     tl.store(dpost_ptr + tok[:, None] * N + n2, dpost, mask=tm[:, None] & (n2 < N))
     tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, dcomb, mask=cmask)
 
-
-def _fwd_config(hidden: int, bn: int) -> dict:
-    """``[BT, BN, BH]`` residual tiles of about 4096 elements (8 KiB of bf16 per program and operand)."""
-    if interpreter_configs():
-        bh = hidden_block(hidden, cap=2048)
-        return dict(BT=max(1, 8192 // (bh * bn)), BH=bh, num_warps=4)
-    bh = hidden_block(hidden)
-    return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
-
-
-def _bwd_config(hidden: int, bn: int) -> dict:
-    """One token per program on the GPU (its hidden chunks walked in turn: per-token sums need no atomics)."""
-    if interpreter_configs():
-        bh = hidden_block(hidden, cap=2048)
-        return dict(BT=max(1, 8192 // (bh * bn)), BH=bh, num_warps=4)
-    bh = hidden_block(hidden)
-    return dict(BT=1, BH=bh, num_warps=4)
 
 
 def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optional[int] = None) -> Tuple[int, int]:
@@ -159,8 +134,8 @@ def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     t = b * s
     if t == 0 or h == 0:
         return
-    bn = next_pow2(n)
-    cfg = tuned("mhc_post_fwd", _fwd_config(h, bn))
+    bn = next_power_of_two(n)
+    cfg = tuned("mhc_post_fwd", residual_tile_config(h, bn))
     grid = (ceil_div(t, cfg["BT"]), ceil_div(h, cfg["BH"]))
     _post_fwd_kernel[grid](x, residual, post_layer_mix, comb_res_mix, out, t, H=h, N=n, BN=bn, BT=cfg["BT"],
                            BH=cfg["BH"], num_warps=cfg["num_warps"], **pdl_args(x.device))
@@ -185,8 +160,8 @@ def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         d_post.zero_()
         d_comb.zero_()
     elif t > 0:
-        bn = next_pow2(n)
-        cfg = tuned("mhc_post_bwd", _bwd_config(h, bn))
+        bn = next_power_of_two(n)
+        cfg = tuned("mhc_post_bwd", residual_tile_config(h, bn, one_token=True))
         _post_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
             x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, N=n, BN=bn,
             BT=cfg["BT"], BH=cfg["BH"], NCH=ceil_div(h, cfg["BH"]), num_warps=cfg["num_warps"], **pdl_args(dev))

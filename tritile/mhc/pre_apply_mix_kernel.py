@@ -14,9 +14,10 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import apply_mix, hidden_block, next_pow2
-from tritile.runtime import custom_op, empty, interpreter_configs, tuned
-from tritile.utils import ceil_div
+from tritile.mhc._common import (apply_mix, hidden_range, hidden_tile, residual_offsets, residual_tile_config,
+                                 stream_block, tile_prologue, token_prologue)
+from tritile.runtime import custom_op, empty, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 
 @triton.jit
@@ -24,13 +25,9 @@ def _apply_mix_fwd_kernel(x_ptr, mix_ptr, out_ptr, T, H: tl.constexpr, N: tl.con
                           BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
     """``out[t, h] = bf16(sum_m mix[t, m] * x[t, m, h])`` (``_common.apply_mix`` order)."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    n = tl.arange(0, BN)
-    n2 = n[None, :]
-    n3 = n[None, :, None]
-    tm = tok < T
-    w = tl.load(mix_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    tok, h, n2, n3, _, tm = tile_prologue(T, BT, BH, BN)
+    w_ptrs, ms = stream_block(mix_ptr, tok, tm, n2, N)
+    w = tl.load(w_ptrs, mask=ms, other=0.0)
     m3 = tm[:, None, None] & (n3 < N) & (h < H)[None, None, :]
     x = tl.load(x_ptr + tok[:, None, None] * (N * H) + n3 * H + h[None, None, :], mask=m3, other=0.0)
     u = apply_mix(x.to(tl.float32), w, n2, n3, N)
@@ -46,19 +43,15 @@ def _apply_mix_bwd_kernel(x_ptr, mix_ptr, g_ptr, dx_ptr, dmix_ptr, T, H: tl.cons
     ``dmix[t, m] = sum_h g[t, h] * x[t, m, h]`` (fp32); ``dx[t, m, h] = bf16(fma(mix[t, m], g[t, h], acc))`` with
     ``acc`` the fp32 value already in ``dx`` when ``ACC`` (in-place accumulation), else 0."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    n = tl.arange(0, BN)
-    n2 = n[None, :]
-    n3 = n[None, :, None]
-    tm = tok < T
-    w = tl.load(mix_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
+    tok, n2, n3, _, tm = token_prologue(T, BT, BN)
+    w_ptrs, ms = stream_block(mix_ptr, tok, tm, n2, N)
+    w = tl.load(w_ptrs, mask=ms, other=0.0)
     dmix = tl.zeros([BT, BN, BH], tl.float32)
     for c in range(NCH):
-        h = c * BH + tl.arange(0, BH)
-        hm = h < H
-        g = tl.load(g_ptr + tok[:, None] * H + h[None, :], mask=tm[:, None] & hm[None, :], other=0.0).to(tl.float32)
-        m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
-        offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+        h, hm = hidden_range(c, H, BH)
+        g_ptrs, m2 = hidden_tile(g_ptr, tok, tm, h, hm, H)
+        g = tl.load(g_ptrs, mask=m2, other=0.0).to(tl.float32)
+        offs, m3 = residual_offsets(tok, tm, n3, h, hm, N, H)
         x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
         dmix += x * g[:, None, :]
         if ACC:
@@ -67,23 +60,8 @@ def _apply_mix_bwd_kernel(x_ptr, mix_ptr, g_ptr, dx_ptr, dmix_ptr, T, H: tl.cons
         else:
             dx = w[:, :, None] * g[:, None, :]
         tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
-    tl.store(dmix_ptr + tok[:, None] * N + n2, tl.sum(dmix, axis=2), mask=tm[:, None] & (n2 < N))
-
-
-def _fwd_config(hidden: int, bn: int) -> dict:
-    if interpreter_configs():
-        bh = hidden_block(hidden, cap=2048)
-        return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
-    bh = hidden_block(hidden)
-    return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
-
-
-def _bwd_config(hidden: int, bn: int) -> dict:
-    if interpreter_configs():
-        bh = hidden_block(hidden, cap=2048)
-        return dict(BT=max(1, 4096 // (bh * bn)), BH=bh, num_warps=4)
-    bh = hidden_block(hidden)
-    return dict(BT=1, BH=bh, num_warps=4)
+    dmix_ptrs, _ = stream_block(dmix_ptr, tok, tm, n2, N)
+    tl.store(dmix_ptrs, tl.sum(dmix, axis=2), mask=ms)
 
 
 @custom_op("mhc_pre_apply_mix_fwd", mutates_args=("out",), fake=lambda x, mix, out: None)
@@ -93,8 +71,8 @@ def apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor) -> None
     t, n, hdim = x.shape
     if t == 0 or hdim == 0:
         return
-    bn = next_pow2(n)
-    cfg = tuned("mhc_pre_apply_mix_fwd", _fwd_config(hdim, bn))
+    bn = next_power_of_two(n)
+    cfg = tuned("mhc_pre_apply_mix_fwd", residual_tile_config(hdim, bn, interp_elems=4096))
     grid = (ceil_div(t, cfg["BT"]), ceil_div(hdim, cfg["BH"]))
     _apply_mix_fwd_kernel[grid](x, mix, out, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
                                 num_warps=cfg["num_warps"], **pdl_args(x.device))
@@ -116,8 +94,8 @@ def _apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor,
     if hdim == 0:
         dmix.zero_()
         return dx, dmix
-    bn = next_pow2(n)
-    cfg = tuned("mhc_pre_apply_mix_bwd", _bwd_config(hdim, bn))
+    bn = next_power_of_two(n)
+    cfg = tuned("mhc_pre_apply_mix_bwd", residual_tile_config(hdim, bn, one_token=True, interp_elems=4096))
     _apply_mix_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
         x, mix, grad, dx, dmix, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
         NCH=ceil_div(hdim, cfg["BH"]), ACC=acc,

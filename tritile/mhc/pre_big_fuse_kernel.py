@@ -24,8 +24,8 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import empty, interpreter_configs, tuned
 from tritile.utils import ceil_div, next_power_of_two
 
-from ._common import apply_mix, load_split_mixes, sinkhorn_fwd
-from .norm_fn_kernel import N3_PAD, _reduce_splits, _rms_scale, norm_fn_gemm
+from ._common import apply_mix, load_split_mixes, sinkhorn_fwd, token_block
+from .norm_fn_kernel import N3_PAD, _normalise, norm_fn_gemm
 
 _INTERPRET = interpreter_configs()
 
@@ -39,13 +39,9 @@ def _pre_big_fuse_kernel(p_part_ptr, s_part_ptr, scale_ptr, base_ptr, x_ptr, mix
     """Program: ``BLOCK_T`` tokens.  ``mixes`` (float32 ``(T, N3)`` scratch), ``post (T, N)``, ``comb (T, N, N)``
     and ``layer_input (T, H)`` bf16."""
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tok_ok = tok < num_tokens
-    # norm_fn's normalisation (same helpers and expression as _norm_fn_norm_kernel)
-    j = tl.arange(0, N3P)
-    j_ok = j < N3
-    p, s = _reduce_splits(p_part_ptr, s_part_ptr, tok, tok_ok, j, j_ok, num_tokens, SPLITS, N3)
-    r = _rms_scale(s, D_f, rms_eps)
+    tok, tok_ok = token_block(num_tokens, BLOCK_T)
+    # norm_fn's normalisation (the helper of _norm_fn_norm_kernel)
+    j, j_ok, p, _, r = _normalise(p_part_ptr, s_part_ptr, tok, tok_ok, num_tokens, D_f, rms_eps, SPLITS, N3, N3P)
     tl.store(mixes_ptr + tok[:, None] * N3 + j[None, :], p * r[:, None], mask=tok_ok[:, None] & j_ok[None, :])
     tl.debug_barrier()  # the rows are read back below by other threads of the program
     # pre_split_mixes + sinkhorn

@@ -13,19 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
-from tritile.config import get_num_sms
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import load_split_mixes, mix_affine, next_pow2, sigmoid_f32
-from tritile.runtime import custom_op, empty, interpreter_configs
-from tritile.utils import ceil_div
+from tritile.mhc._common import load_split_mixes, mix_affine, partial_programs, sigmoid_f32, token_block, token_config
+from tritile.runtime import custom_op, empty
+from tritile.utils import ceil_div, next_power_of_two
 
 
 @triton.jit
 def _split_fwd_kernel(mixes_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, pre_eps, post_mult,
                       N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    tm = tok < T
+    tok, tm = token_block(T, BT)
     n = tl.arange(0, BN)
     pre, post, comb = load_split_mixes(mixes_ptr, N * (N + 2), scale_ptr, base_ptr, tok, tm, n, n,
                                        pre_eps, post_mult, N)
@@ -83,9 +81,7 @@ def _split_bwd_kernel(mixes_ptr, scale_ptr, base_ptr, post_ptr, gpre_ptr, gpost_
 
 
 def _config() -> dict:
-    if interpreter_configs():
-        return dict(BT=256, num_warps=4)
-    return dict(BT=64, num_warps=4)
+    return token_config(64, 256)
 
 
 def _split_fwd_fake(mixes, scale, base, n, post_mult, pre_eps):
@@ -107,7 +103,7 @@ def split_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: i
         return pre, post, comb
     cfg = _config()
     _split_fwd_kernel[(ceil_div(t, cfg["BT"]),)](mixes, scale, base, pre, post, comb, t, float(pre_eps),
-                                                 float(post_mult), N=n, BN=next_pow2(n), BT=cfg["BT"],
+                                                 float(post_mult), N=n, BN=next_power_of_two(n), BT=cfg["BT"],
                                                  num_warps=cfg["num_warps"], **pdl_args(dev))
     return pre, post, comb
 
@@ -129,8 +125,8 @@ def split_bwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, post
         return g_mixes, torch.zeros(3, dtype=torch.float32, device=dev), torch.zeros(nj, dtype=torch.float32,
                                                                                         device=dev)
     cfg = _config()
-    bj = next_pow2(nj)
-    nprog = max(1, min(get_num_sms(), ceil_div(t, cfg["BT"])))
+    bj = next_power_of_two(nj)
+    nprog = partial_programs(t, cfg["BT"])
     pscale = empty((nprog, bj), torch.float32, dev)
     pbase = empty((nprog, bj), torch.float32, dev)
     _split_bwd_kernel[(nprog,)](mixes, scale, base, post, g_pre, g_post, g_comb, g_mixes, pscale, pbase, t,

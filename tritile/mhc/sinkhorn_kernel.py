@@ -11,21 +11,17 @@ import triton
 import triton.language as tl
 
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import next_pow2, sinkhorn_bwd, sinkhorn_fwd
-from tritile.runtime import custom_op, empty, interpreter_configs, tuned
-from tritile.utils import ceil_div
+from tritile.mhc._common import comb_offsets, sinkhorn_bwd, sinkhorn_fwd, token_config, token_prologue
+from tritile.runtime import custom_op, empty, tuned
+from tritile.utils import ceil_div, next_power_of_two
 
 
 @triton.jit
 def _sinkhorn_fwd_kernel(x_ptr, out_ptr, T, eps, N: tl.constexpr, BN: tl.constexpr, REPEAT: tl.constexpr,
                          BT: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    n = tl.arange(0, BN)
-    i3 = n[None, :, None]
-    o3 = n[None, None, :]
-    m3 = (tok < T)[:, None, None] & (i3 < N) & (o3 < N)
-    offs = tok[:, None, None] * (N * N) + i3 * N + o3
+    tok, _, i3, o3, tm = token_prologue(T, BT, BN)
+    offs, m3 = comb_offsets(tok, tm, i3, o3, N)
     c = tl.load(x_ptr + offs, mask=m3, other=0.0)
     tl.store(out_ptr + offs, sinkhorn_fwd(c, i3, o3, eps, N, REPEAT), mask=m3)
 
@@ -34,12 +30,8 @@ def _sinkhorn_fwd_kernel(x_ptr, out_ptr, T, eps, N: tl.constexpr, BN: tl.constex
 def _sinkhorn_bwd_kernel(x_ptr, g_ptr, dx_ptr, tape_ptr, T, eps, N: tl.constexpr, BN: tl.constexpr,
                          REPEAT: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
-    tok = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    n = tl.arange(0, BN)
-    i3 = n[None, :, None]
-    o3 = n[None, None, :]
-    m3 = (tok < T)[:, None, None] & (i3 < N) & (o3 < N)
-    offs = tok[:, None, None] * (N * N) + i3 * N + o3
+    tok, _, i3, o3, tm = token_prologue(T, BT, BN)
+    offs, m3 = comb_offsets(tok, tm, i3, o3, N)
     c = tl.load(x_ptr + offs, mask=m3, other=0.0)
     g = tl.load(g_ptr + offs, mask=m3, other=0.0)
     # the tape: (2 REPEAT - 1) matrices per token, token-major (a program's slots are contiguous)
@@ -50,10 +42,8 @@ def _sinkhorn_bwd_kernel(x_ptr, g_ptr, dx_ptr, tape_ptr, T, eps, N: tl.constexpr
 
 def _config(n: int) -> dict:
     """Blocks of about 512 matrix entries (32 tokens at n = 4); the interpreter takes 16x larger blocks."""
-    bn = next_pow2(n)
-    if interpreter_configs():
-        return dict(BT=max(1, 8192 // (bn * bn)), num_warps=4)
-    return dict(BT=max(1, 512 // (bn * bn)), num_warps=4)
+    bn = next_power_of_two(n)
+    return token_config(max(1, 512 // (bn * bn)), max(1, 8192 // (bn * bn)))
 
 
 @custom_op("mhc_sinkhorn_fwd", fake=lambda x, repeat, eps: x.new_empty(x.shape))
@@ -64,8 +54,9 @@ def sinkhorn_fwd_launch(x: torch.Tensor, repeat: int, eps: float) -> torch.Tenso
     if t == 0 or n == 0:
         return out
     cfg = tuned("mhc_sinkhorn_fwd", _config(n))
-    _sinkhorn_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, out, t, float(eps), N=n, BN=next_pow2(n), REPEAT=repeat,
-                                                    BT=cfg["BT"], num_warps=cfg["num_warps"], **pdl_args(x.device))
+    _sinkhorn_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, out, t, float(eps), N=n, BN=next_power_of_two(n),
+                                                    REPEAT=repeat, BT=cfg["BT"], num_warps=cfg["num_warps"],
+                                                    **pdl_args(x.device))
     return out
 
 
@@ -78,7 +69,7 @@ def sinkhorn_bwd_launch(x: torch.Tensor, grad: torch.Tensor, repeat: int, eps: f
         return dx
     cfg = tuned("mhc_sinkhorn_bwd", _config(n))
     tape = torch.empty((t, 2 * repeat - 1, n, n), dtype=torch.float32, device=x.device)  # private scratch
-    _sinkhorn_bwd_kernel[(ceil_div(t, cfg["BT"]),)](x, grad, dx, tape, t, float(eps), N=n, BN=next_pow2(n),
+    _sinkhorn_bwd_kernel[(ceil_div(t, cfg["BT"]),)](x, grad, dx, tape, t, float(eps), N=n, BN=next_power_of_two(n),
                                                     REPEAT=repeat, BT=cfg["BT"], num_warps=cfg["num_warps"],
                                                     num_stages=1, **pdl_args(x.device))
     return dx
