@@ -14,7 +14,7 @@ import torch
 from torch.types import Device
 
 __all__ = ["is_interpreter", "interpreter_configs", "tuned", "override_config", "checks_enabled", "override_key",
-           "kernel_device_ok", "check_device", "check_same_device", "set_poison_outputs", "poison_outputs", "poison_",
+           "check_int", "kernel_device_ok", "check_device", "check_same_device", "set_poison_outputs", "poison_outputs", "poison_",
            "empty", "empty_strided", "dtype_name", "check_tensor", "check_shape", "check_inner_contiguous",
            "check_contiguous", "check_choice", "check_no_overlap", "custom_op"]
 
@@ -212,6 +212,15 @@ def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
 def check_contiguous(name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides {tuple(t.stride())}")
+
+
+def check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
+    """``value`` as an int (a ``bool`` is not one): TypeError naming ``name`` otherwise, ValueError below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:

@@ -12,11 +12,11 @@ from tritile.config import get_num_sms
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import custom_op
-from tritile.runtime import (check_contiguous, check_device, check_tensor, empty, interpreter_configs, override_key,
-                             tuned)
+from tritile.runtime import (check_contiguous, check_device, check_int, check_tensor, empty, interpreter_configs,
+                             override_key, tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
-from .group_count_kernel import check_index_range, count_chunks, grid_config, single_config
+from .group_count_kernel import check_index_range, count_chunks, count_plan, grid_config, single_config
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -114,11 +114,8 @@ def _check(topk_idx, num_experts, num_aux_topk) -> None:
     check_tensor("topk_idx", topk_idx, dtypes=(torch.int64,), ndim=2)
     check_contiguous("topk_idx", topk_idx)
     check_device("topk_idx", topk_idx)
-    for name, v in (("num_experts", num_experts), ("num_aux_topk", num_aux_topk)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be positive, got {v}")
+    check_int("num_experts", num_experts, 1)
+    check_int("num_aux_topk", num_aux_topk, 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,9 +123,4 @@ def _plan(numel: int, num_experts: int, num_sms: int, override) -> tuple:
     """(single, programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
     ``override_key("aux_fi")``, so tuning sweeps see their candidates."""
     cfg = tuned("aux_fi", _config(numel, num_experts, num_sms, _INTERPRET))
-    bins = max(16, next_power_of_two(num_experts))
-    if numel <= cfg["SINGLE_MAX"]:
-        return True, 1, max(16, next_power_of_two(numel)), bins, cfg["SINGLE_WARPS"]
-    block = cfg["BLOCK"]
-    programs = max(1, min(cfg["PROGRAMS_PER_SM"] * num_sms, ceil_div(max(numel, 1), block)))
-    return False, programs, block, bins, cfg["num_warps"]
+    return count_plan(cfg, numel, num_experts, num_sms, cfg["PROGRAMS_PER_SM"])

@@ -12,8 +12,8 @@ from tritile.config import get_num_sms
 from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import custom_op
-from tritile.runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
-                             override_key, tuned)
+from tritile.runtime import (check_contiguous, check_device, check_int, check_tensor, checks_enabled, empty,
+                             interpreter_configs, override_key, tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
@@ -140,12 +140,18 @@ def _config(numel: int, num_groups: int, num_sms: int, interpret: bool) -> dict:
 def _plan(numel: int, num_groups: int, num_sms: int, override) -> tuple:
     """(single, programs, BLOCK, BINS, num_warps); cached (the host path is latency-bound).  ``override``:
     ``override_key("group_count")``, so tuning sweeps see their candidates."""
-    cfg = tuned("group_count", _config(numel, num_groups, num_sms, _INTERPRET))
-    bins = max(16, next_power_of_two(num_groups))
+    return count_plan(tuned("group_count", _config(numel, num_groups, num_sms, _INTERPRET)), numel, num_groups,
+                      num_sms)
+
+
+def count_plan(cfg: dict, numel: int, num_bins: int, num_sms: int, programs_per_sm: int = 2) -> tuple:
+    """(single, programs, BLOCK, BINS, num_warps) of a counting launch (``group_count``, ``aux_fi``) from its
+    config: the one-program path up to ``SINGLE_MAX`` entries, else at most ``programs_per_sm`` programs per SM."""
+    bins = max(16, next_power_of_two(num_bins))
     if numel <= cfg["SINGLE_MAX"]:
         return True, 1, max(16, next_power_of_two(numel)), bins, cfg["SINGLE_WARPS"]
     block = cfg["BLOCK"]
-    programs = max(1, min(2 * num_sms, ceil_div(numel, block)))
+    programs = max(1, min(programs_per_sm * num_sms, ceil_div(max(numel, 1), block)))
     return False, programs, block, bins, cfg["num_warps"]
 
 
@@ -154,7 +160,4 @@ def _check(group_idx, num_groups) -> None:
     check_tensor("group_idx", group_idx, dtypes=(torch.int64,), ndim=2)
     check_contiguous("group_idx", group_idx)
     check_device("group_idx", group_idx)
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int):
-        raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}")
-    if num_groups < 1:
-        raise ValueError(f"num_groups must be positive, got {num_groups}")
+    check_int("num_groups", num_groups, 1)

@@ -8,7 +8,8 @@ from typing import Optional
 import torch
 
 from tritile.mhc.expand_kernel import expand_alloc, expand_bwd, expand_fwd
-from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor
+from tritile.runtime import (check_contiguous, check_device, check_int, check_same_device, check_shape,
+                             check_tensor)
 
 __all__ = ["expand_to_mhc", "MHCExpand"]
 
@@ -51,10 +52,7 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tenso
         raise ValueError("hidden must be (..., H), got a 0D tensor")
     check_contiguous("hidden", hidden)
     check_device("hidden", hidden)
-    if isinstance(mhc_mult, bool) or not isinstance(mhc_mult, int):
-        raise TypeError(f"mhc_mult must be an int, got {type(mhc_mult).__name__}")
-    if mhc_mult < 1:
-        raise ValueError(f"mhc_mult must be at least 1, got {mhc_mult}")
+    check_int("mhc_mult", mhc_mult, 1)
     if out is not None:
         check_tensor("out", out, dtypes=(torch.bfloat16,))
         check_shape("out", out, tuple(hidden.shape[:-1]) + (mhc_mult, hidden.shape[-1]))
