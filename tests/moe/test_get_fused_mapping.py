@@ -130,6 +130,20 @@ def test_get_fused_mapping_field8_full_chunk(num_experts, device):
                          ref_fused_mapping(topk_idx, num_experts, 0, alignment))
 
 
+@pytest.mark.parametrize("num_experts,num_tokens,num_topk", [(9, 700, 2), (16, 300, 8), (32, 330, 6), (32, 1500, 9)])
+def test_get_fused_mapping_gpu_rule(num_experts, num_tokens, num_topk, device):
+    """The GPU's default config for the shape (8-bit counters on 128- / 256-slot chunks, or the 16-bit rules past
+    their table bound), run in the interpreter too."""
+    from tritile.moe.get_fused_mapping_kernel import _default_config
+
+    cfg = _default_config(num_experts, num_tokens * num_topk, 132, False)
+    topk_idx = torch.randint(-1, num_experts, (num_tokens, num_topk), device=device)
+    with override_config("get_fused_mapping", **cfg):
+        for alignment in (1, 128):
+            _assert_same(get_fused_mapping(topk_idx, num_experts, 0, alignment),
+                         ref_fused_mapping(topk_idx, num_experts, 0, alignment))
+
+
 @pytest.mark.parametrize("extra", [0, 1, 77])
 def test_get_fused_mapping_fixed_size(extra, device):
     """num_expanded_tokens > 0: no sync, the list is [], positions past the segments are padding."""
