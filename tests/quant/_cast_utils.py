@@ -8,6 +8,14 @@ import torch
 from tritile.testing import assert_equal, clear_unused_sf  # noqa: F401  (re-exported for the tests)
 
 
+def assert_bad_inputs(cases) -> None:
+    """Each ``(exception type, message pattern, call)`` of ``cases``: ``call()`` raises that exception with a message
+    matching the pattern (a bad-input table: every call is checked, in order)."""
+    for exc, match, call in cases:
+        with pytest.raises(exc, match=match):
+            call()
+
+
 def assert_sf_equal(sf: torch.Tensor, ref: torch.Tensor, hidden: int, block_k: int) -> None:
     """Bitwise sf comparison: dtype, shape and strides, plus the logical bytes (packed: used bytes only)."""
     assert sf.dtype == ref.dtype, (sf.dtype, ref.dtype)

@@ -1,5 +1,5 @@
-"""per_block_cast_lossless: the word kernel's speed-only flags PRMT (byte-permute fast path) and PAIR64 (int64 pair
-stores in the load's layout) give the default path's bits: every FP4 code x every multiplier exponent the fast
+"""per_block_cast_lossless: the word kernel's speed-only flags PRMT (byte-permute fast path) and GRID_1D (the tiles on
+a 1-D grid, K fastest; with PRMT the GPU's default at (1, 128) out blocks) give the default path's bits: every FP4 code x every multiplier exponent the fast
 path accepts (-5..6), zero multipliers, non-finite blocks, both sf layouts in and out, ragged tiles, and tiles that
 fall back to the slow (float) path.  Plus ``prmt``'s interpreter stand-in against a Python model of the PTX ISA's
 ``prmt.b32`` (on a GPU run the same test checks the real PTX)."""
@@ -16,14 +16,11 @@ from tritile.testing import assert_equal, is_gpu_run
 from tritile.utils import align, ceil_div
 
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed) of the sf, in and out
-# the looping kernel (TILES: chunks of consecutive tiles per program; PERSIST: get_num_sms() * PERSIST programs, 4
-# SMs on the CPU) with its prefetch, on the PRMT and the default fast path
-LOOP_CANDIDATES = [dict(TILES=5, PRMT=True), dict(TILES=5), dict(TILES=1, PRMT=True), dict(PERSIST=1, PRMT=True),
-                   dict(PERSIST=3, PRMT=True)]
-# TILES=0 / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + TILES=1 since commit bc6f44a (PAIR64 is a 2-D
-# grid word-kernel option); dict(PRMT=False, TILES=0) is the default before
-CANDIDATES = [dict(PRMT=True, TILES=0), dict(PAIR64=True, TILES=0), dict(PRMT=True, PAIR64=True, TILES=0),
-              dict(PRMT=False, TILES=0)] + LOOP_CANDIDATES
+# the 1-D grid kernel on the PRMT and the byte-lane fast path
+GRID_1D_CANDIDATES = [dict(GRID_1D=True, PRMT=True), dict(GRID_1D=True, PRMT=False)]
+# GRID_1D=False / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + GRID_1D; dict(PRMT=False, GRID_1D=False)
+# is the default elsewhere
+CANDIDATES = [dict(PRMT=True, GRID_1D=False), dict(PRMT=False, GRID_1D=False)] + GRID_1D_CANDIDATES
 
 
 def _prmt_model(a: int, b: int, c: int) -> int:
@@ -142,13 +139,12 @@ def test_lossless_flags_zero_nonfinite_and_slow_path(cand, device):
             _compare(x, (1, 32), ob, cand, dict(TM=max(4, ob[0]), TW=16, num_warps=1))
 
 
-@pytest.mark.parametrize("cand", LOOP_CANDIDATES, ids=lambda c: "+".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("cand", GRID_1D_CANDIDATES, ids=lambda c: "+".join(f"{k}{v}" for k, v in c.items()))
 @pytest.mark.parametrize("ob", [(1, 128), (32, 32), (128, 128)])
-def test_lossless_loop_tiles(ob, cand, device):
-    """The looping kernel over GPU-sized tiles (TM = max(4, bm_out) rows x 16 words): more tiles than programs (6-40
-    tiles; 4 or 12 programs with PERSIST, chunks of 5 with TILES), a partial last chunk / uneven grid-stride walks,
-    partial last tiles in M (37 rows) and K (384 values: the packed sf's padded blocks past K), every code x every
-    multiplier offset, both sf layouts in and out."""
+def test_lossless_grid_1d_tiles(ob, cand, device):
+    """The 1-D grid kernel over GPU-sized tiles (TM = max(4, bm_out) rows x 16 words: 6-40 tiles, consecutive
+    programs along K), partial last tiles in M (37 rows) and K (384 values: the packed sf's padded blocks past K),
+    every code x every multiplier offset, both sf layouts in and out."""
     m, k = 37, 384
     e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)
     for in_flags in CONFIGS:
@@ -158,7 +154,7 @@ def test_lossless_loop_tiles(ob, cand, device):
 
 @pytest.mark.parametrize("in_block,ob", [((32, 32), (128, 128)), ((1, 16), (4, 64)), ((1, 8), (2, 64))])
 def test_lossless_flags_other_blocks(in_block, ob, device):
-    """Input blocks of 2 and 1 words per row (PAIR64's V = 2 / 1) and 2-D input blocks."""
+    """Input blocks of 2 and 1 words per row and 2-D input blocks."""
     m, k = 70, 256
     ms, ks = ceil_div(m, in_block[0]), k // in_block[1]
     e = _exponents(ms, ks, ob[0] // in_block[0], ob[1] // in_block[1], 135)
@@ -176,7 +172,7 @@ def test_lossless_flags_exhaustive_gpu(ob, device):
 
     m, k = 1031, 7168
     e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)
-    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("PRMT") or c.get("PAIR64")] + CANDIDATES
+    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("PRMT") or c.get("GRID_1D")] + CANDIDATES
     for in_flags in CONFIGS:
         x = _codes_input(m, k, e, in_flags[2], in_flags[0], device)
         for cand in cands:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from _cast_utils import assert_bad_inputs
 
 from tritile.quant import per_channel_cast
 from tritile.testing import assert_equal, check_bias, generate_hidden_sizes, pick
@@ -94,23 +95,16 @@ def test_per_channel_cast_non_finite(round_sf, device):
 
 def test_per_channel_cast_bad_inputs(device):
     x = torch.randn(128, 256, device=device).bfloat16()
-    with pytest.raises(ValueError, match="fmt"):
-        per_channel_cast(x, "e2m1", 128)
-    with pytest.raises(ValueError, match="num_per_tokens"):
-        per_channel_cast(x, "e4m3", 32)
-    with pytest.raises(TypeError, match="num_per_tokens"):
-        per_channel_cast(x, "e4m3", 128.0)
-    with pytest.raises(TypeError, match="round_sf"):
-        per_channel_cast(x, "e4m3", 128, round_sf=1)
-    with pytest.raises(TypeError, match="x"):
-        per_channel_cast(x.half(), "e4m3", 128)
-    with pytest.raises(TypeError, match="x"):
-        per_channel_cast(x.float().cpu().numpy(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x must be 2D"):
-        per_channel_cast(x[0], "e4m3", 128)
-    with pytest.raises(ValueError, match="multiple of 128 rows"):
-        per_channel_cast(x[:100], "e4m3", 128)
-    with pytest.raises(ValueError, match="multiple of 64 columns"):
-        per_channel_cast(x[:, :96], "e4m3", 128)
-    with pytest.raises(ValueError, match="x must have a unit stride"):
-        per_channel_cast(torch.randn(256, 128, device=device).bfloat16().T, "e4m3", 128)
+    assert_bad_inputs([
+        (ValueError, "fmt", lambda: per_channel_cast(x, "e2m1", 128)),
+        (ValueError, "num_per_tokens", lambda: per_channel_cast(x, "e4m3", 32)),
+        (TypeError, "num_per_tokens", lambda: per_channel_cast(x, "e4m3", 128.0)),
+        (TypeError, "round_sf", lambda: per_channel_cast(x, "e4m3", 128, round_sf=1)),
+        (TypeError, "x", lambda: per_channel_cast(x.half(), "e4m3", 128)),
+        (TypeError, "x", lambda: per_channel_cast(x.float().cpu().numpy(), "e4m3", 128)),
+        (ValueError, "x must be 2D", lambda: per_channel_cast(x[0], "e4m3", 128)),
+        (ValueError, "multiple of 128 rows", lambda: per_channel_cast(x[:100], "e4m3", 128)),
+        (ValueError, "multiple of 64 columns", lambda: per_channel_cast(x[:, :96], "e4m3", 128)),
+        (ValueError, "x must have a unit stride",
+         lambda: per_channel_cast(torch.randn(256, 128, device=device).bfloat16().T, "e4m3", 128)),
+    ])

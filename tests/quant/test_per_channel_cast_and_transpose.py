@@ -3,6 +3,7 @@ written transposed ``(K, M)``; sf ``(M / npt, K)`` not transposed."""
 
 import pytest
 import torch
+from _cast_utils import assert_bad_inputs
 
 from tritile.quant import per_channel_cast_and_transpose
 from tritile.testing import assert_equal, generate_hidden_sizes, pick
@@ -69,24 +70,18 @@ def test_per_channel_cast_and_transpose_non_finite(num_per_tokens, device):
 
 def test_per_channel_cast_and_transpose_bad_inputs(device):
     x = torch.randn(128, 256, device=device).bfloat16()
-    with pytest.raises(ValueError, match="fmt"):
-        per_channel_cast_and_transpose(x, "e5m6", 128)
-    with pytest.raises(ValueError, match="num_per_tokens"):
-        per_channel_cast_and_transpose(x, "e4m3", 64)
-    with pytest.raises(TypeError, match="num_per_tokens"):
-        per_channel_cast_and_transpose(x, "e4m3", None)
-    with pytest.raises(TypeError, match="round_sf"):
-        per_channel_cast_and_transpose(x, "e4m3", 128, round_sf="yes")
-    with pytest.raises(TypeError, match="x must be bfloat16"):
-        per_channel_cast_and_transpose(x.float(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x must be 2D"):
-        per_channel_cast_and_transpose(x[None], "e4m3", 128)
-    with pytest.raises(ValueError, match="multiple of 128 rows"):
-        per_channel_cast_and_transpose(x[:96], "e4m3", 32)
-    with pytest.raises(ValueError, match="multiple of 64 columns"):
-        per_channel_cast_and_transpose(x[:, :160], "e4m3", 128)
-    with pytest.raises(ValueError, match="x must have a unit stride"):
-        per_channel_cast_and_transpose(torch.randn(256, 128, device=device).bfloat16().T, "e4m3", 128)
+    assert_bad_inputs([
+        (ValueError, "fmt", lambda: per_channel_cast_and_transpose(x, "e5m6", 128)),
+        (ValueError, "num_per_tokens", lambda: per_channel_cast_and_transpose(x, "e4m3", 64)),
+        (TypeError, "num_per_tokens", lambda: per_channel_cast_and_transpose(x, "e4m3", None)),
+        (TypeError, "round_sf", lambda: per_channel_cast_and_transpose(x, "e4m3", 128, round_sf="yes")),
+        (TypeError, "x must be bfloat16", lambda: per_channel_cast_and_transpose(x.float(), "e4m3", 128)),
+        (ValueError, "x must be 2D", lambda: per_channel_cast_and_transpose(x[None], "e4m3", 128)),
+        (ValueError, "multiple of 128 rows", lambda: per_channel_cast_and_transpose(x[:96], "e4m3", 32)),
+        (ValueError, "multiple of 64 columns", lambda: per_channel_cast_and_transpose(x[:, :160], "e4m3", 128)),
+        (ValueError, "x must have a unit stride",
+         lambda: per_channel_cast_and_transpose(torch.randn(256, 128, device=device).bfloat16().T, "e4m3", 128)),
+    ])
 
 
 @pytest.mark.parametrize("config", [dict(BLOCK_M=128, BLOCK_K=128, PACK_WORDS=True),

@@ -3,6 +3,7 @@ FP8 QuantTensor with non-power-of-two input scales, round_sf on and off."""
 
 import pytest
 import torch
+from _cast_utils import assert_bad_inputs
 from _moe_maps import MOE_CONFIGS, expand, generate_topk_idx, get_fused_mapping
 
 from tritile.quant import per_channel_cast_fused
@@ -223,52 +224,37 @@ def test_per_channel_cast_fused_bad_inputs(device):
     xq = _to_fp8(x)
     pos = torch.zeros(32, dtype=torch.int32, device=device)
     f = per_channel_cast_fused
-    with pytest.raises(ValueError, match="fmt"):
-        f(x, "e2m1", 128)
-    with pytest.raises(ValueError, match="num_per_tokens"):
-        f(x, "e4m3", 32)
-    with pytest.raises(TypeError, match="num_per_tokens"):
-        f(x, "e4m3", "128")
-    with pytest.raises(TypeError, match="round_sf"):
-        f(x, "e4m3", 128, round_sf=None)
-    with pytest.raises(TypeError, match="x must be bfloat16 or float32"):
-        f(x.half(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x must be 2D"):
-        f(x.flatten(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x must have a unit stride"):
-        f(torch.randn(256, 128, device=device).T, "e4m3", 128)
-    with pytest.raises(ValueError, match="multiple of 128 rows"):
-        f(x[:64], "e4m3", 128)
-    with pytest.raises(ValueError, match="num_per_channels"):
-        f(x, "e4m3", 128, num_per_channels=128)
+    assert_bad_inputs([
+        (ValueError, "fmt", lambda: f(x, "e2m1", 128)),
+        (ValueError, "num_per_tokens", lambda: f(x, "e4m3", 32)),
+        (TypeError, "num_per_tokens", lambda: f(x, "e4m3", "128")),
+        (TypeError, "round_sf", lambda: f(x, "e4m3", 128, round_sf=None)),
+        (TypeError, "x must be bfloat16 or float32", lambda: f(x.half(), "e4m3", 128)),
+        (ValueError, "x must be 2D", lambda: f(x.flatten(), "e4m3", 128)),
+        (ValueError, "x must have a unit stride", lambda: f(torch.randn(256, 128, device=device).T, "e4m3", 128)),
+        (ValueError, "multiple of 128 rows", lambda: f(x[:64], "e4m3", 128)),
+        (ValueError, "num_per_channels", lambda: f(x, "e4m3", 128, num_per_channels=128)),
+    ])
     # QuantTensor inputs
-    with pytest.raises(ValueError, match="num_per_channels"):
-        f(xq, "e4m3", 128)
-    with pytest.raises(ValueError, match="num_per_channels"):
-        f(xq, "e4m3", 128, num_per_channels=64)
-    with pytest.raises(ValueError, match="pair"):
-        f((xq[0], xq[1], xq[1]), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(TypeError, match=r"x\[0\]"):
-        f((x, xq[1]), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(ValueError, match=r"x\[0\].*multiple of 128 columns"):
-        f((xq[0][:, :192], xq[1][:, :2]), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(TypeError, match=r"x\[1\]"):
-        f((xq[0], xq[1].bfloat16()), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(ValueError, match=r"x\[1\].*shape"):
-        f((xq[0], xq[1][:, :1]), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(ValueError, match=r"x\[1\].*shape"):
-        f((xq[0], xq[1][:64]), "e4m3", 128, num_per_channels=128)
-    with pytest.raises(TypeError, match=r"x\[1\]"):
-        f((xq[0], None), "e4m3", 128, num_per_channels=128)
+    assert_bad_inputs([
+        (ValueError, "num_per_channels", lambda: f(xq, "e4m3", 128)),
+        (ValueError, "num_per_channels", lambda: f(xq, "e4m3", 128, num_per_channels=64)),
+        (ValueError, "pair", lambda: f((xq[0], xq[1], xq[1]), "e4m3", 128, num_per_channels=128)),
+        (TypeError, r"x\[0\]", lambda: f((x, xq[1]), "e4m3", 128, num_per_channels=128)),
+        (ValueError, r"x\[0\].*multiple of 128 columns",
+         lambda: f((xq[0][:, :192], xq[1][:, :2]), "e4m3", 128, num_per_channels=128)),
+        (TypeError, r"x\[1\]", lambda: f((xq[0], xq[1].bfloat16()), "e4m3", 128, num_per_channels=128)),
+        (ValueError, r"x\[1\].*shape", lambda: f((xq[0], xq[1][:, :1]), "e4m3", 128, num_per_channels=128)),
+        (ValueError, r"x\[1\].*shape", lambda: f((xq[0], xq[1][:64]), "e4m3", 128, num_per_channels=128)),
+        (TypeError, r"x\[1\]", lambda: f((xq[0], None), "e4m3", 128, num_per_channels=128)),
+    ])
     # pos_to_token
-    with pytest.raises(TypeError, match="pos_to_token"):
-        f(x, "e4m3", 128, pos_to_token=pos.long())
-    with pytest.raises(ValueError, match="pos_to_token"):
-        f(x, "e4m3", 128, pos_to_token=pos.view(2, 16))
-    with pytest.raises(ValueError, match="pos_to_token.*multiple of 16"):
-        f(x, "e4m3", 128, pos_to_token=pos[:24])
-    with pytest.raises(TypeError, match="pos_to_token"):
-        f(x, "e4m3", 128, pos_to_token=pos.tolist())
+    assert_bad_inputs([
+        (TypeError, "pos_to_token", lambda: f(x, "e4m3", 128, pos_to_token=pos.long())),
+        (ValueError, "pos_to_token", lambda: f(x, "e4m3", 128, pos_to_token=pos.view(2, 16))),
+        (ValueError, "pos_to_token.*multiple of 16", lambda: f(x, "e4m3", 128, pos_to_token=pos[:24])),
+        (TypeError, "pos_to_token", lambda: f(x, "e4m3", 128, pos_to_token=pos.tolist())),
+    ])
 
 
 def test_per_channel_cast_fused_torch_compile(device):

@@ -147,8 +147,8 @@ def test_non_finite(device):
 
 @pytest.mark.parametrize("path", [dict(FAST_DIV=False), dict(FAST_DIV=False, RCP=True), dict(),
                                   dict(FAST_ENC=False, FAST_MAX=False, MINMAX_CLAMP=False, MASK_FLAGS=False),
-                                  dict(PREFETCH=True), dict(ROWSUM_PAIRS=True, CH=128)],
-                         ids=["div_rn", "rcp", "default", "slow_flags", "prefetch", "rowsum_pairs"])
+                                  dict(ROWSUM_PAIRS=True, CH=128)],
+                         ids=["div_rn", "rcp", "default", "slow_flags", "rowsum_pairs"])
 @pytest.mark.parametrize("clamp", [None, 0.5])
 def test_code_paths(device, path, clamp):
     """The division paths (config keys): ``div_rn`` twice, ``rcp.rn`` + ``div_rn``, the shared 4-wide
@@ -160,30 +160,6 @@ def test_code_paths(device, path, clamp):
     with override_config("swiglu_backward_and_per_token_cast", **path):
         res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
                                                  num_per_channels=npc, round_sf=True, swiglu_clamp_value=clamp)
-    _check(res, x, g, w, d, npc, True, clamp)
-
-
-@pytest.mark.parametrize("npc,packed_sf,clamp", [(128, False, None), (32, True, 0.5)])
-def test_prefetch_row_blocks(device, npc, packed_sf, clamp):
-    """PREFETCH (config key): a persistent grid of 3 programs walking small row blocks of several chunks, so
-    the next-chunk and next-row-block prefetch, the weights gathered a row block ahead and the grid's tail
-    all run; bitwise against the reference (weight_grad within the op's tolerance, as every path)."""
-    from tritile.config import get_num_sms, set_num_sms
-    from tritile.runtime import override_config
-
-    hidden = 256
-    d, x, w, g = _data(_MOE6, hidden, npc, device)
-    if packed_sf:  # the input sf as packed UE8M0 words (powers of two), column-major
-        x = cast(d["x"], "e4m3", (1, npc), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
-    old = get_num_sms()
-    try:
-        set_num_sms(3)
-        with override_config("swiglu_backward_and_per_token_cast", PREFETCH=True, BLOCK_R=8, CH=128,
-                             programs_per_sm=1):
-            res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
-                                                     num_per_channels=npc, round_sf=True, swiglu_clamp_value=clamp)
-    finally:
-        set_num_sms(old)
     _check(res, x, g, w, d, npc, True, clamp)
 
 
@@ -266,12 +242,10 @@ _ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)
 _CANDIDATE_CASES = [(_ALL_CANDIDATES, 128, False, 0.5, True), (_ALL_CANDIDATES, 32, True, None, True),
                     (_ALL_CANDIDATES, 32, False, 0.0, False), (dict(FUSED_BWD=4), 32, False, 0.5, True),
                     (dict(INT_SCALE=True), 32, False, 0.5, True),
-                    # SPLIT_STORE (H200, 2026-11-30, commit bc6f44a): the bf16 stores as each thread's two 16-byte
-                    # halves.  CH=128 and BLOCK_R=4 (the GPU test keeps its launch shape): two chunks and four rows a
-                    # program
-                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True), 32, False, 0.5, True),
-                    (dict(_ALL_CANDIDATES, SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, False, 0.5, True),
-                    (dict(SPLIT_STORE=True, CH=128, BLOCK_R=4), 32, True, None, False)]
+                    # CH=128 and BLOCK_R=4 on the CPU (the GPU test keeps its launch shape): two chunks and four rows
+                    # a program
+                    (dict(_ALL_CANDIDATES, CH=128, BLOCK_R=4), 32, False, 0.5, True),
+                    (dict(CH=128, BLOCK_R=4), 32, True, None, False)]
 
 
 @pytest.mark.parametrize("path,npc,packed_sf,clamp,rnd", _CANDIDATE_CASES,
@@ -288,32 +262,11 @@ def test_candidate_paths(device, path, npc, packed_sf, clamp, rnd):
         x = cast(d["x"], "e4m3", (1, npc), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
     cfg = dict(path)
     if device.type == "cuda":
-        cfg.update(BLOCK_R=1, CH=512, num_warps=1, ROWSUM_PAIRS=True)
+        cfg.update(BLOCK_R=1, CH=512, num_warps=1, ROWSUM_PAIRS=True)  # the GPU default's launch shape
     with override_config("swiglu_backward_and_per_token_cast", **cfg):
         res = swiglu_backward_and_per_token_cast(x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"],
                                                  num_per_channels=npc, round_sf=rnd, swiglu_clamp_value=clamp)
     _check(res, x, g, w, d, npc, rnd, clamp)
-
-
-@pytest.mark.parametrize("path", [dict(SPLIT_STORE=True)], ids=["split_store"])
-def test_store_prefetch_candidates_same_bits(device, path):
-    """SPLIT_STORE changes how the bytes are stored, never a value: every output,
-    weight_grad included, bitwise equal to the same launch without them (CH=128 on the CPU: two chunks a row)."""
-    from tritile.runtime import override_config
-
-    npc = 32  # rows aligned to 32: few interpreter rows
-    hidden = pick(cpu=256, gpu=2048)
-    d, x, w, g = _data(_MOE6, hidden, npc, device)
-    base = dict(CH=128) if device.type == "cpu" else {}
-    outs = []
-    for cfg in (base, dict(base, **path)):
-        with override_config("swiglu_backward_and_per_token_cast", **cfg):
-            out, (dq, dsf), xg, wg = swiglu_backward_and_per_token_cast(
-                x, g, w, d["pos_to_token_topk"], d["token_topk_to_pos"], num_per_channels=npc, round_sf=True,
-                swiglu_clamp_value=0.5)
-        outs.append((out, dq, dsf, xg, wg))
-    for a, b in zip(*outs):
-        assert_equal(a, b)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -367,11 +320,8 @@ def test_candidates_all_bf16_x_values(device, clamp, fused):
     assert_equal(dsf, r_dsf)
 
 
-# H200, 2026-11-30, commit d53c6fa candidates (config keys; sm_90a figures in tritile/quant/_bench_swiglu.py's
-# _BWD_TUNE): UNROLL=2, PEEL, PERSIST, STREAM change which instructions run when, never a value; FUSED_BWD=8 / 16 only
-# group the fused block's fast-path guard differently.  Each is compared bitwise (every output, weight_grad included)
-# with the same launch without it: ragged row blocks (21 rows) and a ragged last chunk (hidden % CH != 0), loops of >= 2
-# steps.
+# Launches of several chunks a row: ragged row blocks (21 rows) and a ragged last chunk (hidden % CH != 0), random codes
+# (NaN codes and |x| past 41 included, so the division's slow path runs too).
 def _loop_data(device, hidden, npc, no_weights=False, finite=False):
     gen = torch.Generator(device="cpu").manual_seed(hidden)
     n = 21
@@ -395,35 +345,20 @@ def _loop_data(device, hidden, npc, no_weights=False, finite=False):
     return x, g, w, ptt.to(device), ttp.to(device)
 
 
-def _loop_run(device, cfg, hidden, npc, clamp, no_weights=False, num_sms=None, finite=False):
-    from tritile.config import get_num_sms, set_num_sms
+def _loop_run(device, cfg, hidden, npc, clamp, no_weights=False, finite=False):
     from tritile.runtime import override_config
 
     x, g, w, ptt, ttp = _loop_data(device, hidden, npc, no_weights, finite)
-    old = get_num_sms()
-    try:
-        if num_sms is not None:
-            set_num_sms(num_sms)
-        with override_config("swiglu_backward_and_per_token_cast", **cfg):
-            out, (dq, dsf), xg, wg = swiglu_backward_and_per_token_cast(x, g, w, ptt, ttp, num_per_channels=npc,
-                                                                         round_sf=True, swiglu_clamp_value=clamp)
-    finally:
-        set_num_sms(old)
+    with override_config("swiglu_backward_and_per_token_cast", **cfg):
+        out, (dq, dsf), xg, wg = swiglu_backward_and_per_token_cast(x, g, w, ptt, ttp, num_per_channels=npc,
+                                                                     round_sf=True, swiglu_clamp_value=clamp)
     return out, dq, dsf, xg, wg
 
 
 # (overrides, hidden, clamp, no_weights); CPU: CH=64, BLOCK_R=8 (3 row blocks); GPU: CH=256 at its launch shape
 _LOOP_H = pick(cpu=352, gpu=1408)  # 6 chunks, the last one half masked
-_LOOP_CASES = [
-    (dict(UNROLL=2), _LOOP_H, 0.5, False),                      # three two-chunk steps
-    (dict(PEEL=True), _LOOP_H, None, False),                    # the peeled chunk + 5 steps
-    (dict(PEEL=True, UNROLL=2, STREAM=3), _LOOP_H, 0.5, False),  # the peeled pair + 2 steps; hints on
-    (dict(PEEL=True), _LOOP_H, 0.5, True),                      # no weights: the peeled gather's branch not taken
-    (dict(UNROLL=2, PEEL=True), pick(cpu=288, gpu=1152), 0.5, False),  # 5 chunks: UNROLL falls back to 1
-    # a persistent grid of 2 programs walking 2 and 1 row blocks (CPU; the GPU: 2 SMs x 1 program, 21 row blocks)
-    (dict(PERSIST=True, PEEL=True, programs_per_sm=1), _LOOP_H, 0.5, False),
-    (dict(PERSIST=True, UNROLL=2, programs_per_sm=1), _LOOP_H, None, False),
-]
+_LOOP_CASES = [({}, _LOOP_H, 0.5, False), ({}, _LOOP_H, None, False), ({}, _LOOP_H, 0.5, True),  # no weights
+               ({}, pick(cpu=288, gpu=1152), 0.5, False)]  # 5 chunks
 
 
 def _path_cases(cases):
@@ -439,18 +374,14 @@ def _path_cases(cases):
 
 
 @_path_cases(_LOOP_CASES)
-def test_loop_candidates_same_bits(device, path, hidden, clamp, no_weights):
+def test_chunk_loop(device, path, hidden, clamp, no_weights):
+    """Whole rows a program (SPLIT=1) over several chunks against the reference (NaN codes in the data: NaN signs
+    free, NaN row sums)."""
     npc = 32
-    # SPLIT=1: UNROLL and PERSIST take whole rows (the GPU default's SPLIT=2 sums weight_grad in another order)
     base = dict(CH=64, BLOCK_R=8, SPLIT=1) if device.type == "cpu" else dict(CH=256, SPLIT=1)
-    num_sms = 2 if path.get("PERSIST") else None
-    ref = _loop_run(device, base, hidden, npc, clamp, no_weights)
-    res = _loop_run(device, dict(base, **path), hidden, npc, clamp, no_weights, num_sms)
-    for a, b in zip(res, ref):
-        assert_equal(a, b)
-    # and the base launch against the reference (NaN codes in the data: NaN signs free, NaN row sums)
+    res = _loop_run(device, dict(base, **path), hidden, npc, clamp, no_weights)
     x, g, w, ptt, ttp = _loop_data(device, hidden, npc, no_weights)
-    out, dq, dsf, xg, wg = ref
+    out, dq, dsf, xg, wg = res
     _check((out, (dq, dsf), xg, wg), x, g, w, dict(pos_to_token_topk=ptt, token_topk_to_pos=ttp), npc, True, clamp,
            nan_sign_free=True, wg_equal_nan=True)
 
@@ -460,15 +391,11 @@ def test_loop_candidates_same_bits(device, path, hidden, clamp, no_weights):
 # sum in another order (TileKernels' test compares it with a tolerance: so does this one, and the reference check below)
 _SPLIT_CASES = [
     (dict(SPLIT=2), _LOOP_H, 0.5, False),                        # 6 chunks: 3 + 3 (the second part starts odd)
-    (dict(SPLIT=4), _LOOP_H, None, False),                       # 2 + 2 + 2 (4 parts would leave one empty)
     (dict(SPLIT=2), pick(cpu=288, gpu=1152), 0.5, False),      # 5 chunks: 3 + 2
-    (dict(SPLIT=8), pick(cpu=288, gpu=1152), None, True),      # 5 parts of 1, no weights
-    (dict(SPLIT=2, PEEL=True), _LOOP_H, 0.5, False),             # PEEL: each part's first chunk peeled
-    (dict(SPLIT=3, PEEL=True), pick(cpu=288, gpu=1152), None, False),  # 2 + 2 + 1: a one-chunk part peeled whole
-    (dict(SPLIT=3), _LOOP_H + pick(cpu=64, gpu=256), 0.5, False),  # 7 chunks: 3 + 3 + 1
-    (dict(SPLIT=2, UNROLL=2), _LOOP_H, 0.5, False),              # UNROLL: no split
+    (dict(SPLIT=2), pick(cpu=288, gpu=1152), None, True),      # no weights
+    (dict(SPLIT=2), _LOOP_H + pick(cpu=64, gpu=256), 0.5, False),  # 7 chunks: 4 + 3
     # plain row sums (a chunk summed twice would hide in ROWSUM_PAIRS' pending sum)
-    (dict(SPLIT=2, PEEL=True, ROWSUM_PAIRS=False), _LOOP_H, None, False),
+    (dict(SPLIT=2, ROWSUM_PAIRS=False), _LOOP_H, None, False),
 ]
 
 
@@ -525,7 +452,7 @@ def test_fused_ptx_wiring():
     emulator of the blocks' instructions (approximate arithmetic, the same for every block size): the same outputs
     for the same elements, so the generalized operand numbering wires every input and output as the hardware-tested
     4-element block does.  Inputs all in the fast path's range, then all past it (slow path), per-element w and c."""
-    from tritile.quant.swiglu_backward_and_per_token_cast_kernel import _bwd_fused_ptx
+    from tritile.quant._swiglu_bwd_jit import _bwd_fused_ptx
 
     gen = torch.Generator(device="cpu").manual_seed(3)
     for clamp, xorsign in ((False, False), (True, False), (True, True)):

@@ -7,6 +7,7 @@ flags on (M, H) in {(128, 192), (256, 256)}: H = 192 leaves a partial column til
 
 import pytest
 import torch
+from _cast_utils import assert_bad_inputs
 
 from tritile.quant import swiglu_forward_and_per_channel_cast_and_transpose
 from tritile.testing import assert_equal, pick
@@ -79,28 +80,19 @@ def test_non_finite(device):
 def test_bad_inputs(device):
     x = torch.randn((128, 256), dtype=torch.bfloat16, device=device)
     f = swiglu_forward_and_per_channel_cast_and_transpose
-    with pytest.raises(TypeError, match="x"):
-        f(x.float(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[:100], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[:, :192], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[0], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(torch.randn((256, 128), dtype=torch.bfloat16, device=device).T, "e4m3", 128)
-    with pytest.raises(ValueError, match="fmt"):
-        f(x, "e2m1", 128)
-    with pytest.raises(ValueError, match="num_per_tokens"):
-        f(x, "e4m3", 64)
-    with pytest.raises(TypeError, match="num_per_tokens"):
-        f(x, "e4m3", "128")
-    with pytest.raises(TypeError, match="round_sf"):
-        f(x, "e4m3", 128, round_sf=None)
-    with pytest.raises(TypeError, match="without_transpose"):
-        f(x, "e4m3", 128, without_transpose=1)
-    with pytest.raises(ValueError, match="swiglu_clamp_value"):
-        f(x, "e4m3", 128, swiglu_clamp_value=float("inf"))
+    assert_bad_inputs([
+        (TypeError, "x", lambda: f(x.float(), "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[:100], "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[:, :192], "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[0], "e4m3", 128)),
+        (ValueError, "x", lambda: f(torch.randn((256, 128), dtype=torch.bfloat16, device=device).T, "e4m3", 128)),
+        (ValueError, "fmt", lambda: f(x, "e2m1", 128)),
+        (ValueError, "num_per_tokens", lambda: f(x, "e4m3", 64)),
+        (TypeError, "num_per_tokens", lambda: f(x, "e4m3", "128")),
+        (TypeError, "round_sf", lambda: f(x, "e4m3", 128, round_sf=None)),
+        (TypeError, "without_transpose", lambda: f(x, "e4m3", 128, without_transpose=1)),
+        (ValueError, "swiglu_clamp_value", lambda: f(x, "e4m3", 128, swiglu_clamp_value=float("inf"))),
+    ])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-import tritile.config
-
 from tritile.testing import assert_equal, is_gpu_run, pick
 from tritile.torch.transpose import batched_transpose_ref, transpose_ref
 from tritile.transpose import batched_transpose, transpose
@@ -77,33 +75,15 @@ def test_word_path_matches_generic(device):
     assert_equal(batched_transpose_with_config(x, {"STREAM": True}), batched_transpose_ref(x))
 
 
-@pytest.mark.parametrize("shape", [(3, 96, 160), (2, 100, 36)])
-def test_word_path_persistent(shape, device):
-    """The persistent word kernel (several tiles per program, next tile prefetched; ragged edges on the second
-    shape) gives the reference's bytes."""
-    x = _rand(shape, torch.float8_e4m3fn, device)
-    old = tritile.config.get_num_sms()
-    tritile.config.set_num_sms(5)
-    try:
-        for cfg in ({"PERSIST": 1, "BLOCK_M4": 4, "BLOCK_N4": 4}, {"PERSIST": 2, "BLOCK_M4": 8, "BLOCK_N4": 4}):
-            for mfast in (False, True):  # the tiles walked n first or m first
-                assert_equal(batched_transpose_with_config(x, dict(cfg, MFAST=mfast)), batched_transpose_ref(x))
-    finally:
-        tritile.config.set_num_sms(old)
-
-
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])
 def test_grid_orders(dtype, device):
     """Both plain grid orders (MFAST: the grid's first dimension over the m blocks, the kernel swapping its ids back;
-    the default of the word path and of 2- and 4-byte elements) and GROUP (groups of m blocks; 4 or 7 m blocks here,
-    so the last group is short) give the reference's bytes on ragged shapes whose m and n block counts differ, on
-    the word path and on the generic one."""
+    the default of the word path and of 2- and 4-byte elements) give the reference's bytes on ragged shapes whose m
+    and n block counts differ, on the word path and on the generic one."""
     x = _rand((2, 100, 36), DTYPES[dtype], device)
     cfgs = [{"MFAST": mfast, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False} for mfast in (False, True)]
-    cfgs.append({"GROUP": 3, "BLOCK_M": 32, "BLOCK_N": 16, "word_path": False})
     if dtype == "fp8":
         cfgs += [{"MFAST": mfast, "BLOCK_M4": 4, "BLOCK_N4": 4} for mfast in (False, True)]
-        cfgs.append({"GROUP": 2, "BLOCK_M4": 4, "BLOCK_N4": 4})
     for cfg in cfgs:
         assert_equal(batched_transpose_with_config(x, cfg), batched_transpose_ref(x))
 
@@ -112,10 +92,9 @@ def test_grid_orders(dtype, device):
 @pytest.mark.parametrize("shape, dtype, cfg", [
     ((8_388_736, 4), torch.float8_e4m3fn, {}),                      # word path, m blocks first by default
     ((8_388_736, 4), torch.float8_e4m3fn, {"MFAST": False}),        # ... asked for n first: swapped back
-    ((8_388_736, 4), torch.float8_e4m3fn, {"GROUP": 8}),            # ... GROUP dropped
     ((4_194_368, 3), torch.float8_e4m3fn, {}),                      # 1-byte generic path (n % 4 != 0)
     ((4_194_368, 2), torch.float64, {}),                            # 8-byte generic path
-    ((8_388_736, 2), torch.bfloat16, {"MFAST": False, "GROUP": 4}),  # 2-byte generic path
+    ((8_388_736, 2), torch.bfloat16, {"MFAST": False}),  # 2-byte generic path
 ])
 def test_tall_grid(shape, dtype, cfg, device):
     """Tensors with more than 65535 blocks of rows (the grid's second dimension) launch on every path: the grid puts

@@ -44,7 +44,7 @@ try:  # the same bits as f32_to_e4m3_bits for every non-NaN input, without the c
     from ..language.cast import f32_to_e4m3_bits_satfinite as _e4m3_no_nan
 except ImportError:  # pragma: no cover - older tritile.language
     _e4m3_no_nan = f32_to_e4m3_bits
-from ..runtime import interpreter_configs
+from ..runtime import check_device, check_inner_contiguous, check_tensor, interpreter_configs
 from ..utils import next_power_of_two
 
 __all__ = ["E4M3_MAX", "E4M3_CLAMP", "column_amax", "column_amax_bf16", "per_channel_scale", "per_channel_encode",
@@ -308,3 +308,17 @@ def per_channel_launch_config(num_rows: int, hidden: int, npt: int, *, k_multipl
         return TileConfig(bm, max(bk, k_multiple), 4, bm)
     bk = max(128, k_multiple)
     return TileConfig(bm, bk, 4, 16)
+
+
+def check_per_channel_x(x, dtypes) -> tuple:
+    """The per-channel casts' checks of ``x``: a 2-D tensor of ``dtypes`` on a supported device, unit column stride,
+    rows a multiple of 128 and columns a multiple of 64 (ValueError / TypeError naming ``x``).  Returns ``(M, K)``."""
+    check_tensor("x", x, dtypes=dtypes, ndim=2)
+    check_inner_contiguous("x", x)
+    check_device("x", x)
+    m, k = x.shape
+    if m % 128 != 0:
+        raise ValueError(f"x must have a multiple of 128 rows, got {m}")
+    if k % 64 != 0:
+        raise ValueError(f"x must have a multiple of 64 columns, got {k}")
+    return m, k

@@ -33,7 +33,7 @@ def _cast_back_kernel(
     IN_KIND: tl.constexpr, XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     HW_DECODE: tl.constexpr = False, UNROLL: tl.constexpr = False, VEC: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False, STREAM: tl.constexpr = False, PDL: tl.constexpr = False
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Program ``(pm, pk)``: rows ``pm*BLOCK_M ..``, chunks ``pk*CHUNKS_PER_PROG ..`` of BLOCK_K columns.
 
@@ -44,8 +44,7 @@ def _cast_back_kernel(
     per thread and a shared-memory relayout (and its barriers) between every chunk's load and store;
     PREFETCH (e4m3 data with HW_DECODE, whole sf blocks per chunk) makes the loop static and issues the byte
     and scale loads of chunk ``i + 1`` before chunk ``i`` is decoded and stored (the compiler cannot move
-    loads above the stores: out may alias x); STREAM (with PREFETCH) marks the byte loads evict-first and the
-    stores streaming (``.cs``): every byte is touched once, so neither needs to stay in L2."""
+    loads above the stores: out may alias x)."""
     pdl_enter(PDL)
     pm = tl.program_id(0).to(tl.int64)
     pk = tl.program_id(1).to(tl.int64)
@@ -54,20 +53,20 @@ def _cast_back_kernel(
     if PREFETCH and IN_KIND == 2 and HW_DECODE and BLOCK_K % XBK == 0:
         c0 = pk * CHUNKS_PER_PROG * BLOCK_K
         raw_n, s_n = _cb_load(x_ptr, xsf_ptr, rows, row_ok, c0, K, num_xsf_k, stride_xm, stride_xsf_m,
-                              stride_xsf_k, XBM, XBK, XSF_PACKED, BLOCK_M, BLOCK_K, VEC, STREAM)
+                              stride_xsf_k, XBM, XBK, XSF_PACKED, BLOCK_M, BLOCK_K, VEC)
         for i in tl.static_range(CHUNKS_PER_PROG):
             raw = raw_n
             s = s_n
             if i + 1 < CHUNKS_PER_PROG:
                 raw_n, s_n = _cb_load(x_ptr, xsf_ptr, rows, row_ok, c0 + (i + 1) * BLOCK_K, K, num_xsf_k,
                                       stride_xm, stride_xsf_m, stride_xsf_k, XBM, XBK, XSF_PACKED, BLOCK_M,
-                                      BLOCK_K, VEC, STREAM)
+                                      BLOCK_K, VEC)
             cols = _cb_cols(c0 + i * BLOCK_K, BLOCK_K, VEC)
             q = e4m3_bits_to_f32_fast(raw)
             v = tl.reshape(tl.reshape(q, (BLOCK_M, BLOCK_K // XBK, XBK)) * s[:, :, None], (BLOCK_M, BLOCK_K))
             ptr = out_ptr + rows[:, None] * stride_om + cols[None, :]
             m = row_ok[:, None] & (cols < K)[None, :]
-            _cb_store(ptr, v, m, OUT_BF16, STREAM)
+            _cb_store(ptr, v, m, OUT_BF16)
     elif UNROLL:
         for i in tl.static_range(CHUNKS_PER_PROG):
             _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, (pk * CHUNKS_PER_PROG + i) * BLOCK_K, K,
@@ -81,15 +80,12 @@ def _cast_back_kernel(
 
 
 @triton.jit
-def _cb_store(ptr, v, m, OUT_BF16: tl.constexpr, STREAM: tl.constexpr):
-    """Store a decoded tile (bf16 bits or float32); STREAM: streaming stores (``.cs``).  A function, so that the
-    cache modifier is a constexpr of its own scope: assigned in the unrolled chunk loop, the GPU compiler rejects
-    its reassignment ("constexpr cannot be reassigned"; the interpreter accepts it)."""
-    cm: tl.constexpr = ".cs" if STREAM else ""
+def _cb_store(ptr, v, m, OUT_BF16: tl.constexpr):
+    """Store a decoded tile: bf16 bits (rounded to nearest even) or float32."""
     if OUT_BF16:
-        tl.store(ptr, f32_to_bf16_bits(v), mask=m, cache_modifier=cm)
+        tl.store(ptr, f32_to_bf16_bits(v), mask=m)
     else:
-        tl.store(ptr, v, mask=m, cache_modifier=cm)
+        tl.store(ptr, v, mask=m)
 
 
 @triton.jit
@@ -103,12 +99,11 @@ def _cb_cols(col0, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
 @triton.jit
 def _cb_load(x_ptr, xsf_ptr, rows, row_ok, col0, K, num_xsf_k, stride_xm, stride_xsf_m, stride_xsf_k,
              XBM: tl.constexpr, XBK: tl.constexpr, XSF_PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_K: tl.constexpr, VEC: tl.constexpr, STREAM: tl.constexpr = False):
+             BLOCK_K: tl.constexpr, VEC: tl.constexpr):
     """Raw e4m3 bytes ``[BLOCK_M, BLOCK_K]`` and their float32 scales ``[BLOCK_M, BLOCK_K // XBK]``."""
     cols = _cb_cols(col0, BLOCK_K, VEC)
     m = row_ok[:, None] & (cols < K)[None, :]
-    ev: tl.constexpr = "evict_first" if STREAM else ""
-    raw = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=m, other=0, eviction_policy=ev)
+    raw = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=m, other=0)
     NB: tl.constexpr = BLOCK_K // XBK
     kb = col0 // XBK + tl.arange(0, NB).to(tl.int64)
     sm = row_ok[:, None] & (kb < num_xsf_k)[None, :]
@@ -130,11 +125,7 @@ def _cast_back_chunk(x_ptr, xsf_ptr, out_ptr, rows, row_ok, col0, K, num_xsf_k, 
     else:
         v = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
                        BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
-    ptr = out_ptr + rows[:, None] * stride_om + cols[None, :]
-    if OUT_BF16:
-        tl.store(ptr, f32_to_bf16_bits(v), mask=m)
-    else:
-        tl.store(ptr, v, mask=m)
+    _cb_store(out_ptr + rows[:, None] * stride_om + cols[None, :], v, m, OUT_BF16)
 
 
 def _config(m: int, k: int):
@@ -192,8 +183,7 @@ def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xb
     # without either: 46.4 us at 8001 x 7168 e4m3 -> bf16, a relayout and 2 barriers per chunk, one 16-byte
     # load in flight per thread; with both: no shared memory or barrier, 2 chunks' loads in flight)
     cfg = tuned("cast_back", dict(BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, CHUNKS_PER_PROG=cpp, num_warps=warps,
-                                  HW_DECODE=True, UNROLL=False, VEC=8 if fmt == "bf16" else 4, PREFETCH=True,
-                                  STREAM=False))
+                                  HW_DECODE=True, UNROLL=False, VEC=8 if fmt == "bf16" else 4, PREFETCH=True))
     if (cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["CHUNKS_PER_PROG"]) != (BLOCK_M, BLOCK_K, cpp):
         BLOCK_M, BLOCK_K = int(cfg["BLOCK_M"]), int(cfg["BLOCK_K"])
         for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_K", BLOCK_K)):
@@ -207,7 +197,7 @@ def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xb
         xv, sf, outv, m, k, ceil_div(k, xbk), xv.stride(0), sf.stride(0), sf.stride(1), outv.stride(0),
         IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
         BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, HW_DECODE=bool(cfg["HW_DECODE"]),
-        UNROLL=bool(cfg["UNROLL"]), VEC=int(cfg["VEC"]), PREFETCH=bool(cfg["PREFETCH"]), STREAM=bool(cfg["STREAM"]),
+        UNROLL=bool(cfg["UNROLL"]), VEC=int(cfg["VEC"]), PREFETCH=bool(cfg["PREFETCH"]),
         num_warps=int(cfg["num_warps"]), **pdl_args(outv.device),
     )
     return out

@@ -19,47 +19,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import e2m1_code_to_f32, f32_to_e4m3_bits, unpack_e2m1
+from ..language import f32_to_e4m3_bits, unpack_e2m1
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, custom_op, empty, interpreter_configs, tuned)
-from ..config import get_num_sms
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
-from ._lossless_ptx import prmt
+from ._lossless_jit import (_block_multiplier_exponents, _store_out_scales, _tile_sf_exponents, _tile_sf_raw,
+                            _tile_store, _tile_words, _words_e4m3_lanes, _words_e4m3_prmt, _words_e4m3_slow)
 from .common import SFInfo, alloc_sf, check_sf_flags, sf_info
 from .types import QuantTensor
 
 __all__ = ["per_block_cast_lossless"]
-
-_SIGN_BITS = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: bit 7 of each byte
-
-
-@triton.jit
-def _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok,
-                      NOM: tl.constexpr, NOK: tl.constexpr, OUT_PACKED: tl.constexpr):
-    """The ``[NOM, NOK]`` output scale exponents ``e_out`` of a tile: packed UE8M0 bytes (one per block,
-    written through a byte view of the int32 words; blocks past Ks up to the word boundary lie outside the
-    tensor, so their E is 0: unused bytes are written as zeros) or float32 ``2^(e - 127)``."""
-    ob_m = pid_m * NOM + tl.arange(0, NOM).to(tl.int64)
-    ob_k = pid_k * NOK + tl.arange(0, NOK).to(tl.int64)
-    ob_ok = (ob_m < MS_OUT)[:, None] & (ob_k < KS_OUT_PAD)[None, :]
-    if OUT_PACKED:
-        bp = sf_out_ptr.to(tl.pointer_type(tl.uint8))
-        off = 4 * (ob_m[:, None] * stride_som + (ob_k // 4)[None, :] * stride_sok) + (ob_k % 4)[None, :]
-        tl.store(bp + off, e_out.to(tl.uint8), mask=ob_ok)
-    else:
-        sf = (e_out << 23).to(tl.float32, bitcast=True)
-        tl.store(sf_out_ptr + ob_m[:, None] * stride_som + ob_k[None, :] * stride_sok, sf, mask=ob_ok)
-
-
-@triton.jit
-def _block_multiplier_exponents(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
-                                IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-                                RM: tl.constexpr, RK: tl.constexpr):
-    """``(d, e_out)``: biased exponent ``d`` of each input block's multiplier ``2**(e_in - E)`` ([NIM, NIK];
-    0 = multiplier 0.0) and the output exponent ``E`` of each output block ([NIM // RM, NIK // RK])."""
-    raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
-    return _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
 
 
 @triton.jit
@@ -104,89 +74,13 @@ def _per_block_cast_lossless_kernel(
 
 
 @triton.jit
-def _spread_nibbles(v):
-    """16-bit value (int32, 4 nibbles) -> nibble j in the low half of byte j."""
-    a = (v | (v << 8)) & 0x00FF00FF
-    return (a | (a << 4)) & 0x0F0F0F0F
-
-
-@triton.jit
-def _lanes_e4m3(n, m7, b):
-    """e4m3 codes of four FP4 codes (one per byte lane of ``n``) scaled by ``2**dd`` with -5 <= dd <= 6:
-    exponent arithmetic on the byte lanes (every result is an e4m3 normal or zero, so nothing rounds).
-
-    Per lane, magnitude ``m = n & 7`` (``m7 = 0`` gives a zero multiplier): 0 -> 0; 1 (0.5) -> ``b``; m >= 2
-    (value ``2**(e-1) * (1 + f/2)``, ``e = m >> 1``, ``f = m & 1``) -> ``4m + b`` with ``b = 8 * (dd + 6)``;
-    the sign (bit 3) moves to bit 7.  No lane carries into the next (4m + b <= 124)."""
-    m = n & m7
-    h = ((m >> 1) | (m >> 2)) & 0x01010101  # m >= 2
-    nz = h | (m & 0x01010101)  # m != 0
-    t = m & (h | 0x06060606)  # m, or 0 where m == 1
-    return ((t << 2) + nz * b) | ((n << 4) & _SIGN_BITS)
-
-
-@triton.jit
-def _words_e4m3_prmt(w, d):
-    """PRMT fast path: the two e4m3 output words (values 0..3, 4..7) of FP4 words ``w`` whose input block has the
-    multiplier exponent ``d`` (broadcast; 122 <= d <= 133, or 0 for a zero multiplier), by byte permutes.
-
-    Magnitudes: one table lookup per output word; the 3-bit magnitude ``m`` of each nibble selects byte ``m`` of an
-    8-byte table (``_lanes_e4m3``'s map: 0, b, 4m + b for m >= 2, ``b = 8 * (d - 121)``; all zero for d = 0) held
-    in two words built per input block, ``lo = 0x0C080000 + b * 0x01010100``, ``hi = 0x1C181410 + b * 0x01010101``
-    (no byte carries: at most 28 + 96).  The selector is the word with its sign bits cleared (prmt reads the low 16
-    bits: 4 nibbles of 3 bits; bit 3 of a nibble would replicate a sign).  Signs: one sign-replicating permute per
-    output word brings the sign bit of each nibble to the top of its byte, from ``w`` (odd values: bit 7 of input
-    byte k) and ``w << 4`` (even values: bit 3 of byte k), then ``mag | (s & 0x80808080)``.  Per input word:
-    and, shift, 2 prmt (magnitudes), shift, 2 prmt (signs), 2 lop3: ~9 instructions for 8 values."""
-    b = (d - 121) * 8
-    t_lo = tl.where(d == 0, 0, b * 0x01010100 + 0x0C080000)
-    t_hi = tl.where(d == 0, 0, b * 0x01010101 + 0x1C181410)
-    s = w & 0x77777777
-    w4 = w << 4
-    # sign selectors (bit 3 set: replicate): value j from byte j // 2 of w4 (j even, index j // 2) or of w (j odd,
-    # index 4 + j // 2): 0xD9C8 for values 0..3 (bytes 0, 1), 0xFBEA for values 4..7 (bytes 2, 3)
-    lo = prmt(t_lo, t_hi, s) | (prmt(w4, w, 0xD9C8) & _SIGN_BITS)
-    hi = prmt(t_lo, t_hi, s >> 16) | (prmt(w4, w, 0xFBEA) & _SIGN_BITS)
-    return lo, hi
-
-
-@triton.jit
-def _words_e4m3_lanes(w, d4):
-    """The fast path without PRMT: the two e4m3 output words (values 0..3, 4..7) of FP4 words ``w`` by exponent
-    arithmetic on the byte lanes (``_lanes_e4m3``), ``d4`` as in ``_words_e4m3_prmt``."""
-    m7 = tl.where(d4 == 0, 0, 0x07070707)
-    b = tl.where(d4 == 0, 0, (d4 - 121) * 8)
-    return _lanes_e4m3(_spread_nibbles(w & 0xFFFF), m7, b), _lanes_e4m3(_spread_nibbles((w >> 16) & 0xFFFF), m7, b)
-
-
-@triton.jit
-def _words_e4m3_slow(w, d4):
-    """The slow path (any multiplier exponent ``d4``): each value scaled in float32 and rounded to e4m3; a rolled loop,
-    as the path is rare and must not raise the fast path's register count."""
-    mult = (d4 << 23).to(tl.float32, bitcast=True)
-    lo = tl.zeros_like(w)
-    hi = tl.zeros_like(w)
-    for j in tl.range(0, 4, loop_unroll_factor=1):
-        lo |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j)) & 0xF) * mult).to(tl.int32) << (8 * j)
-        hi |= f32_to_e4m3_bits(e2m1_code_to_f32((w >> (4 * j + 16)) & 0xF) * mult).to(tl.int32) << (8 * j)
-    return lo, hi
-
-
-@triton.jit
-def _store_pairs(ptrs, lo, hi, mask):
-    """Store output words ``lo`` / ``hi`` (int32) as the low / high halves of the int64s at ``ptrs``."""
-    tl.store(ptrs, (hi.to(tl.int64) << 32) | lo.to(tl.uint32, bitcast=True).to(tl.int64), mask=mask)
-
-
-@triton.jit
 def _per_block_cast_lossless_words_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PAIR64: tl.constexpr = False,
-    PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """One program: ``TM`` rows x ``TW`` 32-bit words of FP4 data (``TK = 8 * TW`` values), whole output
     blocks.  ``x_ptr`` is the int8 data (read as int32 words: 4-byte aligned rows), ``out_ptr`` an int32 view
@@ -204,14 +98,10 @@ def _per_block_cast_lossless_words_kernel(
     Bounds are written ``(K // 32) * 4`` / ``(K // 32) * 8`` (K % 32 == 0) so that the compiler sees
     masks uniform over 4/8 words and vectorizes.
 
-    Speed-only flags (same bits; off by default, for the H200 sweep): ``PRMT``: the fast path by byte permutes
-    (``_words_e4m3_prmt``, ~9 instructions per input word instead of ~30).  ``PAIR64``: the tile as
-    ``[WPB // V, NIM, BMI, NIK, V]`` words (V = 2 adjacent words per thread, two lanes per input block row: 8-byte
-    loads), so that the int64 pairs of output words (one per input word) are stored, from inside each branch, in
-    the load's layout with 16-byte stores: no join/reshape layout conversion (32 SHFL and 64 SEL per thread at
-    16 words).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (offline SASS): 94 registers and
-    7.60 instructions per value on the fast path by default, PRMT 96 / 4.49, PRMT + PAIR64 132 / 3.45 (80 / 3.63
-    with ``maxnreg=80``: the spills land in the slow path)."""
+    ``PRMT`` (same bits; off by default: out blocks other than (1, 128) were not measured with it, and (1, 128)
+    takes ``_per_block_cast_lossless_1d_kernel``): the fast path by byte permutes (``_words_e4m3_prmt``, ~9
+    instructions per input word instead of ~30).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (offline
+    SASS): 94 registers and 7.60 instructions per value on the fast path by default, PRMT 96 / 4.49."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
@@ -225,145 +115,50 @@ def _per_block_cast_lossless_words_kernel(
                                            IN_PACKED, NIM, NIK, BMO // BMI, BKO // BKI)
 
     row0 = pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64)
-    if PAIR64:
-        # the tile as [WPB // V, NIM, BMI, NIK, V] words (V = 2 adjacent words per thread and two lanes per
-        # 4 words: 8-byte loads, and 16-byte stores of the int64 pairs in the same layout, no shuffles)
-        V: tl.constexpr = 2 if WPB >= 2 else 1
-        rows = row0[None, :, None, None, None] + tl.arange(0, BMI)[None, None, :, None, None]
-        wc = (tl.arange(0, WPB // V) * V)[:, None, None, None, None] + \
-            (tl.arange(0, NIK) * WPB)[None, None, None, :, None] + tl.arange(0, V)[None, None, None, None, :]
-        d4 = tl.reshape(d, (1, NIM, 1, NIK, 1))
-        # 32-bit column bounds and a scalar base, so that the per-register word offsets fold into immediates
-        wmask = (rows < M) & (tl.program_id(1) * TW + wc < (K // 32) * 4)
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pid_k * TW + rows * stride_xm + wc, mask=wmask, other=0)
-        # int64 view of the output: one pair of output words per input word; stored in each branch (not after
-        # the branch: the fast path stores as it goes)
-        optrs = out_ptr.to(tl.pointer_type(tl.int64)) + pid_k * TW + rows * (stride_om // 2) + wc
-    else:
-        # the tile as [NIM, BMI, NIK, WPB] words, so per-block values broadcast along dims 1 and 3
-        rows = row0[:, None, None, None] + tl.arange(0, BMI)[None, :, None, None]
-        wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
-        row_ok = rows < M
-        wmask = row_ok & (pid_k * TW + wc < (K // 32) * 4)
-        xw_ptr = x_ptr.to(tl.pointer_type(tl.int32))
-        w = tl.load(xw_ptr + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
-        # two output words per input word: [NIM, BMI, NIK, 2 * WPB]
-        oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
-        omask = row_ok & (pid_k * (2 * TW) + oc < (K // 32) * 8)
-        optrs = out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc)
-        d4 = tl.reshape(d, (NIM, 1, NIK, 1))
+    # the tile as [NIM, BMI, NIK, WPB] words, so per-block values broadcast along dims 1 and 3
+    rows = row0[:, None, None, None] + tl.arange(0, BMI)[None, :, None, None]
+    wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
+    row_ok = rows < M
+    wmask = row_ok & (pid_k * TW + wc < (K // 32) * 4)
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.int32))
+    w = tl.load(xw_ptr + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
+    # two output words per input word: [NIM, BMI, NIK, 2 * WPB]
+    oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
+    omask = row_ok & (pid_k * (2 * TW) + oc < (K // 32) * 8)
+    optrs = out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc)
+    d4 = tl.reshape(d, (NIM, 1, NIK, 1))
     bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
     if bad == 0:
         if PRMT:
             lo, hi = _words_e4m3_prmt(w, d4)
         else:
             lo, hi = _words_e4m3_lanes(w, d4)  # values 0..3 / 4..7 of the word
-        if PAIR64:
-            _store_pairs(optrs, lo, hi, wmask)
     else:
         lo, hi = _words_e4m3_slow(w, d4)
-        if PAIR64:
-            _store_pairs(optrs, lo, hi, wmask)
-    if not PAIR64:
-        tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
+    tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
 
     _store_out_scales(sf_out_ptr, e_out, pid_m, pid_k, MS_OUT, KS_OUT_PAD, stride_som, stride_sok, NOM, NOK,
                       OUT_PACKED)
 
 
-# ---- looping word kernel (speed-only candidates TILES / PERSIST: the word kernel's bits) ----
-
 @triton.jit
-def _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik,
-                 IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr):
-    """The raw input scales of a tile as int32 bits ([NIM, NIK]: float32 bits, or the packed UE8M0 word holding each
-    block's byte; 0 outside the tensor): loaded ahead of their use, decoded by ``_tile_sf_exponents``."""
-    ib_m = pid_m * NIM + tl.arange(0, NIM).to(tl.int64)
-    ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
-    ib_ok = (ib_m < MS_IN)[:, None] & (ib_k < KS_IN)[None, :]
-    if IN_PACKED:
-        raw = tl.load(sf_in_ptr + ib_m[:, None] * stride_sim + (ib_k // 4)[None, :] * stride_sik, mask=ib_ok, other=0)
-    else:
-        raw = tl.load(sf_in_ptr.to(tl.pointer_type(tl.int32)) + ib_m[:, None] * stride_sim + ib_k[None, :] * stride_sik,
-                      mask=ib_ok, other=0)
-    return raw
-
-
-@triton.jit
-def _tile_sf_exponents(raw, pid_k, IN_PACKED: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr,
-                       RM: tl.constexpr, RK: tl.constexpr):
-    """``(d, e_out)`` (see ``_block_multiplier_exponents``) from the raw scales of ``_tile_sf_raw``."""
-    NOM: tl.constexpr = NIM // RM
-    NOK: tl.constexpr = NIK // RK
-    if IN_PACKED:
-        ib_k = pid_k * NIK + tl.arange(0, NIK).to(tl.int64)
-        e_in = (raw >> (8 * (ib_k % 4)).to(tl.int32)[None, :]) & 0xFF
-    else:
-        e_in = (raw >> 23) & 0xFF
-    # max over each output block's input blocks, broadcast back without reshaping a broadcast (that gives
-    # a layout in which every thread holds the whole tensor)
-    e4 = tl.reshape(e_in, (NOM, RM, NOK, RK))
-    emax = tl.max(tl.max(e4, axis=3, keep_dims=True), axis=1, keep_dims=True)
-    e_out4 = tl.where(emax >= 255, 255, tl.where(emax >= 6, emax - 6, 0))  # [NOM, 1, NOK, 1]
-    d4 = tl.where(e_out4 >= 255, 0, tl.minimum(tl.maximum(e4 - e_out4 + 127, 0), 254))
-    d = tl.reshape(d4, (NIM, NIK))
-    e_out = tl.reshape(e_out4, (NOM, NOK))
-    return d, e_out
-
-
-@triton.jit
-def _tile_rows_words(pid_m, pid_k, M, K, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
-                     NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
-    """``(rows, wc, wmask)`` of a tile's ``[NIM, BMI, NIK, WPB]`` words: the row (int64), the word column within the
-    tile, the bounds mask (``(K // 32) * 4``: uniform over 4 words, so the loads vectorize)."""
-    rows = (pid_m * TM + (tl.arange(0, NIM) * BMI).to(tl.int64))[:, None, None, None] + \
-        tl.arange(0, BMI)[None, :, None, None]
-    wc = (tl.arange(0, NIK) * WPB)[None, None, :, None] + tl.arange(0, WPB)[None, None, None, :]
-    wmask = (rows < M) & (pid_k * TW + wc < (K // 32) * 4)
-    return rows, wc, wmask
-
-
-@triton.jit
-def _tile_words(x_ptr, pid_m, pid_k, M, K, stride_xm, TM: tl.constexpr, TW: tl.constexpr, BMI: tl.constexpr,
-                NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
-    """A tile's FP4 words ``[NIM, BMI, NIK, WPB]`` (0 outside the tensor)."""
-    rows, wc, wmask = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
-    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows * stride_xm + (pid_k * TW + wc), mask=wmask, other=0)
-
-
-@triton.jit
-def _tile_store(out_ptr, lo, hi, pid_m, pid_k, M, K, stride_om, TM: tl.constexpr, TW: tl.constexpr,
-                BMI: tl.constexpr, NIM: tl.constexpr, NIK: tl.constexpr, WPB: tl.constexpr):
-    """Store a tile's output words (``lo``: values 0..3, ``hi``: 4..7 of each input word; int32 ``[NIM, BMI, NIK,
-    WPB]``), joined and reshaped to ``[NIM, BMI, NIK, 2 * WPB]`` int32 words (as the word kernel does)."""
-    rows, wc, wmask = _tile_rows_words(pid_m, pid_k, M, K, TM, TW, BMI, NIM, NIK, WPB)
-    oc = (tl.arange(0, NIK) * (2 * WPB))[None, None, :, None] + tl.arange(0, 2 * WPB)[None, None, None, :]
-    omask = (rows < M) & (pid_k * (2 * TW) + oc < (K // 32) * 8)
-    tl.store(out_ptr + rows * stride_om + (pid_k * (2 * TW) + oc),
-             tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
-
-
-@triton.jit
-def _per_block_cast_lossless_loop_kernel(
+def _per_block_cast_lossless_1d_kernel(
     x_ptr, sf_in_ptr, out_ptr, sf_out_ptr,
     M, K, MS_IN, KS_IN, MS_OUT, KS_OUT_PAD,
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
-    NUM_TILES, NKT, NMT, T_FIRST, T_STEP, T_SPAN,
+    NUM_TILES, NKT, NMT,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
     TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
 ):
-    """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) in a loop
-    over several tiles per program, with the next tile's words and input scales loaded (software prefetch) before the
-    current tile is converted and stored: every warp keeps a tile's loads in flight while it computes, instead of
-    load -> wait -> compute -> store -> exit per program (the 1-warp [4, 128] program is latency-bound: ~20 warps per
-    SM at 96 registers, each with 2.5 KB of loads in flight only between its start and its first use).
+    """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) on a 1-D
+    grid: program ``t`` takes tile ``t = pid_m * NKT + pid_k`` (K fastest: consecutive programs cover a row block left
+    to right).  The GPU's default at (1, 128) out blocks with PRMT (H200: 26.88 us against 27.20 for PRMT on the
+    2-D grid, 8001 x 7168).
 
-    Tiles are numbered ``t = pid_m * NKT + pid_k`` (K fastest: consecutive tiles cover a row block left to right);
-    program ``p`` takes tiles ``p * T_FIRST + i * T_STEP`` below ``min(p * T_FIRST + T_SPAN, NUM_TILES)``: chunks of
-    ``TILES`` consecutive tiles (``T_FIRST = T_SPAN = TILES``, ``T_STEP = 1``) or a persistent grid-stride walk over
-    ``G`` programs (``T_FIRST = 1``, ``T_STEP = G``, ``T_SPAN = NUM_TILES``).  A
-    prefetch past the program's last tile loads nothing (its row block is moved to ``NMT``, past the tensor)."""
+    The tile goes through a tile loop that runs once and loads the "next" tile ahead of the conversion, with every
+    load of it masked (its row block is moved to ``NMT``, past the tensor): the form of the measured code, kept
+    as it compiles."""
     pdl_enter(PDL)
     TK: tl.constexpr = TW * 8
     NIM: tl.constexpr = TM // BMI
@@ -373,8 +168,8 @@ def _per_block_cast_lossless_loop_kernel(
     WPB: tl.constexpr = BKI // 8  # words per input block row
     RM: tl.constexpr = BMO // BMI
     RK: tl.constexpr = BKO // BKI
-    first = tl.program_id(0) * T_FIRST
-    end = tl.minimum(first + T_SPAN, NUM_TILES)
+    first = tl.program_id(0)
+    end = tl.minimum(first + 1, NUM_TILES)
     t = first
     pid_m = (t // NKT).to(tl.int64)
     pid_k = (t % NKT).to(tl.int64)
@@ -382,7 +177,7 @@ def _per_block_cast_lossless_loop_kernel(
     raw = _tile_sf_raw(sf_in_ptr, pid_m, pid_k, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM, NIK)
     while t < end:
         # the next tile (none past the program's last: row block NMT lies past the tensor, all its loads masked)
-        tn = t + T_STEP
+        tn = t + 1
         pid_mn = tl.where(tn < end, tn // NKT, NMT).to(tl.int64)
         pid_kn = (tn % NKT).to(tl.int64)
         d, e_out = _tile_sf_exponents(raw, pid_k, IN_PACKED, NIM, NIK, RM, RK)
@@ -443,12 +238,11 @@ def _word_tile(bmo: int, bko: int, hidden: int):
 
 def _gpu_defaults(bmo: int, words_ok: bool) -> dict:
     """The GPU's speed-only defaults (same bits).  H200, 2026-11-30, commit bc6f44a (CUPTI, 8001 x 7168, (1, 128)
-    out blocks): PRMT in the looping kernel with one tile a program (TILES=1: the 1-D grid with K fastest) 26.88 /
-    26.87 us in two sweeps, against 28.53 / 28.57 for the word kernel without PRMT (the default before) and 27.20 / 27.38 with PRMT on
-    the 2-D grid.  Other out blocks: not measured, unchanged."""
+    out blocks): PRMT on the 1-D grid with K fastest (GRID_1D) 26.88 / 26.87 us in two sweeps, against 28.53 / 28.57
+    for the word kernel without PRMT and 27.20 / 27.38 with PRMT on the 2-D grid.  Other out blocks: not measured."""
     if interpreter_configs() or not words_ok or bmo != 1:
         return {}
-    return {"PRMT": True, "TILES": 1}
+    return {"PRMT": True, "GRID_1D": True}
 
 
 def _lossless_exponents(sfi, ms_in: int, ks_in: int) -> torch.Tensor:
@@ -585,12 +379,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     kernel; needs ``bki >= 8`` and 4-byte aligned data rows, else the value-by-value kernel runs), ``TM``
     (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
     kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
-    flags (off by default, same bits): ``PRMT`` (the fast path by byte permutes, ``_words_e4m3_prmt``) and
-    ``PAIR64`` (the tile in the store's layout, int64 pair stores: no shuffles); ``maxnreg`` (None: no cap):
-    ptxas' register cap.  Looping word kernel (``_per_block_cast_lossless_loop_kernel``, same bits, off by default):
-    ``TILES`` (> 0: chunks of that many consecutive tiles per program) or ``PERSIST`` (> 0: ``get_num_sms() *
-    PERSIST`` programs walking the tiles grid-stride), with the next tile's loads issued before the current tile is
-    computed."""
+    flags (same bits; ``_gpu_defaults`` says where they are on): ``PRMT`` (the fast path by byte permutes,
+    ``_words_e4m3_prmt``), ``GRID_1D`` (``_per_block_cast_lossless_1d_kernel``: the tiles on a 1-D grid, K fastest);
+    ``maxnreg`` (None: no cap): ptxas' register cap."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -598,8 +389,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     tm_b, tk, b_warps = _tile(bmo, bko)
     c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
                                           "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "PAIR64": False, "maxnreg": None, "TILES": 0, "PERSIST": 0,
-                                          **_gpu_defaults(bmo, words_ok)})
+                                          "GRID_1D": False, "maxnreg": None, **_gpu_defaults(bmo, words_ok)})
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
     if tm % bmo or tm & (tm - 1) or (words and ((8 * c["TW"]) % bko or c["TW"] & (c["TW"] - 1))) or \
@@ -608,25 +398,14 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
-    loop = words and (c["TILES"] or c["PERSIST"])
-    if loop:
-        if c["PAIR64"]:
-            raise ValueError(f"bad per_block_cast_lossless launch config {c}: PAIR64 is not built into the looping "
-                             "kernel (TILES / PERSIST)")
+    if words and c["GRID_1D"]:
         out_w = out.view(torch.uint8).view(torch.int32)
         nmt, nkt = ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, 8 * c["TW"])
         num_tiles = nmt * nkt
-        if c["PERSIST"]:  # grid-stride: program p takes tiles p, p + G, ...
-            g = max(1, min(num_tiles, get_num_sms() * int(c["PERSIST"])))
-            first, step, span = 1, g, num_tiles
-        else:  # chunks of TILES consecutive tiles
-            n = int(c["TILES"])
-            g = ceil_div(num_tiles, n)
-            first, step, span = n, 1, n
-        _per_block_cast_lossless_loop_kernel[(g,)](
+        _per_block_cast_lossless_1d_kernel[(num_tiles,)](
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
-            num_tiles, nkt, nmt, first, step, span,
+            num_tiles, nkt, nmt,
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
             BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
@@ -637,7 +416,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]), PAIR64=bool(c["PAIR64"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     else:
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, c["TK"]))

@@ -11,10 +11,9 @@ import triton.language as tl
 
 from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
-                       interpreter_configs, tuned)
+from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
-from ._per_channel_common import per_channel_launch_config, per_channel_quant_tile_bf16
+from ._per_channel_common import check_per_channel_x, per_channel_launch_config, per_channel_quant_tile_bf16
 from .types import QuantTensor
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -192,14 +191,7 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     check_choice("num_per_tokens", num_per_tokens, [32, 128])
     if not isinstance(round_sf, bool):
         raise TypeError(f"round_sf must be a bool, got {type(round_sf).__name__}")
-    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
-    check_inner_contiguous("x", x)
-    check_device("x", x)
-    m, k = x.shape
-    if m % 128 != 0:
-        raise ValueError(f"x must have a multiple of 128 rows, got {m}")
-    if k % 64 != 0:
-        raise ValueError(f"x must have a multiple of 64 columns, got {k}")
+    m, k = check_per_channel_x(x, (torch.bfloat16,))
     if torch.compiler.is_compiling():  # traced as the opaque op ``torch.ops.tritile.per_channel_cast_and_transpose``
         return _per_channel_cast_and_transpose_op(x, num_per_tokens, round_sf)
     return _launch(x, num_per_tokens, round_sf)

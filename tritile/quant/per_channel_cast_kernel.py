@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import check_choice, check_device, check_inner_contiguous, check_tensor
+from ..runtime import check_choice
+from ._per_channel_common import check_per_channel_x
 from .per_channel_cast_fused_kernel import _launch, per_channel_cast_fused
 from .types import QuantTensor
 
@@ -36,14 +37,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     if isinstance(num_per_tokens, bool) or not isinstance(num_per_tokens, int):
         raise TypeError(f"num_per_tokens must be an int, got {type(num_per_tokens).__name__}")
     check_choice("num_per_tokens", num_per_tokens, [128])
-    check_tensor("x", x, dtypes=(torch.bfloat16, torch.float32), ndim=2)
-    check_inner_contiguous("x", x)
-    check_device("x", x)
-    m, k = x.shape
-    if m % 128 != 0:
-        raise ValueError(f"x must have a multiple of 128 rows, got {m}")
-    if k % 64 != 0:
-        raise ValueError(f"x must have a multiple of 64 columns, got {k}")
+    m, k = check_per_channel_x(x, (torch.bfloat16, torch.float32))
     if not isinstance(round_sf, bool):
         raise TypeError(f"round_sf must be a bool, got {type(round_sf).__name__}")
     if torch.compiler.is_compiling():  # the opaque custom op of per_channel_cast_fused

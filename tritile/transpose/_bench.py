@@ -14,9 +14,6 @@ def _tune(dt: str, batched: bool):
     """Launch-config candidates for ``python -m tritile tune`` (name "transpose")."""
     if dt == "fp8":
         cands = [dict(BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w) for bm in (32, 64) for bn in (16, 32, 64) for w in (4, 8)]
-        cands += [dict(PERSIST=p, BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w)
-                  for p, bm, bn, w in [(2, 64, 32, 4), (4, 64, 32, 4), (8, 64, 32, 4), (4, 32, 32, 4), (2, 64, 64, 8),
-                                       (1, 64, 64, 8)]]
         cands += [dict(PDL=False), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(PDL=True, BLOCK_M4=64, BLOCK_N4=64, num_warps=8)]
         # STREAM on the word path: evict-first loads, streaming (.cs) stores
@@ -28,18 +25,14 @@ def _tune(dt: str, batched: bool):
         # the candidates above run with it unless they set it).  The programs running together then write whole
         # output rows' runs and read narrow strips of many input rows.  Two sweeps (CUPTI, us): batches of 32 MFAST
         # 901.3 against 941.9 for the old default ([64, 32] words, no MFAST), 918.5 with [64, 32]; one matrix 30.81 /
-        # 30.62 against 30.90 / 30.77 for the old default ([32, 32], no MFAST), 30.96 / 30.98 with [32, 32].  GROUP
-        # (the grid walked in groups of GROUP m blocks, tritile.language.grid.grouped_ids, so that the ~1000
-        # programs running together cover a near-square patch: runs of ~4 KB on both sides) lost: 31.31-31.34 on one
-        # matrix, 917.9-918.4 in batches.
+        # 30.62 against 30.90 / 30.77 for the old default ([32, 32], no MFAST), 30.96 / 30.98 with [32, 32].
         old = dict(MFAST=False, BLOCK_M4=32 if not batched else 64, BLOCK_N4=32, num_warps=4)  # the old default
         cands += [old, dict(MFAST=False), dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(MFAST=True, BLOCK_M4=64, BLOCK_N4=32, num_warps=4),
                   dict(MFAST=True, BLOCK_M4=16, BLOCK_N4=64, num_warps=4),
                   dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=128, num_warps=4),
                   dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=8),
-                  dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=2),
-                  dict(GROUP=16), dict(GROUP=32), dict(GROUP=48), dict(GROUP=8)]
+                  dict(MFAST=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=2)]
         return cands + [dict(word_path=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
                         for bm, bn, w in [(128, 128, 8), (128, 256, 8), (256, 128, 8)]]
     # PDL (the default on sm_90+; H200, H200 @ 2615106: bf16 58.9 us graph against 59.5 without): programmatic dependent
@@ -49,11 +42,11 @@ def _tune(dt: str, batched: bool):
                                                                                     num_warps=8)]
     # H200 @ 4d49e57 (see fp8): MFAST, now the default of 2- and 4-byte elements (the candidates here run with it unless
     # they set it).  Two sweeps (CUPTI, us): fp32 batches 3542.7 / 3537.0 against 3647.1 / 3628.8 without, bf16
-    # batches 1766.6 against 1804.3, one bf16 matrix 64.51 / 57.84 against 65.41 / 58.57; GROUP 8-32 lost or tied
+    # batches 1766.6 against 1804.3, one bf16 matrix 64.51 / 57.84 against 65.41 / 58.57
     mfast = [dict(MFAST=False), dict(MFAST=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
              dict(MFAST=True, BLOCK_M=128, BLOCK_N=64, num_warps=8),
              dict(MFAST=True, BLOCK_M=64, BLOCK_N=128, num_warps=8),
-             dict(MFAST=True, BLOCK_M=128, BLOCK_N=128, num_warps=8), dict(GROUP=8), dict(GROUP=32)]
+             dict(MFAST=True, BLOCK_M=128, BLOCK_N=128, num_warps=8)]
     return pdl + mfast + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st)
                           for bm, bn in [(64, 64), (128, 64), (128, 128), (256, 64), (64, 128)]
                           for w in (4, 8) for st in ((False, True) if batched else (False,))]

@@ -17,8 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import get_num_sms
-from ..language.grid import grouped_ids, tile_grid, tile_ids
+from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_enter, use_pdl
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
@@ -30,19 +29,20 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
+def _tile_prologue(PDL: tl.constexpr, MFAST: tl.constexpr):
+    """``(n block, m block, batch)`` of this program (int32, int32, int64), after PDL's wait."""
+    pdl_enter(PDL)
+    pid_n, pid_m = tile_ids(MFAST, False)
+    return pid_n, pid_m, tl.program_id(2).to(tl.int64)
+
+
+@triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False, MFAST: tl.constexpr = False,
-                              GROUP: tl.constexpr = 0):
+                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False, MFAST: tl.constexpr = False):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m.  The grid's first
-    dimension walks the n blocks (``MFAST``: the m blocks; ``GROUP``: groups of GROUP m blocks, see
-    ``tritile.language.grid``)."""
-    pdl_enter(PDL)
-    if GROUP:
-        pid_n, pid_m = grouped_ids(GROUP)
-    else:
-        pid_n, pid_m = tile_ids(MFAST, False)
-    b = tl.program_id(2).to(tl.int64)
+    dimension walks the n blocks (``MFAST``: the m blocks, see ``tritile.language.grid``)."""
+    pid_n, pid_m, b = _tile_prologue(PDL, MFAST)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     x_ptrs = x_ptr + b * stride_xb + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn
@@ -91,17 +91,12 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                    BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
                                    PDL: tl.constexpr = False, STREAM: tl.constexpr = False,
-                                   MFAST: tl.constexpr = False, GROUP: tl.constexpr = 0):
+                                   MFAST: tl.constexpr = False):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts.  The grid's first dimension walks the n blocks
-    (``MFAST``: the m blocks; ``GROUP``: groups of GROUP m blocks)."""
-    pdl_enter(PDL)
-    if GROUP:
-        pid_n, pid_m = grouped_ids(GROUP)
-    else:
-        pid_n, pid_m = tile_ids(MFAST, False)
-    b = tl.program_id(2).to(tl.int64)
+    (``MFAST``: the m blocks)."""
+    pid_n, pid_m, b = _tile_prologue(PDL, MFAST)
     r = pid_m.to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)  # word index along m of the output
     w = pid_n.to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)  # word index along n of the input
     i = tl.arange(0, 4)
@@ -115,59 +110,6 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     else:
         words = tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
     _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN, STREAM)
-
-
-@triton.jit
-def _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, MFAST: tl.constexpr):
-    """``(b, r, w)`` of tile ``t``: its batch, its output word rows and its input word columns.  Tiles are ordered
-    batch, then m, then n (``MFAST``: batch, then n, then m)."""
-    b = (t // tiles_mn).to(tl.int64)
-    rem = t % tiles_mn
-    if MFAST:
-        tiles_m = tiles_mn // tiles_n
-        pm, pn = rem % tiles_m, rem // tiles_m
-    else:
-        pm, pn = rem // tiles_n, rem % tiles_n
-    r = pm.to(tl.int64) * BLOCK_M4 + tl.arange(0, BLOCK_M4)
-    w = pn.to(tl.int64) * BLOCK_N4 + tl.arange(0, BLOCK_N4)
-    return b, r, w
-
-
-@triton.jit
-def _u8x4_tile_words(x_ptr, t, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
-                     BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr, MFAST: tl.constexpr):
-    """The [BLOCK_M4, 4, BLOCK_N4] input words of tile ``t`` (ordered as ``_u8x4_tile_coords`` says)."""
-    b, r, w = _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4, BLOCK_N4, MFAST)
-    i = tl.arange(0, 4)
-    x_ptrs = x_ptr + b * stride_xb + (4 * r[:, None, None] + i[None, :, None]) * stride_xm + w[None, None, :]
-    if EVEN:
-        return tl.load(x_ptrs)
-    else:
-        return tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
-
-
-@triton.jit
-def _batched_transpose_u8x4_persist_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
-                                           tiles_n, tiles_mn, num_tiles,
-                                           BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
-                                           MFAST: tl.constexpr = False):
-    """The word transpose of ``_batched_transpose_u8x4_kernel`` on a persistent grid: program ``p`` handles
-    tiles ``p, p + P, p + 2P, ...`` and loads its next tile before it shuffles and stores the current one
-    (two tiles of loads in flight per program, no tail wave).  ``MFAST``: the tiles walk m first."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    words = _u8x4_tile_words(x_ptr, pid, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm, BLOCK_M4, BLOCK_N4, EVEN,
-                             MFAST)
-    t = pid
-    while t < num_tiles:  # a while loop: range() over program ids breaks the interpreter (numpy 2.4)
-        # prefetch the next tile (the last program re-reads its own tile instead of running past the end)
-        nxt = tl.minimum(t + nprog, num_tiles - 1)
-        words_next = _u8x4_tile_words(x_ptr, nxt, M4, N4, tiles_n, tiles_mn, stride_xb, stride_xm,
-                                      BLOCK_M4, BLOCK_N4, EVEN, MFAST)
-        b, r, w = _u8x4_tile_coords(t, tiles_n, tiles_mn, BLOCK_M4, BLOCK_N4, MFAST)
-        _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
-        words = words_next
-        t += nprog
 
 
 def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
@@ -193,16 +135,11 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     pdl_kw = dict(launch_pdl=True) if pdl else {}
     stream = bool(config.get("STREAM", False)) if config else False
     # Grid order (tritile.language.grid): MFAST, the m blocks first (the default of the word path and of 2- and 4-byte
-    # elements since commit 4d49e57: the programs running together write whole output rows' runs), or GROUP, groups of
-    # GROUP m blocks (a candidate; it lost).  Two H200 sweeps (CUPTI, 32 x 8064 x 7168 batches): fp32 3542.7 / 3537.0 us
+    # elements since commit 4d49e57: the programs running together write whole output rows' runs).  Two H200 sweeps (CUPTI, 32 x 8064 x 7168 batches): fp32 3542.7 / 3537.0 us
     # against 3647.1 / 3628.8, bf16 1766.6 against 1804.3, fp8 (with 128 x 256-byte tiles) 901.3 against 941.9; one 8064
     # x 7168 matrix: bf16 64.51 / 57.84 against 65.41 / 58.57, fp8 30.81 / 30.62 against 30.90 / 30.77.
     word = _u8x4_ok(x) and (config is None or config.get("word_path", True))
     mfast = bool((config or {}).get("MFAST", word or x.element_size() in (2, 4)))
-    group = int((config or {}).get("GROUP", 0))
-    if group < 0:
-        raise ValueError(f"transpose launch config: GROUP must be >= 0, got {group}")
-    mfast = mfast and not group
     if word:
         # H200 sweeps: 128 x 256-byte tiles (H200, 2026-12-01, commit 4d49e57, with MFAST; before, 256 x 128 for batches
         # and 128 x 128 for one matrix)
@@ -212,21 +149,12 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         xw = x.view(torch.uint8).view(torch.int32)
         ow = out.view(torch.uint8).view(torch.int32)
         even = m % (4 * bm4) == 0 and n % (4 * bn4) == 0
-        if config and config.get("PERSIST"):  # persistent grid: PERSIST programs per SM
-            tiles_n, tiles_m = ceil_div(n // 4, bn4), ceil_div(m // 4, bm4)
-            num_tiles = b * tiles_m * tiles_n
-            grid = (min(num_tiles, int(config["PERSIST"]) * get_num_sms()),)
-            _batched_transpose_u8x4_persist_kernel[grid](
-                xw, ow, m // 4, n // 4, xw.stride(0), xw.stride(1), ow.stride(0), ow.stride(1), tiles_n,
-                tiles_m * tiles_n, num_tiles, BLOCK_M4=bm4, BLOCK_N4=bn4, EVEN=even, MFAST=mfast, num_warps=warps)
-            return
         for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
             xs, os_ = xw[b0:b0 + _MAX_GRID_Z], ow[b0:b0 + _MAX_GRID_Z]
             grid, mfast = tile_grid(ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), mfast)
-            group = 0 if mfast else group  # a tall tensor's grid puts the m blocks first even when GROUP asks not
             _batched_transpose_u8x4_kernel[grid + (xs.shape[0],)](
                 xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0), os_.stride(1), BLOCK_M4=bm4,
-                BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, GROUP=group, num_warps=warps,
+                BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, num_warps=warps,
                 **pdl_kw)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
@@ -237,10 +165,9 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
     for b0 in range(0, b, _MAX_GRID_Z):  # the grid's z extent is limited to 65535
         xs, os_ = xi[b0:b0 + _MAX_GRID_Z], oi[b0:b0 + _MAX_GRID_Z]
         grid, mfast = tile_grid(ceil_div(n, bn), ceil_div(m, bm), mfast)
-        group = 0 if mfast else group
         _batched_transpose_kernel[grid + (xs.shape[0],)](
             xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0), os_.stride(1), BLOCK_M=bm,
-            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast, GROUP=group,
+            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast,
             num_warps=warps, **pdl_kw)
 
 
@@ -295,8 +222,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 
 def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
     """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
-    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PERSIST`` (word path on a persistent grid of PERSIST programs
-    per SM), ``PDL``, ``STREAM``, ``MFAST`` (the grid's first dimension over the m blocks), ``GROUP`` (the grid
-    walked in groups of GROUP m blocks)."""
+    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PDL``, ``STREAM``, ``MFAST`` (the grid's first
+    dimension over the m blocks)."""
     _check(x, 3)
     return _batched_transpose_impl(x, config)
