@@ -1,6 +1,7 @@
 """Benchmark registrations: per_token_cast, per_block_cast, cast_back (per-token and block).
 
-GPU: TileKernels' anchor shapes (8001 x 7168); CPU: small shapes (a correctness pass only).
+GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU:
+small shapes (a correctness pass only).
 Bytes as TileKernels counts them: every input read once (a QuantTensor counts data + sf), every output
 written once, sf by its logical elements.
 """
@@ -12,6 +13,7 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
+from . import _bench_grid as _grid
 from .cast_back_kernel import cast_back, per_token_cast_back
 from .per_block_cast_kernel import per_block_cast
 from .per_token_cast_kernel import per_token_cast
@@ -193,104 +195,200 @@ _PER_BLOCK_32_TUNE = [  # default (H200 @ 2615106): WIDE, WIDE_VEC=4, 4 chunks p
 # first) 44.07, with VEC=0 43.98, 8192 x 1 at 8 warps 44.38, 4096 x 2 at 8 warps 44.10, 4 warps 44.90, 2 warps 44.99,
 # PREFETCH=False 45.00, STREAM (evict-first loads, .cs stores) 45.28, CHUNKS_PER_PROG=2 45.21, 1024 x 7 at 4 warps
 # 45.16; lost by 4 % or more and dropped: 1024 x 7 at 2 warps, [2, 1024] x 7, [4, 1024] x 7, STREAM at 4 warps,
-# 1024 x 8 STREAM.  HW_DECODE=False (69.8) stays as the software decode's bit check.
+# 1024 x 8 STREAM (the STREAM switch has since left the kernel).  HW_DECODE=False (69.8) stays as the software
+# decode's bit check.
 _CB_OLD = dict(BLOCK_K=2048, CHUNKS_PER_PROG=4, num_warps=8)
 _CAST_BACK_TUNE = [
-    dict(num_warps=32), dict(VEC=0), dict(STREAM=True), dict(num_warps=8), dict(BLOCK_M=2, num_warps=32),
+    dict(num_warps=32), dict(VEC=0), dict(num_warps=8), dict(BLOCK_M=2, num_warps=32),
     dict(BLOCK_K=4096, CHUNKS_PER_PROG=2, num_warps=16), dict(HW_DECODE=False),
-    _CB_OLD, dict(_CB_OLD, VEC=0), dict(_CB_OLD, PREFETCH=False), dict(_CB_OLD, STREAM=True),
+    _CB_OLD, dict(_CB_OLD, VEC=0), dict(_CB_OLD, PREFETCH=False),
 ]
 
 
-@register(_M, "per_token_cast")
-def _per_token_cases(device, quick):
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# (in_dtype, fmt, npc, x_block_size) -> the tuning candidates of that anchor case (at the anchor shape)
+_PER_TOKEN_TUNES = {("bf16", "e4m3", 128, None): _PER_TOKEN_TUNE, ("e2m1", "e2m1", 128, (32, 32)): _PER_TOKEN_E2M1_TUNE}
+
+
+def _per_token_case(device, x, in_dtype, fmt, npc, xbs, m, k, anchored=True):
+    """A packed-sf ``per_token_cast`` case: ``x`` plain (``in_dtype`` fp32 / bf16) or a QuantTensor of ``in_dtype``
+    e4m3 / e2m1 in ``xbs`` blocks."""
     from tritile.torch.cast import cast
 
+    col, rnd, packed = _PACKED
+    out = per_token_cast(x, fmt, npc, xbs, col, rnd, packed)
+    tk = dict(fmt=fmt, hidden=k, in_dtype=in_dtype, num_per_channels=npc, num_tokens=m,
+              x_block_size=list(xbs) if xbs else None,
+              **_grid.sf_flags(_PACKED))
+    key = (in_dtype, fmt, npc, xbs)
+    return Case(params=dict(num_tokens=m, hidden=k, in_dtype=in_dtype, fmt=fmt, npc=npc,
+                            **({"x_block_size": xbs} if xbs else {}), packed=True),
+                fn=lambda a=(x, fmt, npc, xbs): per_token_cast(*a, col, rnd, packed),
+                ref=lambda a=(x, fmt, npc, xbs): cast(a[0], a[1], (1, a[2]), x_block_size=a[3], round_sf=rnd,
+                                                      use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed),
+                check=_check_pair, nbytes=count_bytes(x, out),
+                anchor=_anchor(device, "per_token_cast", **tk) if anchored else None,
+                tune=_tune(device, "per_token_cast", _PER_TOKEN_TUNES[key])
+                if (m, k) == _shape(device) and key in _PER_TOKEN_TUNES else None)
+
+
+@register(_M, "per_token_cast")
+def _per_token_cases(device, quick, grid=False):
+    """The two anchors (bf16 -> e4m3 and FP4 32x32 -> FP4, npc 128), or TileKernels' grid: tokens x hidden x in_dtype
+    (fp32 / bf16 at npc 32 / 64 / 128 / K; e4m3 / FP4 QuantTensors in 128x128 / 32x32 blocks at npc 32 / 128) x fmt
+    e4m3 / e2m1, packed col-major sf only (the benchmark's filter)."""
+    from tritile.torch.cast import cast
+
+    if _grid.on(quick, grid):
+        yield from _per_token_grid(device)
+        return
     m, k = _shape(device)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     col, rnd, packed = _PACKED
-    out = per_token_cast(x, "e4m3", 128, None, col, rnd, packed)
-    yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="bf16", fmt="e4m3", npc=128, packed=True),
-               fn=lambda: per_token_cast(x, "e4m3", 128, None, col, rnd, packed),
-               ref=lambda: cast(x, "e4m3", (1, 128), round_sf=rnd, use_tma_aligned_col_major_sf=col,
-                                use_packed_ue8m0=packed),
-               check=_check_pair, nbytes=count_bytes(x, out),
-               anchor=_anchor(device, "per_token_cast", fmt="e4m3", hidden=k, in_dtype="bf16", num_per_channels=128,
-                              num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
-                              x_block_size=None),
-               tune=_tune(device, "per_token_cast", _PER_TOKEN_TUNE))
+    yield _per_token_case(device, x, "bf16", "e4m3", 128, None, m, k)
     # FP4 QuantTensor input (32x32 packed UE8M0 scales) -> FP4 per-token packed
     qx = cast(x, "e2m1", (32, 32), round_sf=rnd, use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed)
-    out = per_token_cast(qx, "e2m1", 128, (32, 32), col, rnd, packed)
-    yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="e2m1", fmt="e2m1", npc=128, x_block_size=(32, 32),
-                           packed=True),
-               fn=lambda: per_token_cast(qx, "e2m1", 128, (32, 32), col, rnd, packed),
-               ref=lambda: cast(qx, "e2m1", (1, 128), x_block_size=(32, 32), round_sf=rnd,
-                                use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed),
-               check=_check_pair, nbytes=count_bytes(qx, out),
-               anchor=_anchor(device, "per_token_cast", fmt="e2m1", hidden=k, in_dtype="e2m1", num_per_channels=128,
-                              num_tokens=m, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
-                              x_block_size=[32, 32]),
-               tune=_tune(device, "per_token_cast", _PER_TOKEN_E2M1_TUNE))
+    yield _per_token_case(device, qx, "e2m1", "e2m1", 128, (32, 32), m, k)
     if quick:
         return
     # not anchored: bf16 -> FP4 packed, and one group per row (npc == K)
     for fmt, npc in (("e2m1", 128), ("e4m3", k)):
-        out = per_token_cast(x, fmt, npc, None, col, rnd, packed)
-        yield Case(params=dict(num_tokens=m, hidden=k, in_dtype="bf16", fmt=fmt, npc=npc, packed=True),
-                   fn=lambda fmt=fmt, npc=npc: per_token_cast(x, fmt, npc, None, col, rnd, packed),
-                   ref=lambda fmt=fmt, npc=npc: cast(x, fmt, (1, npc), round_sf=rnd, use_tma_aligned_col_major_sf=col,
-                                                     use_packed_ue8m0=packed),
-                   check=_check_pair, nbytes=count_bytes(x, out))
+        yield _per_token_case(device, x, "bf16", fmt, npc, None, m, k, anchored=False)
+
+
+def _per_token_grid(device):
+    from tritile.torch.cast import cast
+
+    col, rnd, packed = _PACKED
+    for m, k in _grid.shapes(device):
+        for in_dtype in ("fp32", "bf16", "e4m3", "e2m1"):
+            if in_dtype in _DTYPES:
+                inputs = [(torch.randn(m, k, device=device, dtype=_DTYPES[in_dtype]), None)]
+                npcs = (32, 64, 128, k)
+            else:  # TileKernels' FP8 / FP4 inputs: its reference cast of a bf16 randn, in the same sf config
+                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                inputs = [(cast(x, in_dtype, xbs, round_sf=rnd, use_tma_aligned_col_major_sf=col,
+                                use_packed_ue8m0=packed), xbs) for xbs in ((128, 128), (32, 32))]
+                npcs = (32, 128)
+            for npc in npcs:
+                for xin, xbs in inputs:
+                    for fmt in ("e4m3", "e2m1"):
+                        yield _per_token_case(device, xin, in_dtype, fmt, npc, xbs, m, k)
+
+
+# (block, fmt, in_dtype, config) -> the tuning candidates of that anchor case (at the anchor shape)
+_PER_BLOCK_TUNES = {((128, 128), "e4m3", "bf16", _ROUND): _PER_BLOCK_128_TUNE,
+                    ((32, 32), "e2m1", "fp32", _PACKED): _PER_BLOCK_32_TUNE}
+
+
+def _per_block_case(device, x, dname, fmt, block, config, m, k):
+    from tritile.torch.cast import cast
+
+    col, rnd, packed = config
+    out = per_block_cast(x, fmt, block, col, rnd, packed)
+    key = (block, fmt, dname, config)
+    return Case(params=dict(num_tokens=m, hidden=k, in_dtype=dname, fmt=fmt, block=block, packed=packed),
+                fn=lambda a=(x, fmt, block, col, rnd, packed): per_block_cast(*a),
+                ref=lambda a=(x, fmt, block): cast(*a, round_sf=rnd, use_tma_aligned_col_major_sf=col,
+                                                   use_packed_ue8m0=packed),
+                check=_check_pair, nbytes=count_bytes(x, out),
+                anchor=_anchor(device, "per_block_cast", block_size=list(block), fmt=fmt, hidden=k, in_dtype=dname,
+                               num_tokens=m, **_grid.sf_flags(config)),
+                tune=_tune(device, "per_block_cast", _PER_BLOCK_TUNES[key])
+                if (m, k) == _shape(device) and key in _PER_BLOCK_TUNES else None)
 
 
 @register(_M, "per_block_cast")
-def _per_block_cases(device, quick):
-    from tritile.torch.cast import cast
-
+def _per_block_cases(device, quick, grid=False):
+    """The two anchors (bf16 128x128 e4m3, fp32 32x32 packed FP4), or TileKernels' whole grid: tokens x hidden x
+    in_dtype bf16 / fp32 x fmt e4m3 / e2m1 x both sf configs x blocks 128x128 / 32x32."""
+    if _grid.on(quick, grid):
+        for m, k in _grid.shapes(device):
+            for dname, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+                x = torch.randn(m, k, device=device, dtype=dtype)
+                for fmt in ("e4m3", "e2m1"):
+                    for config in _grid.CONFIGS:
+                        for block in ((128, 128), (32, 32)):
+                            yield _per_block_case(device, x, dname, fmt, block, config, m, k)
+        return
     m, k = _shape(device)
-    cases = [((128, 128), "e4m3", torch.bfloat16, _ROUND), ((32, 32), "e2m1", torch.float32, _PACKED)]
-    for block, fmt, dtype, (col, rnd, packed) in cases[:1] if quick else cases:
-        x = torch.randn(m, k, device=device, dtype=dtype)
-        out = per_block_cast(x, fmt, block, col, rnd, packed)
-        dname = "bf16" if dtype == torch.bfloat16 else "fp32"
-        yield Case(params=dict(num_tokens=m, hidden=k, in_dtype=dname, fmt=fmt, block=block, packed=packed),
-                   fn=lambda x=x, block=block, fmt=fmt, c=(col, rnd, packed): per_block_cast(x, fmt, block, *c),
-                   ref=lambda x=x, block=block, fmt=fmt, c=(col, rnd, packed): cast(
-                       x, fmt, block, round_sf=c[1], use_tma_aligned_col_major_sf=c[0], use_packed_ue8m0=c[2]),
-                   check=_check_pair, nbytes=count_bytes(x, out),
-                   anchor=_anchor(device, "per_block_cast", block_size=list(block), fmt=fmt, hidden=k, in_dtype=dname,
-                                  num_tokens=m, round_sf=rnd, use_packed_ue8m0=packed,
-                                  use_tma_aligned_col_major_sf=col),
-                   tune=_tune(device, "per_block_cast",
-                              _PER_BLOCK_128_TUNE if block == (128, 128) else _PER_BLOCK_32_TUNE))
-        del out
+    cases = [((128, 128), "e4m3", "bf16", _ROUND), ((32, 32), "e2m1", "fp32", _PACKED)]
+    for block, fmt, dname, config in cases[:1] if quick else cases:
+        x = torch.randn(m, k, device=device, dtype=_DTYPES[dname])
+        yield _per_block_case(device, x, dname, fmt, block, config, m, k)
+
+
+def _cast_back_token_case(device, q, fmt, npc, out_dtype, config, m, k, anchored=True):
+    """``per_token_cast_back(q, out_dtype, npc)`` of a QuantTensor ``q`` (``fmt``, sf in ``config``)."""
+    from tritile.torch.cast import cast_back as cast_back_ref
+
+    back = per_token_cast_back(q, out_dtype, npc)
+    return Case(params=dict(num_tokens=m, hidden=k, fmt=fmt, npc=npc, out=out_dtype,
+                            **({"packed": True} if config[2] else {})),
+                fn=lambda a=(q, out_dtype, npc): per_token_cast_back(*a),
+                ref=lambda a=(q, out_dtype, (1, npc)): cast_back_ref(*a),
+                check=assert_equal, nbytes=count_bytes(back, q),
+                anchor=_anchor(device, "cast_back_per_token", fmt=fmt, hidden=k, num_per_channels=npc, num_tokens=m,
+                               out_dtype=out_dtype, **_grid.sf_flags(config)) if anchored else None,
+                tune=_tune(device, "cast_back", _CAST_BACK_TUNE)
+                if anchored and (m, k, fmt, npc, out_dtype, config) == (*_shape(device), "e4m3", 128, "bf16", _ROUND)
+                else None)
+
+
+def _cast_back_block_case(device, q, block, out_dtype, rnd, m, k, anchored=True):
+    """``cast_back(q, out_dtype, block)`` of an e4m3 QuantTensor ``q`` in row-major float32 ``block`` scales."""
+    from tritile.torch.cast import cast_back as cast_back_ref
+
+    back = cast_back(q, out_dtype, block)
+    return Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", block=block, out=out_dtype,
+                            **({"round_sf": True} if rnd else {})),
+                fn=lambda a=(q, out_dtype, block): cast_back(*a), ref=lambda a=(q, out_dtype, block): cast_back_ref(*a),
+                check=assert_equal, nbytes=count_bytes(back, q),
+                anchor=_anchor(device, "cast_back", fmt="e4m3", hidden=k, num_per_channels=block[1],
+                               num_per_tokens=block[0], num_tokens=m, out_dtype=out_dtype, round_sf=rnd)
+                if anchored else None)
 
 
 @register(_M, "per_token_cast_back")
-def _cast_back_per_token_cases(device, quick):
+def _cast_back_per_token_cases(device, quick, grid=False):
+    """The anchor (e4m3 per-token -> bf16; plus FP4 packed -> bf16 and 128x128 blocks -> fp32), or TileKernels' grid
+    of its two cast-back benchmarks: per-token (fmt e2m1 / e4m3 x both sf configs x npc 128 / K x out fp32 / bf16)
+    and blocks (round_sf x out bf16 / fp32 x 128x1 / 128x128 e4m3 blocks), each over tokens x hidden."""
     from tritile.torch.cast import cast
-    from tritile.torch.cast import cast_back as cast_back_ref
 
+    if _grid.on(quick, grid):
+        yield from _cast_back_grid(device)
+        return
     m, k = _shape(device)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     q = cast(x, "e4m3", (1, 128), round_sf=True)
-    back = per_token_cast_back(q, "bf16", 128)
-    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", npc=128, out="bf16"),
-               fn=lambda: per_token_cast_back(q, "bf16", 128), ref=lambda: cast_back_ref(q, "bf16", (1, 128)),
-               check=assert_equal, nbytes=count_bytes(back, q),
-               anchor=_anchor(device, "cast_back_per_token", fmt="e4m3", hidden=k, num_per_channels=128, num_tokens=m,
-                              out_dtype="bf16", round_sf=True, use_packed_ue8m0=False,
-                              use_tma_aligned_col_major_sf=False),
-               tune=_tune(device, "cast_back", _CAST_BACK_TUNE))
+    yield _cast_back_token_case(device, q, "e4m3", 128, "bf16", _ROUND, m, k)
     if quick:
         return
     # not anchored: FP4 packed per-token -> bf16, and 128x128 e4m3 blocks -> fp32
     q4 = cast(x, "e2m1", (1, 32), round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
-    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e2m1", npc=32, out="bf16", packed=True),
-               fn=lambda: per_token_cast_back(q4, "bf16", 32), ref=lambda: cast_back_ref(q4, "bf16", (1, 32)),
-               check=assert_equal, nbytes=count_bytes(back, q4))
+    yield _cast_back_token_case(device, q4, "e2m1", 32, "bf16", _PACKED, m, k, anchored=False)
     qb = cast(x, "e4m3", (128, 128))
-    yield Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", block=(128, 128), out="fp32"),
-               fn=lambda: cast_back(qb, "fp32", (128, 128)), ref=lambda: cast_back_ref(qb, "fp32", (128, 128)),
-               check=assert_equal, nbytes=count_bytes(back.float(), qb))
+    yield _cast_back_block_case(device, qb, (128, 128), "fp32", False, m, k, anchored=False)
+
+
+def _cast_back_grid(device):
+    from tritile.torch.cast import cast
+
+    for m, k in _grid.shapes(device):
+        xs = {name: torch.randn(m, k, device=device, dtype=dtype) for name, dtype in _DTYPES.items()}
+        for fmt in ("e2m1", "e4m3"):
+            for config in _grid.CONFIGS:
+                col, rnd, packed = config
+                for npc in (128, k):
+                    for out_dtype in ("fp32", "bf16"):  # the input in the output's dtype, as TileKernels draws it
+                        q = cast(xs[out_dtype], fmt, (1, npc), round_sf=rnd, use_tma_aligned_col_major_sf=col,
+                                 use_packed_ue8m0=packed)
+                        yield _cast_back_token_case(device, q, fmt, npc, out_dtype, config, m, k)
+    for m, k in _grid.shapes(device):
+        xs = {name: torch.randn(m, k, device=device, dtype=dtype) for name, dtype in _DTYPES.items()}
+        for rnd in (False, True):
+            for out_dtype in ("bf16", "fp32"):
+                for block in ((128, 1), (128, 128)):
+                    q = cast(xs[out_dtype], "e4m3", block, round_sf=rnd)
+                    yield _cast_back_block_case(device, q, block, out_dtype, rnd, m, k)

@@ -2,8 +2,9 @@
 per_channel_cast_and_transpose.
 
 GPU: TileKernels' anchor shapes (plus a gathered and an FP8-input case of the fused cast, without an
-anchor); CPU: small shapes (a correctness pass only).  Bytes as TileKernels counts them: every input
-read once (a QuantTensor counts data + sf), every output written once.
+anchor), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU: small shapes (a correctness
+pass only).  Bytes as TileKernels counts them: every input read once (a QuantTensor counts data + sf), every
+output written once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
+from . import _bench_grid as _grid
 from .per_channel_cast_and_transpose_kernel import per_channel_cast_and_transpose
 from .per_channel_cast_fused_kernel import per_channel_cast_fused
 from .per_channel_cast_kernel import per_channel_cast
@@ -107,53 +109,73 @@ def _ref_fused(x, round_sf, npc=None, pos=None):
     return ref(x, 128, npc, round_sf, pos)
 
 
-def _grid_mk(device):
-    """TileKernels' benchmark grid of the plain per-channel casts: ``generate_num_tokens(128)`` x
-    ``generate_hidden_sizes()`` (CPU: small sizes with the same structure, a correctness pass)."""
-    if device.type == "cuda":
-        return [(m, k) for m in (4096, 8064) for k in (576, 2048, 2560, 3072, 4096, 6144, 7168)]
-    return [(m, k) for m in (128, 256) for k in (64, 576)]
+def _plain_shape(device, m, k, kernel, npts, rnds, call, ref, npt_key, show_npt, tunes):
+    """One bf16 ``(m, k)`` input's cases of a plain per-channel cast, one per ``(npt, round_sf)``: ``call(x, npt, rnd)``
+    and ``ref(x, npt, rnd)``; TileKernels names npt ``npt_key`` in the kernel's record; ``tunes`` maps
+    ``(m, k, npt)`` to the tuning candidates there."""
+    gpu = device.type == "cuda"
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    for npt in npts:
+        for rnd in rnds:
+            out = call(x, npt, rnd)
+            params = dict(num_tokens=m, hidden=k, dtype="bf16", **({"num_per_tokens": npt} if show_npt else {}),
+                          round_sf=rnd)
+            yield Case(params=params, fn=lambda a=(x, npt, rnd): call(*a), ref=lambda a=(x, npt, rnd): ref(*a),
+                       check=_check_pair, nbytes=count_bytes(x, out),
+                       anchor=(kernel, {"dtype": "bf16", "hidden": k, npt_key: npt, "num_tokens": m, "round_sf": rnd})
+                       if gpu else None,
+                       tune=(kernel, tunes[m, k, npt]) if gpu and (m, k, npt) in tunes else None)
+            del out
+
+
+def _plain_shapes(device, quick, grid, default):
+    """TileKernels' benchmark grid of the plain per-channel casts (``generate_num_tokens(128)`` x
+    ``generate_hidden_sizes()``), else the anchor shape ``default`` (GPU, CPU)."""
+    return _grid.shapes(device, 128) if _grid.on(quick, grid) else [default[device.type != "cuda"]]
 
 
 @register(_M, "per_channel_cast")
 def _per_channel_cast_cases(device, quick, grid=False):
-    gpu = device.type == "cuda"
-    shapes = _grid_mk(device) if grid and not quick else [(4096, 7168) if gpu else (256, 576)]
-    for m, k in shapes:
-        yield from _per_channel_cast_shape(device, quick, m, k)
+    """The anchor shape (round_sf off / on), or TileKernels' grid: M 4096 / 8064 x its 7 hidden sizes x round_sf."""
+    for m, k in _plain_shapes(device, quick, grid, ((4096, 7168), (256, 576))):
+        yield from _plain_shape(device, m, k, "per_channel_cast", npts=(128,),
+                                rnds=(False,) if quick else (False, True),
+                                call=lambda x, npt, rnd: per_channel_cast(x, "e4m3", npt, rnd),
+                                ref=lambda x, npt, rnd: _ref_fused(x, rnd), npt_key="num_per_tokens", show_npt=False,
+                                tunes={(4096, 7168, 128): _TUNE_CHANNEL})
 
 
-def _per_channel_cast_shape(device, quick, m, k):
-    gpu = device.type == "cuda"
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    for rnd in (False,) if quick else (False, True):
-        out = per_channel_cast(x, "e4m3", 128, rnd)
-        yield Case(params=dict(num_tokens=m, hidden=k, dtype="bf16", round_sf=rnd),
-                   fn=lambda rnd=rnd: per_channel_cast(x, "e4m3", 128, rnd),
-                   ref=lambda rnd=rnd: _ref_fused(x, rnd), check=_check_pair, nbytes=count_bytes(x, out),
-                   anchor=("per_channel_cast", dict(dtype="bf16", hidden=k, num_per_tokens=128, num_tokens=m,
-                                                    round_sf=rnd)) if gpu else None,
-                   tune=("per_channel_cast", _TUNE_CHANNEL) if gpu and (m, k) == (4096, 7168) else None)
-        del out
+#: The fused cast's anchor (TileKernels' record): a plain 4096 x 7168 input, no map.
+_FUSED_ANCHOR = dict(hidden=7168, is_fused_cast_back=False, num_ep_ranks=0, num_experts=0, num_per_channels=128,
+                     num_per_tokens=128, num_tokens=4096, num_topk=0, round_sf=False)
+
+
+def _fused_case(inp, rnd, npc, pos, params, anchor=None, tune=None):
+    """A case of ``per_channel_cast_fused(inp, 'e4m3', 128, rnd, npc, pos)`` against the reference."""
+    out = per_channel_cast_fused(inp, "e4m3", 128, rnd, npc, pos)
+    case = Case(params=params, fn=lambda a=(inp, rnd, npc, pos): per_channel_cast_fused(a[0], "e4m3", 128, *a[1:]),
+                ref=lambda a=(inp, rnd, npc, pos): _ref_fused(*a), check=_check_pair, nbytes=count_bytes(inp, pos, out),
+                anchor=anchor, tune=tune)
+    del out
+    return case
 
 
 @register(_M, "per_channel_cast_fused")
-def _per_channel_cast_fused_cases(device, quick):
+def _per_channel_cast_fused_cases(device, quick, grid=False):
+    """The anchor (plain 4096 x 7168) plus a gathered bf16 and a gathered FP8 input, or TileKernels' grid."""
+    if _grid.on(quick, grid):
+        yield from _fused_grid(device)
+        return
     gpu = device.type == "cuda"
     n, k = (4096, 7168) if gpu else (256, 512)
     g = torch.Generator(device=device)
     g.manual_seed(0)
     x = torch.randn(n, k, device=device, dtype=torch.bfloat16)
     # anchor: plain input, no map
-    out = per_channel_cast_fused(x, "e4m3", 128)
-    yield Case(params=dict(num_tokens=n, hidden=k, fused_cast_back=False, gather=False, round_sf=False),
-               fn=lambda: per_channel_cast_fused(x, "e4m3", 128), ref=lambda: _ref_fused(x, False),
-               check=_check_pair, nbytes=count_bytes(x, out),
-               anchor=("per_channel_cast_fused", dict(hidden=k, is_fused_cast_back=False, num_ep_ranks=0,
-                                                      num_experts=0, num_per_channels=128, num_per_tokens=128,
-                                                      num_tokens=n, num_topk=0, round_sf=False)) if gpu else None,
-               tune=("per_channel_cast_fused", _TUNE_CHANNEL) if gpu else None)
-    del out
+    yield _fused_case(x, False, None, None,
+                      dict(num_tokens=n, hidden=k, fused_cast_back=False, gather=False, round_sf=False),
+                      anchor=("per_channel_cast_fused", _FUSED_ANCHOR) if gpu else None,
+                      tune=("per_channel_cast_fused", _TUNE_CHANNEL) if gpu else None)
     if quick:
         return
     # FP8 input with per-token (1 x 128) scales, gathered through a map with ~10% padding rows
@@ -165,41 +187,49 @@ def _per_channel_cast_fused_cases(device, quick):
     pos = torch.randint(0, n, (mo,), device=device, generator=g, dtype=torch.int32)
     pos[torch.rand(mo, device=device, generator=g) < 0.1] = -1
     for inp, npc, name in ((x, None, False), (xq, 128, True)):
-        out = per_channel_cast_fused(inp, "e4m3", 128, False, npc, pos)
-        yield Case(params=dict(num_tokens=mo, hidden=k, fused_cast_back=name, gather=True, round_sf=False),
-                   fn=lambda inp=inp, npc=npc: per_channel_cast_fused(inp, "e4m3", 128, False, npc, pos),
-                   ref=lambda inp=inp, npc=npc: _ref_fused(inp, False, npc, pos), check=_check_pair,
-                   nbytes=count_bytes(inp, pos, out))
-        del out
+        yield _fused_case(inp, False, npc, pos,
+                          dict(num_tokens=mo, hidden=k, fused_cast_back=name, gather=True, round_sf=False))
+
+
+def _fused_grid(device):
+    """TileKernels' benchmark grid of the fused cast: a plain 4096-row input (no map) and the routing points of
+    ``num_topk`` 6 (x ``expand_to_fused`` of ``randn``, the map ``get_fused_mapping(topk_idx, E, 0, 128)``'s
+    ``pos_to_token``), x ``generate_hidden_sizes(128)`` x fused cast-back (x replaced by TileKernels'
+    ``per_token_cast(x, 'e4m3', 128)``) x round_sf."""
+    from tritile.torch.cast import cast
+
+    gpu = device.type == "cuda"
+    points = [(4096 if gpu else 128, 0, 0, 0)] + list(_grid.moe_points(device, "per_channel_cast_fused", topk=(6,)))
+    for T, K, E, ep in points:
+        for k in _grid.hidden_sizes(device, 128):
+            if K:
+                x, _, pos, _, _ = _grid.moe_inputs(device, T, K, E, ep, k, 128)
+            else:
+                x, pos = torch.randn(T, k, device=device, dtype=torch.bfloat16), None
+            xq = cast(x, "e4m3", (1, 128))  # row-major float32 scales, not powers of two
+            for fused, inp in ((False, x), (True, xq)):
+                for rnd in (False, True):
+                    tk = dict(num_tokens=T, num_topk=K, num_experts=E, num_ep_ranks=ep, hidden=k, num_per_tokens=128,
+                              num_per_channels=128, is_fused_cast_back=fused, round_sf=rnd)
+                    yield _fused_case(inp, rnd, 128 if fused else None, pos, dict(tk, num_rows=x.shape[0]),
+                                      anchor=("per_channel_cast_fused", tk) if gpu else None,
+                                      tune=("per_channel_cast_fused", _TUNE_CHANNEL) if gpu and tk == _FUSED_ANCHOR
+                                      else None)
 
 
 @register(_M, "per_channel_cast_and_transpose")
 def _per_channel_cast_and_transpose_cases(device, quick, grid=False):
-    gpu = device.type == "cuda"
-    shapes = _grid_mk(device) if grid and not quick else [(8064, 7168) if gpu else (256, 576)]
-    for m, k in shapes:
-        yield from _per_channel_cast_and_transpose_shape(device, quick, m, k)
-
-
-def _per_channel_cast_and_transpose_shape(device, quick, m, k):
+    """The anchor shape (npt 128 / 32 x round_sf), or TileKernels' grid: M 4096 / 8064 x its 7 hidden sizes x npt
+    128 / 32 x round_sf."""
     from tritile.torch.per_channel_cast_fused import per_channel_cast_values
 
-    gpu = device.type == "cuda"
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-
-    def ref(npt, rnd):
+    def ref(x, npt, rnd):
         o, s = per_channel_cast_values(x.float(), npt, rnd)
         return o.T.contiguous(), s
 
-    for npt in (128,) if quick else (128, 32):
-        for rnd in (False,) if quick else (False, True):
-            out = per_channel_cast_and_transpose(x, "e4m3", npt, rnd)
-            yield Case(params=dict(num_tokens=m, hidden=k, dtype="bf16", num_per_tokens=npt, round_sf=rnd),
-                       fn=lambda npt=npt, rnd=rnd: per_channel_cast_and_transpose(x, "e4m3", npt, rnd),
-                       ref=lambda npt=npt, rnd=rnd: ref(npt, rnd), check=_check_pair, nbytes=count_bytes(x, out),
-                       anchor=("per_channel_cast_and_transpose",
-                               dict(dtype="bf16", hidden=k, num_per_channels=npt, num_tokens=m, round_sf=rnd))
-                       if gpu else None,
-                       tune=("per_channel_cast_and_transpose", _TUNE_TRANSPOSE[npt]) if gpu and (m, k) == (8064, 7168)
-                       else None)
-            del out
+    for m, k in _plain_shapes(device, quick, grid, ((8064, 7168), (256, 576))):
+        yield from _plain_shape(device, m, k, "per_channel_cast_and_transpose", npts=(128,) if quick else (128, 32),
+                                rnds=(False,) if quick else (False, True),
+                                call=lambda x, npt, rnd: per_channel_cast_and_transpose(x, "e4m3", npt, rnd), ref=ref,
+                                npt_key="num_per_channels", show_npt=True,
+                                tunes={(8064, 7168, npt): _TUNE_TRANSPOSE[npt] for npt in (128, 32)})

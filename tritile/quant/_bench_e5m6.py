@@ -1,6 +1,7 @@
 """Benchmark registrations: E5M6 cast / cast back and the lossless FP4 -> FP8 re-quantization.
 
-GPU: TileKernels' anchor shapes (8001 x 7168); CPU: small shapes (a correctness pass only)."""
+GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU:
+small shapes (a correctness pass only)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes, generate_rand_float
 
+from . import _bench_grid as _grid
 from .cast_back_e5m6_kernel import cast_back_e5m6
 from .per_block_cast_lossless_kernel import per_block_cast_lossless
 from .per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
@@ -72,9 +74,7 @@ _TUNE_CAST_BACK = [
 # stack, 10 LDL per tile); TILES=4 x 2 warps 95 / 5.39 (8 words per thread); TW=64 x 1 warp 115 / 6.08 (maxnreg=96:
 # 95 / 6.70; maxnreg=80: 80 / 6.80, no spills: 6 warps per scheduler).  PERSIST must not exceed the blocks per SM
 # that fit (1 warp at 128 regs: 16; 2 warps at 96: 10; 1 warp at 80: 24), or the extra programs run after the rest.
-_PRMT_PAIR = dict(PRMT=True, PAIR64=True)
-_LOOP = dict(PRMT=True)
-# (1, 128): the GPU default is PRMT + TILES=1 since H200 @ bc6f44a (``_gpu_defaults``).  H200 @ bc6f44a sweeps (CUPTI, us):
+# (1, 128): the GPU default is PRMT + GRID_1D since H200 @ bc6f44a (``_gpu_defaults``).  H200 @ bc6f44a sweeps (CUPTI, us):
 # PRMT TILES=1 26.88 / 26.87; PRMT PERSIST=16 maxnreg=128 26.93 (prefetch by hand); PRMT on the 2-D grid 27.20 /
 # 27.38; PRMT PERSIST=16 PIPE=3 27.90 (compiler pipelining through shared memory); PRMT PERSIST=24 TW=64 maxnreg=80
 # 28.15; PRMT maxnreg=80 28.23; PRMT PERSIST=32 PIPE=3 28.36; the word kernel without PRMT (the default before)
@@ -90,20 +90,18 @@ _LOOP = dict(PRMT=True)
 # 26.76-28.32 against 26.98-27.00 (126 registers; faster than the default at base clocks, slower at boost);
 # (3) an output block's input blocks in one thread (SHFL 29 -> 9): 29.24-30.00 against 26.91 (8-byte loads at a
 # 16-byte stride: half sectors per load instruction).
-_OLD_1x128 = dict(PRMT=False, TILES=0)
+# PAIR64 (int64 pair stores in the load's layout), the looping kernel (TILES > 1, PERSIST) and PIPE lost and were
+# removed (docs/PERFORMANCE.md).
+_OLD_1x128 = dict(PRMT=False, GRID_1D=False)
 _TUNE_LOSSLESS = {
-    (1, 128): [_OLD_1x128, dict(TILES=0), dict(TILES=0, maxnreg=80), dict(PERSIST=16, TILES=0, maxnreg=128),
-               dict(PERSIST=24, TILES=0, TW=64, maxnreg=80), dict(TILES=8, maxnreg=128),
-               dict(_PRMT_PAIR, TILES=0, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
+    (1, 128): [_OLD_1x128, dict(GRID_1D=False), dict(GRID_1D=False, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
-               dict(PRMT=True), dict(_PRMT_PAIR), dict(_PRMT_PAIR, maxnreg=80), dict(_PRMT_PAIR, maxnreg=72),
-               dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
+               dict(PRMT=True), dict(PRMT=True, GRID_1D=True)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
-                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(_PRMT_PAIR, maxnreg=80),
-                 dict(_LOOP, TILES=4), dict(_LOOP, TILES=4, maxnreg=96)],
+                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(PRMT=True, GRID_1D=True)],
 }
 
 
@@ -117,44 +115,62 @@ def _check_pair(out, ref):
                  ref[1].clone(memory_format=torch.contiguous_format))
 
 
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _e5m6_case(device, kernel, m, k, config, dtype, fn, ref, check, nbytes, tune):
+    """A case of an E5M6 op (one group per row) in sf ``config``; ``dtype``: ``{"in_dtype" | "out_dtype": name}``."""
+    col, rnd, packed = config
+    return Case(params=dict(num_tokens=m, hidden=k, **dtype, col=col, round_sf=rnd, packed=packed),
+                fn=fn, ref=ref, check=check, nbytes=nbytes,
+                anchor=(kernel, dict(hidden=k, num_per_channels=k, num_tokens=m, **dtype, **_grid.sf_flags(config))),
+                tune=(kernel, tune) if tune is not None and device.type == "cuda" and (m, k) == _shape(device)
+                else None)
+
+
 @register(_M, "per_token_cast_to_e5m6")
-def _e5m6_cases(device, quick):
+def _e5m6_cases(device, quick, grid=False):
+    """bf16 at the anchor shape in both sf configs, or TileKernels' grid: tokens x hidden x both configs x in_dtype
+    bf16 / fp32 (its randn input; the special-value inputs are not benchmarked)."""
     from tritile.torch.cast_e5m6 import cast_to_e5m6
 
-    m, k = _shape(device)
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    for col, rnd, packed in _CONFIGS[:1] if quick else _CONFIGS:
-        out = per_token_cast_to_e5m6(x, k, col, rnd, packed)
-        yield Case(
-            params=dict(num_tokens=m, hidden=k, in_dtype="bf16", col=col, round_sf=rnd, packed=packed),
-            fn=lambda col=col, rnd=rnd, packed=packed: per_token_cast_to_e5m6(x, k, col, rnd, packed),
-            ref=lambda col=col, rnd=rnd, packed=packed: cast_to_e5m6(x, k, col, rnd, packed),
-            check=_check_pair, nbytes=count_bytes(x, out),
-            anchor=("per_token_cast_to_e5m6", dict(hidden=k, in_dtype="bf16", num_per_channels=k, num_tokens=m,
-                                                   round_sf=rnd, use_packed_ue8m0=packed,
-                                                   use_tma_aligned_col_major_sf=col)),
-            tune=("per_token_cast_to_e5m6", _TUNE_E5M6) if device.type == "cuda" else None)
+    if _grid.on(quick, grid):
+        todo = [(m, k, d, _CONFIGS) for m, k in _grid.shapes(device) for d in _DTYPES]
+    else:
+        todo = [(*_shape(device), "bf16", _CONFIGS[:1] if quick else _CONFIGS)]
+    for m, k, dname, configs in todo:
+        x = torch.randn(m, k, device=device, dtype=_DTYPES[dname])
+        for config in configs:
+            out = per_token_cast_to_e5m6(x, k, *config)
+            yield _e5m6_case(device, "per_token_cast_to_e5m6", m, k, config, {"in_dtype": dname},
+                             fn=lambda c=config, x=x, k=k: per_token_cast_to_e5m6(x, k, *c),
+                             ref=lambda c=config, x=x, k=k: cast_to_e5m6(x, k, *c), check=_check_pair,
+                             nbytes=count_bytes(x, out), tune=_TUNE_E5M6 if dname == "bf16" else None)
 
 
 @register(_M, "cast_back_e5m6")
-def _cast_back_e5m6_cases(device, quick):
+def _cast_back_e5m6_cases(device, quick, grid=False):
+    """bf16 input data at the anchor shape (both configs, out bf16 / fp32), or TileKernels' grid: tokens x hidden x
+    both configs x out bf16 / fp32, the input drawn in the output's dtype."""
     from tritile.torch.cast_e5m6 import cast_back_from_e5m6, cast_to_e5m6
 
-    m, k = _shape(device)
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    for col, rnd, packed in _CONFIGS[:1] if quick else _CONFIGS:
-        q = cast_to_e5m6(x, k, col, rnd, packed)
-        for fmt in ("bf16",) if quick else ("bf16", "fp32"):
-            back = cast_back_e5m6(q, fmt, (1, k))
-            yield Case(
-                params=dict(num_tokens=m, hidden=k, out_dtype=fmt, col=col, round_sf=rnd, packed=packed),
-                fn=lambda q=q, fmt=fmt: cast_back_e5m6(q, fmt, (1, k)),
-                ref=lambda q=q, fmt=fmt: cast_back_from_e5m6(q, fmt, (1, k)),
-                check=assert_equal, nbytes=count_bytes(q, back),
-                anchor=("cast_back_e5m6", dict(hidden=k, num_per_channels=k, num_tokens=m, out_dtype=fmt,
-                                               round_sf=rnd, use_packed_ue8m0=packed,
-                                               use_tma_aligned_col_major_sf=col)),
-                tune=("cast_back_e5m6", _TUNE_CAST_BACK) if device.type == "cuda" else None)
+    if _grid.on(quick, grid):
+        todo = [(m, k, _CONFIGS, ("bf16", "fp32"), True) for m, k in _grid.shapes(device)]
+    else:
+        todo = [(*_shape(device), _CONFIGS[:1] if quick else _CONFIGS, ("bf16",) if quick else ("bf16", "fp32"),
+                 False)]
+    for m, k, configs, fmts, own_dtype in todo:
+        x = None if own_dtype else torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        xs = {f: torch.randn(m, k, device=device, dtype=_DTYPES[f]) if own_dtype else x for f in fmts}
+        for config in configs:
+            for fmt in fmts:
+                q = cast_to_e5m6(xs[fmt], k, *config)
+                back = cast_back_e5m6(q, fmt, (1, k))
+                yield _e5m6_case(device, "cast_back_e5m6", m, k, config, {"out_dtype": fmt},
+                                 fn=lambda q=q, fmt=fmt, k=k: cast_back_e5m6(q, fmt, (1, k)),
+                                 ref=lambda q=q, fmt=fmt, k=k: cast_back_from_e5m6(q, fmt, (1, k)),
+                                 check=assert_equal,
+                                 nbytes=count_bytes(q, back), tune=_TUNE_CAST_BACK)
 
 
 def _clamp_abs_ratio(t, max_ratio=2.0**9):
@@ -163,14 +179,20 @@ def _clamp_abs_ratio(t, max_ratio=2.0**9):
 
 
 @register(_M, "per_block_cast_lossless")
-def _lossless_cases(device, quick):
-    from tritile.torch.cast import cast, cast_back
-
-    m, k = _shape(device)
-    x = _clamp_abs_ratio(generate_rand_float((m, k), device=device))
-    in_block = (1, 32)
+def _lossless_cases(device, quick, grid=False):
+    """FP4 (1x32 blocks) -> e4m3 at the anchor shape, or TileKernels' whole grid: tokens x hidden x both input
+    configs x both output configs x output blocks 1x128 / 32x32 / 128x128."""
     combos = [(_CONFIGS[0], _CONFIGS[0], (1, 128))] if quick else [
         (i, o, ob) for i in _CONFIGS for o in _CONFIGS for ob in ((1, 128), (32, 32), (128, 128))]
+    for m, k in _grid.shapes(device) if _grid.on(quick, grid) else [_shape(device)]:
+        yield from _lossless_shape(device, m, k, combos)
+
+
+def _lossless_shape(device, m, k, combos):
+    from tritile.torch.cast import cast, cast_back
+
+    x = _clamp_abs_ratio(generate_rand_float((m, k), device=device))
+    in_block = (1, 32)
     cache = {}
     for in_flags, out_flags, ob in combos:
         if in_flags not in cache:
@@ -189,8 +211,7 @@ def _lossless_cases(device, quick):
             ref=lambda x_fp4=x_fp4: cast_back(x_fp4, "fp32", in_block),
             check=check, nbytes=count_bytes(x_fp4, out),
             anchor=("per_block_cast_lossless", dict(
-                hidden=k, in_round_sf=in_flags[1], in_sf_block=list(in_block), in_use_packed_ue8m0=in_flags[2],
-                in_use_tma_aligned_col_major_sf=in_flags[0], num_tokens=m, out_round_sf=out_flags[1],
-                out_sf_block=list(ob), out_use_packed_ue8m0=out_flags[2],
-                out_use_tma_aligned_col_major_sf=out_flags[0])),
-            tune=("per_block_cast_lossless", _TUNE_LOSSLESS[ob]) if device.type == "cuda" else None)
+                hidden=k, in_sf_block=list(in_block), num_tokens=m, out_sf_block=list(ob),
+                **_grid.sf_flags(in_flags, "in_"), **_grid.sf_flags(out_flags, "out_"))),
+            tune=("per_block_cast_lossless", _TUNE_LOSSLESS[ob])
+            if device.type == "cuda" and (m, k) == _shape(device) else None)

@@ -1,8 +1,9 @@
 """Benchmark registrations of the fused SwiGLU casts: swiglu_forward_and_per_token_cast,
 swiglu_backward_and_per_token_cast, swiglu_forward_and_per_channel_cast_and_transpose.
 
-GPU: TileKernels' anchor shapes; CPU: small shapes (a correctness pass only).  Bytes as TileKernels
-counts them: every input read once (a QuantTensor counts data + sf), every output written once.
+GPU: TileKernels' anchor shapes, or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU: small
+shapes (a correctness pass only).  Bytes as TileKernels counts them: every input read once (a QuantTensor
+counts data + sf), every output written once.
 
 The MoE data is built as TileKernels' test generator does (bf16 ``rand`` scores of
 ``num_send_tokens * ep`` rows, top-k, non-local experts -> -1, rows with no local expert dropped),
@@ -16,8 +17,8 @@ import torch
 
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
-from tritile.testing.generator import generate_topk_idx_rows
 
+from . import _bench_grid as _grid
 from .swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
 from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
     swiglu_forward_and_per_channel_cast_and_transpose
@@ -26,47 +27,11 @@ from .swiglu_forward_and_per_token_cast_kernel import swiglu_forward_and_per_tok
 _M = "quant"
 
 
-def _topk_idx(num_tokens, num_topk, num_experts, num_ep_ranks, device):
-    return generate_topk_idx_rows(num_tokens, num_topk, num_experts, num_ep_ranks, device)
-
-
-def _fused_maps(topk_idx, num_experts, alignment):
-    """(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), canonical order."""
-    dev = topk_idx.device
-    T, K = topk_idx.shape
-    flat = topk_idx.reshape(-1)
-    slots = torch.nonzero(flat >= 0).flatten()
-    experts = flat[slots]
-    order = torch.sort(experts, stable=True).indices
-    slots, experts = slots[order], experts[order]
-    counts = torch.bincount(experts, minlength=num_experts)
-    aligned = (counts + alignment - 1) // alignment * alignment
-    start = torch.cumsum(aligned, 0) - aligned
-    first = torch.cumsum(counts, 0) - counts
-    pos = start[experts] + torch.arange(slots.numel(), device=dev) - first[experts]
-    n = int(aligned.sum())
-    p2e = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    p2t = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    p2tk = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    tk2p = torch.full((T * K,), -1, dtype=torch.int32, device=dev)
-    p2e[pos] = experts.to(torch.int32)
-    p2t[pos] = (slots // K).to(torch.int32)
-    p2tk[pos] = slots.to(torch.int32)
-    tk2p[slots] = pos.to(torch.int32)
-    return p2e, p2t, p2tk, tk2p.reshape(T, K)
-
-
-def _expand(x, p2t):
-    out = torch.zeros((p2t.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-    ok = p2t >= 0
-    out[ok] = x[p2t[ok].long()]
-    return out
-
-
 def _moe(device, num_tokens, num_topk, num_experts, num_ep_ranks, hidden, alignment):
-    topk_idx = _topk_idx(num_tokens, num_topk, num_experts, num_ep_ranks, device)
-    p2e, p2t, p2tk, tk2p = _fused_maps(topk_idx, num_experts, alignment)
-    x = _expand(torch.randn((num_tokens, 2 * hidden), dtype=torch.bfloat16, device=device), p2t)
+    """``(x (rows, 2 * hidden) bf16, pos_to_expert, pos_to_token_topk, token_topk_to_pos)`` of a routing point, the
+    map aligned to ``alignment`` (:func:`tritile.quant._bench_grid.moe_inputs`)."""
+    x, p2e, _, p2tk, tk2p = _grid.moe_inputs(device, num_tokens, num_topk, num_experts, num_ep_ranks, 2 * hidden,
+                                             alignment)
     return x, p2e, p2tk, tk2p
 
 
@@ -76,30 +41,56 @@ def _check_pair(out, ref):
 
 
 @register(_M, "swiglu_forward_and_per_token_cast")
-def _fwd_cases(device, quick):
+def _fwd_cases(device, quick, grid=False):
+    """The anchor (K = 9, E = 4, ep = 64, H = 3584, clamp 0.5), or TileKernels' grid: its 12 routing points x
+    H in {1024, ..., 3584} x pos_to_expert on / off x clamp None / 0.5, npc 128, packed col-major sf, no weights
+    (the benchmark keeps the column-major round_sf configs, and packed sf excludes weights)."""
+    if not _grid.on(quick, grid):
+        T, K, E, ep, H = (36077, 9, 4, 64, 3584) if device.type == "cuda" else (37, 9, 4, 64, 256)
+        yield from _fwd_point(device, T, K, E, ep, [H], [(False, 0.5)])
+        return
+    for T, K, E, ep in _grid.moe_points(device, "swiglu_forward_and_per_token_cast"):
+        # CPU: H = 256, two 128-groups (H = 128, one group, stops the packed-sf kernel's pack_ue8m0_words reshape
+        # under the interpreter)
+        yield from _fwd_point(device, T, K, E, ep, [h // 2 for h in _grid.hidden_sizes(device, 256, cpu=(512,))],
+                              [(p2e, clamp) for p2e in (True, False) for clamp in (None, 0.5)])
+
+
+def _fwd_point(device, T, K, E, ep, hiddens, variants):
+    """One routing point's cases: per hidden size in ``hiddens``, one per ``(enable_pos_to_expert, clamp)`` of
+    ``variants`` (the tuning sweep at the anchor's parameters)."""
     from tritile.torch import cast, swiglu_forward
 
     gpu = device.type == "cuda"
-    T, K, E, ep, H = (36077, 9, 4, 64, 3584) if gpu else (37, 9, 4, 64, 256)
-    x, p2e, p2tk, tk2p = _moe(device, T, K, E, ep, H, 16)
-    counts = torch.zeros(3, dtype=torch.int64, device=device)
-    kw = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True, swiglu_clamp_value=0.5)
+    kw = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    for H in hiddens:
+        x, p2e, _, _ = _moe(device, T, K, E, ep, H, 16)
+        for enable_p2e, clamp in variants:
+            counts = None if clamp is None else torch.zeros(3, dtype=torch.int64, device=device)
 
-    def fn():
-        return swiglu_forward_and_per_token_cast(x, "e4m3", 128, clamped_count=counts, **kw)
+            def fn(x=x, p2e=p2e if enable_p2e else None, clamp=clamp, counts=counts):
+                return swiglu_forward_and_per_token_cast(x, "e4m3", 128, pos_to_expert=p2e, clamped_count=counts,
+                                                         swiglu_clamp_value=clamp, **kw)
 
-    def ref():
-        return cast(swiglu_forward(x, swiglu_clamp_value=0.5), "e4m3", (1, 128), round_sf=True,
-                    use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+            def ref(x=x, clamp=clamp):  # padding rows are zero: the reference's rows there are the kernel's
+                return cast(swiglu_forward(x, swiglu_clamp_value=clamp), "e4m3", (1, 128), **kw)
 
-    out = fn()
-    params = dict(enable_pos_to_expert=False, hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=128,
-                  num_tokens=T, num_topk=K, round_sf=True, swiglu_clamp_value=0.5, use_packed_ue8m0=True,
-                  use_tma_aligned_col_major_sf=True, with_weights=False)
-    yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, ref=ref, check=_check_pair,
-               nbytes=count_bytes(x, out), anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None,
-               tune=("swiglu_forward_and_per_token_cast", _FWD_TUNE) if gpu else None)
-    del out
+            out = fn()
+            params = dict(enable_pos_to_expert=enable_p2e, hidden=H, num_ep_ranks=ep, num_experts=E,
+                          num_per_channels=128, num_tokens=T, num_topk=K, round_sf=True, swiglu_clamp_value=clamp,
+                          use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True, with_weights=False)
+            yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, ref=ref, check=_check_pair,
+                       nbytes=count_bytes(x, out),
+                       anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None,
+                       tune=("swiglu_forward_and_per_token_cast", _FWD_TUNE)
+                       if gpu and params == _FWD_ANCHOR else None)
+            del out
+
+
+#: The forward anchor's parameters (TileKernels' record), where the tuning sweep runs.
+_FWD_ANCHOR = dict(enable_pos_to_expert=False, hidden=3584, num_ep_ranks=64, num_experts=4, num_per_channels=128,
+                   num_tokens=36077, num_topk=9, round_sf=True, swiglu_clamp_value=0.5, use_packed_ue8m0=True,
+                   use_tma_aligned_col_major_sf=True, with_weights=False)
 
 
 # Tuning candidates at the forward anchor (H = 3584, packed sf: CH in {512, 1024}; the default is
@@ -137,38 +128,59 @@ _FWD_TUNE = (  # default (H200 @ 2615106): [1, CH] x 1 warp, 20 programs per SM,
 
 
 @register(_M, "swiglu_backward_and_per_token_cast")
-def _bwd_cases(device, quick):
+def _bwd_cases(device, quick, grid=False):
+    """The anchor (K = 9, E = 4, ep = 64, H = 7168, npc 128, clamp 0.5), or TileKernels' grid: its 12 routing
+    points x H in {2048, ..., 7168} x npc 32 / 128 x clamp None / 0.5, round_sf (the benchmark's filter)."""
+    if not _grid.on(quick, grid):
+        T, K, E, ep, H, npc = (36207, 9, 4, 64, 7168, 128) if device.type == "cuda" else (37, 9, 4, 64, 256, 128)
+        yield from _bwd_point(device, T, K, E, ep, [H], [npc], [0.5])
+        return
+    for T, K, E, ep in _grid.moe_points(device, "swiglu_backward_and_per_token_cast"):
+        yield from _bwd_point(device, T, K, E, ep, _grid.hidden_sizes(device, 256), (32, 128), (None, 0.5))
+
+
+def _bwd_point(device, T, K, E, ep, hiddens, npcs, clamps):
+    """One routing point's cases: per hidden size and npc (the map's alignment), one per clamp value."""
     from tritile.torch import cast, swiglu_backward
 
     gpu = device.type == "cuda"
-    T, K, E, ep, H, npc = (36207, 9, 4, 64, 7168, 128) if gpu else (37, 9, 4, 64, 256, 128)
-    x, p2e, p2tk, tk2p = _moe(device, T, K, E, ep, H, npc)
-    xq = cast(x, "e4m3", (1, npc))
-    del x
-    w = torch.rand((T, K), device=device)
-    g = torch.randn((xq[0].shape[0], H), dtype=torch.bfloat16, device=device)
+    for H in hiddens:
+        for npc in npcs:
+            x, _, p2tk, tk2p = _moe(device, T, K, E, ep, H, npc)
+            xq = cast(x, "e4m3", (1, npc))
+            del x
+            w = torch.rand((T, K), device=device)
+            g = torch.randn((xq[0].shape[0], H), dtype=torch.bfloat16, device=device)
+            args = (xq, g, w, p2tk, tk2p, npc)
+            for clamp in clamps:
+                def fn(args=args, clamp=clamp):
+                    return swiglu_backward_and_per_token_cast(*args, round_sf=True, swiglu_clamp_value=clamp)
 
-    def fn():
-        return swiglu_backward_and_per_token_cast(xq, g, w, p2tk, tk2p, npc, round_sf=True, swiglu_clamp_value=0.5)
+                def ref(args=args, clamp=clamp):
+                    out, xg, wg = swiglu_backward(*args, swiglu_clamp_value=clamp)
+                    return out.bfloat16(), cast(xg, "e4m3", (1, args[-1]), round_sf=True), xg.bfloat16(), wg
 
-    def ref():
-        out, xg, wg = swiglu_backward(xq, g, w, p2tk, tk2p, npc, swiglu_clamp_value=0.5)
-        return out.bfloat16(), cast(xg, "e4m3", (1, npc), round_sf=True), xg.bfloat16(), wg
+                res = fn()
+                params = dict(hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=npc, num_tokens=T,
+                              num_topk=K, round_sf=True, swiglu_clamp_value=clamp)
+                yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, ref=ref, check=_check_bwd,
+                           nbytes=count_bytes(xq, g, w, p2tk, tk2p, res),
+                           anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None,
+                           tune=("swiglu_backward_and_per_token_cast", _BWD_TUNE)
+                           if gpu and params == _BWD_ANCHOR else None)
+                del res
 
-    def check(o, r):
-        assert_equal(o[0], r[0])
-        _check_pair(o[1], r[1])
-        assert_equal(o[2], r[2])
-        torch.testing.assert_close(o[3], r[3], atol=1e-4, rtol=1e-4)
 
-    res = fn()
-    params = dict(hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=npc, num_tokens=T, num_topk=K,
-                  round_sf=True, swiglu_clamp_value=0.5)
-    yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, ref=ref, check=check,
-               nbytes=count_bytes(xq, g, w, p2tk, tk2p, res),
-               anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None,
-               tune=("swiglu_backward_and_per_token_cast", _BWD_TUNE) if gpu else None)
-    del res
+#: The backward anchor's parameters (TileKernels' record), where the tuning sweep runs.
+_BWD_ANCHOR = dict(hidden=7168, num_ep_ranks=64, num_experts=4, num_per_channels=128, num_tokens=36207, num_topk=9,
+                   round_sf=True, swiglu_clamp_value=0.5)
+
+
+def _check_bwd(o, r):
+    assert_equal(o[0], r[0])
+    _check_pair(o[1], r[1])
+    assert_equal(o[2], r[2])
+    torch.testing.assert_close(o[3], r[3], atol=1e-4, rtol=1e-4)  # weight_grad: a float32 sum in another order
 
 
 # Tuning candidates at the backward anchor (H = 7168, npc = 128).  weight_grad is a float32 row sum whose order
@@ -194,11 +206,9 @@ _BWD_TUNE = (
     + [dict(maxnreg=None), dict(maxnreg=96), dict(maxnreg=80)]
     # the 2-warp layout with the cuts (weight_grad order unchanged: same bits)
     + [dict(CH=1024, num_warps=2, ROWSUM_PAIRS=False)]
-    # H200 @ bc6f44a (same bits): SPLIT_STORE stores the three bf16 tiles as each thread's two 16-byte halves, without the
-    # 24 SHFL.IDX + 48 SEL per chunk of the plain store's lane exchange (the loop's SHFL 37 -> 13): 56.6 -> 52.1 sm_90a
-    # instructions per column, 110 registers; CUPTI 899.9 us against 884.4 for the default (uncapped 925.1, cap 96
-    # 955.0).  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2, no registers) lost: 939-1063 us; removed.
-    + [dict(SPLIT_STORE=True)]
+    # H200 @ bc6f44a (same bits): SPLIT_STORE (the three bf16 tiles stored as each thread's two 16-byte halves, without
+    # the plain store's lane exchange: 56.6 -> 52.1 sm_90a instructions per column) lost: CUPTI 899.9 us against 884.4
+    # for the default; removed.  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2) lost: 939-1063 us; removed.
     # H200 @ d53c6fa (same bits; tests: test_loop_candidates_same_bits, test_fused_groups_same_bits, the exhaustive
     # bf16 test for FUSED_BWD=8 / 16).  sm_90a, executed instructions per column on the chunk loop's fast path
     # (an sm_90a ptxas / SASS count "fast"; the default 56.6 at 108 registers, 37 SHFL per 16 columns).  MUFU: 2 per column
@@ -207,17 +217,11 @@ _BWD_TUNE = (
     # Memory side (the SASS): each program waits for its row's index, then its weight (kept in a uniform register that
     # the compiler fills before the chunk loop), before issuing any chunk load (two dependent round trips per row), and
     # each chunk's loads wait for the previous chunk's arithmetic.  Expected: a few tenths of a % to ~2 % each.
-    + [dict(PEEL=True),                                    # 56.4, 111 registers: first step peeled, its loads before
-       #                                                     the index/weight gathers (which overlap them)
-       dict(UNROLL=2, maxnreg=128),                        # 55.3, 127: two chunks' loads issued per step
-       dict(PEEL=True, UNROLL=2, maxnreg=128),             # 55.3, 128 (8 B stack, outside the loops)
-       dict(PERSIST=True, PEEL=True, programs_per_sm=16),  # 56.5, 112: persistent (16 one-warp programs per SM, 4 per
-       #                                                     scheduler), index two row blocks ahead, weight one ahead
-       dict(FUSED_BWD=8),                                  # 55.9, 112: one |x| guard and branch per 8 elements (ILP)
-       dict(FUSED_BWD=16, maxnreg=128),                    # 55.5, 128 (8 B stack, outside the loops)
-       dict(FUSED_BWD=8, UNROLL=2, maxnreg=128),           # 54.7, 128
-       dict(FUSED_BWD=8, PEEL=True, maxnreg=128),          # 55.7, 124
-       dict(STREAM=2), dict(STREAM=3)]                     # 56.6 / 56.9, 108: .cs stores / also evict-first loads
+    # PEEL (the first chunk's loads before the index / weight gathers), UNROLL=2 (two chunks' loads a step), PERSIST (a
+    # persistent grid, weights gathered a row block ahead) and STREAM (.cs stores, evict-first loads) lost (880-953 us)
+    # and were removed.
+    + [dict(FUSED_BWD=8),                                  # 55.9, 112: one |x| guard and branch per 8 elements (ILP)
+       dict(FUSED_BWD=16, maxnreg=128)]                    # 55.5, 128 (8 B stack, outside the loops)
     # H200 @ fd8764c: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
     # the loop's static instructions 1.8x, shared-memory reads and barriers) lost and was removed: CUPTI 1038.0 us at
     # num_stages=3 and 128 registers, 1209.4 at 2, 1311.7 at 2 and 112 registers (spills), the default 890.3
@@ -235,8 +239,9 @@ _BWD_TUNE = (
     # Fourth sweep (7 + 7, the default: 878.00): SPLIT=2 + PEEL + maxnreg=128 881.88, + FUSED_BWD=8 882.69, SPLIT=3
     # 883.08, SPLIT=1 890.89.  Fifth / sixth (copy 4248 GB/s; the default 870.10 / 870.12, 90.0-90.1 % of copy):
     # TAIL_SPLIT (the last TAIL_ROWS rows split finer: short programs for the tail only; removed) 7 ways over 1056
-    # rows 870.91 / 870.87, over 2112 871.74 / 871.88, over 4224 873.60; 4 ways 871.84-873.66; with PEEL 884.38
-    + [dict(SPLIT=1), dict(SPLIT=3), dict(SPLIT=2, FUSED_BWD=8), dict(SPLIT=2, PEEL=True, maxnreg=128)]
+    # rows 870.91 / 870.87, over 2112 871.74 / 871.88, over 4224 873.60; 4 ways 871.84-873.66; with PEEL 884.38.
+    # SPLIT 3 / 4 / 7 and PEEL were removed.
+    + [dict(SPLIT=1), dict(SPLIT=2, FUSED_BWD=8)]
 )
 
 
@@ -285,27 +290,49 @@ _CHANNEL_TUNE = [_ELEMENT_DEFAULT] + _CHANNEL_TUNE + [
 
 
 @register(_M, "swiglu_forward_and_per_channel_cast_and_transpose")
-def _channel_cases(device, quick):
+def _channel_cases(device, quick, grid=False):
+    """The anchor shape (npt 32, round_sf, no clamp; the transposed case without a TileKernels figure), or
+    TileKernels' grid: M in {4096, 8064} x its 7 hidden sizes x npt 32 / 128 x without_transpose x round_sf x
+    clamp None / 0.5 (the benchmark's filter)."""
+    if not _grid.on(quick, grid):
+        M, H = (4096, 7168) if device.type == "cuda" else (256, 192)
+        variants = [(32, wt, True, None) for wt in ((True,) if quick else (True, False))]
+        yield from _channel_shape(device, M, H, variants, anchor_transposed=False)
+        return
+    variants = [(npt, wt, rnd, clamp) for npt in (32, 128) for wt in (True, False) for rnd in (True, False)
+                for clamp in (None, 0.5)]
+    for M, H in _grid.shapes(device, 128):
+        yield from _channel_shape(device, M, H, variants, anchor_transposed=True)
+
+
+def _channel_shape(device, M, H, variants, anchor_transposed):
+    """One shape's cases, one per ``(npt, without_transpose, round_sf, clamp)`` of ``variants``."""
     from tritile.torch import cast, swiglu_forward
 
     gpu = device.type == "cuda"
-    M, H = (4096, 7168) if gpu else (256, 192)
     x = torch.randn((M, 2 * H), dtype=torch.bfloat16, device=device)
-    for without_transpose in (True,) if quick else (True, False):
-        def fn(wt=without_transpose):
-            return swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 32, round_sf=True,
-                                                                     without_transpose=wt)
+    for npt, wt, rnd, clamp in variants:
+        def fn(a=(npt, rnd, wt, clamp)):
+            return swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", a[0], round_sf=a[1],
+                                                                     without_transpose=a[2], swiglu_clamp_value=a[3])
 
-        def ref(wt=without_transpose):
-            out, sf = cast(swiglu_forward(x).bfloat16(), "e4m3", (32, 1), round_sf=True)
-            return (out if wt else out.T.contiguous()), sf
+        def ref(a=(npt, rnd, wt, clamp)):
+            out, sf = cast(swiglu_forward(x, swiglu_clamp_value=a[3]).bfloat16(), "e4m3", (a[0], 1), round_sf=a[1])
+            return (out if a[2] else out.T.contiguous()), sf
 
         out = fn()
-        params = dict(hidden=H, num_per_tokens=32, num_tokens=M, round_sf=True, swiglu_clamp_value=None,
-                      without_transpose=without_transpose)
+        params = dict(hidden=H, num_per_tokens=npt, num_tokens=M, round_sf=rnd, swiglu_clamp_value=clamp,
+                      without_transpose=wt)
+        at_anchor = dict(params, without_transpose=True) == _CHANNEL_ANCHOR
         yield Case(params=params, fn=fn, ref=ref, check=_check_pair, nbytes=count_bytes(x, out),
-                   label=f"without_transpose={without_transpose}",
+                   label=f"without_transpose={wt}",
                    anchor=("swiglu_forward_and_per_channel_cast_and_transpose", params)
-                   if gpu and without_transpose else None,
-                   tune=("swiglu_forward_and_per_channel_cast_and_transpose", _CHANNEL_TUNE) if gpu else None)
+                   if gpu and (wt or anchor_transposed) else None,
+                   tune=("swiglu_forward_and_per_channel_cast_and_transpose", _CHANNEL_TUNE)
+                   if gpu and at_anchor else None)
         del out
+
+
+#: The anchor's parameters (TileKernels' record); the tuning sweep runs there, transposed or not.
+_CHANNEL_ANCHOR = dict(hidden=7168, num_per_tokens=32, num_tokens=4096, round_sf=True, swiglu_clamp_value=None,
+                       without_transpose=True)
