@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from _cast_utils import assert_bad_inputs
 
 from tritile.config import get_num_sms, set_num_sms
 from tritile.quant import swiglu_forward_and_per_token_cast
@@ -127,6 +128,18 @@ def test_other_layouts_and_fp32(device, col, rnd, packed, x_dtype):
     assert_equal(sf, ref_sf)
 
 
+@pytest.mark.parametrize("col,rnd,packed", [(False, False, False), (True, True, False), (True, True, True)])
+@pytest.mark.parametrize("clamp", [None, 0.5])
+def test_hidden_128(device, col, rnd, packed, clamp):
+    """H = 128: one scale group a row, npc = H (packed UE8M0 sf: one group in a word's first byte)."""
+    x = torch.randn((37, 256), device=device).bfloat16()
+    ref_out, ref_sf = _run_ref(x, 128, None, None, clamp, None, col, rnd, packed)
+    out, sf = swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=col, round_sf=rnd,
+                                                use_packed_ue8m0=packed, swiglu_clamp_value=clamp)
+    assert_equal(out, ref_out)
+    assert_equal(sf, ref_sf)
+
+
 @pytest.mark.parametrize("npc_is_h", [False, True])
 @pytest.mark.parametrize("rnd", [False, True])
 def test_sf_clamp_min(device, npc_is_h, rnd):
@@ -218,64 +231,43 @@ def test_bad_inputs(device):
     i32 = torch.zeros(8, dtype=torch.int32, device=device)
     w = torch.rand((4, 2), device=device)
     f = swiglu_forward_and_per_token_cast
-    with pytest.raises(TypeError, match="x"):
-        f(x.half(), "e4m3", 128)
-    with pytest.raises(TypeError, match="x"):
-        f(x.tolist(), "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[:, :200], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[0], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(x[:, :0], "e4m3", 128)
-    with pytest.raises(ValueError, match="x"):
-        f(torch.randn((2 * H, 8), dtype=torch.bfloat16, device=device).T, "e4m3", 128)
-    with pytest.raises(ValueError, match="fmt"):
-        f(x, "e2m1", 128)
-    with pytest.raises(ValueError, match="num_per_channels"):
-        f(x, "e4m3", 64)
-    with pytest.raises(TypeError, match="num_per_channels"):
-        f(x, "e4m3", 128.0)
+    assert_bad_inputs([
+        (TypeError, "x", lambda: f(x.half(), "e4m3", 128)),
+        (TypeError, "x", lambda: f(x.tolist(), "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[:, :200], "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[0], "e4m3", 128)),
+        (ValueError, "x", lambda: f(x[:, :0], "e4m3", 128)),
+        (ValueError, "x", lambda: f(torch.randn((2 * H, 8), dtype=torch.bfloat16, device=device).T, "e4m3", 128)),
+        (ValueError, "fmt", lambda: f(x, "e2m1", 128)),
+        (ValueError, "num_per_channels", lambda: f(x, "e4m3", 64)),
+        (TypeError, "num_per_channels", lambda: f(x, "e4m3", 128.0)),
+    ])
     x2 = torch.randn((8, 512), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match="use_tma_aligned_col_major_sf"):
-        f(x2, "e4m3", 256, use_tma_aligned_col_major_sf=True)
-    with pytest.raises(ValueError, match="use_packed_ue8m0"):
-        f(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True)
-    with pytest.raises(ValueError, match="round_sf"):
-        f(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
-    with pytest.raises(ValueError, match="topk_weights"):
-        f(x, "e4m3", 128, pos_to_token_topk=i32)
-    with pytest.raises(ValueError, match="pos_to_token_topk"):
-        f(x, "e4m3", 128, topk_weights=w)
-    with pytest.raises(TypeError, match="pos_to_token_topk"):
-        f(x, "e4m3", 128, pos_to_token_topk=i32.long(), topk_weights=w)
-    with pytest.raises(ValueError, match="pos_to_token_topk"):
-        f(x, "e4m3", 128, pos_to_token_topk=i32[:5], topk_weights=w)
-    with pytest.raises(TypeError, match="topk_weights"):
-        f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.double())
-    with pytest.raises(ValueError, match="topk_weights"):
-        f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.T)
-    with pytest.raises(TypeError, match="pos_to_expert"):
-        f(x, "e4m3", 128, pos_to_expert=i32.float())
-    with pytest.raises(ValueError, match="pos_to_expert"):
-        f(x, "e4m3", 128, pos_to_expert=i32[:3])
+    assert_bad_inputs([
+        (ValueError, "use_tma_aligned_col_major_sf", lambda: f(x2, "e4m3", 256, use_tma_aligned_col_major_sf=True)),
+        (ValueError, "use_packed_ue8m0", lambda: f(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True)),
+        (ValueError, "round_sf", lambda: f(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)),
+        (ValueError, "topk_weights", lambda: f(x, "e4m3", 128, pos_to_token_topk=i32)),
+        (ValueError, "pos_to_token_topk", lambda: f(x, "e4m3", 128, topk_weights=w)),
+        (TypeError, "pos_to_token_topk", lambda: f(x, "e4m3", 128, pos_to_token_topk=i32.long(), topk_weights=w)),
+        (ValueError, "pos_to_token_topk", lambda: f(x, "e4m3", 128, pos_to_token_topk=i32[:5], topk_weights=w)),
+        (TypeError, "topk_weights", lambda: f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.double())),
+        (ValueError, "topk_weights", lambda: f(x, "e4m3", 128, pos_to_token_topk=i32, topk_weights=w.T)),
+        (TypeError, "pos_to_expert", lambda: f(x, "e4m3", 128, pos_to_expert=i32.float())),
+        (ValueError, "pos_to_expert", lambda: f(x, "e4m3", 128, pos_to_expert=i32[:3])),
+    ])
     cnt = torch.zeros(3, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match="clamped_count"):
-        f(x, "e4m3", 128, clamped_count=cnt)
-    with pytest.raises(TypeError, match="clamped_count"):
-        f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=cnt.int())
-    with pytest.raises(ValueError, match="clamped_count"):
-        f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=torch.zeros(4, dtype=torch.int64, device=device))
-    with pytest.raises(ValueError, match="swiglu_clamp_value"):
-        f(x, "e4m3", 128, swiglu_clamp_value=-1.0)
-    with pytest.raises(ValueError, match="swiglu_clamp_value"):
-        f(x, "e4m3", 128, swiglu_clamp_value=float("nan"))
-    with pytest.raises(TypeError, match="swiglu_clamp_value"):
-        f(x, "e4m3", 128, swiglu_clamp_value="1")
-    with pytest.raises(ValueError, match="sf_clamp_min"):
-        f(x, "e4m3", 128, sf_clamp_min=0.0)
-    with pytest.raises(TypeError, match="round_sf"):
-        f(x, "e4m3", 128, round_sf=1)
+    assert_bad_inputs([
+        (ValueError, "clamped_count", lambda: f(x, "e4m3", 128, clamped_count=cnt)),
+        (TypeError, "clamped_count", lambda: f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=cnt.int())),
+        (ValueError, "clamped_count",
+         lambda: f(x, "e4m3", 128, swiglu_clamp_value=1.0, clamped_count=torch.zeros(4, dtype=torch.int64, device=device))),
+        (ValueError, "swiglu_clamp_value", lambda: f(x, "e4m3", 128, swiglu_clamp_value=-1.0)),
+        (ValueError, "swiglu_clamp_value", lambda: f(x, "e4m3", 128, swiglu_clamp_value=float("nan"))),
+        (TypeError, "swiglu_clamp_value", lambda: f(x, "e4m3", 128, swiglu_clamp_value="1")),
+        (ValueError, "sf_clamp_min", lambda: f(x, "e4m3", 128, sf_clamp_min=0.0)),
+        (TypeError, "round_sf", lambda: f(x, "e4m3", 128, round_sf=1)),
+    ])
 
 
 _FWD_PATHS = [

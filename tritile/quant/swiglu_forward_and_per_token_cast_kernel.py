@@ -373,27 +373,26 @@ def _swiglu_forward_and_per_token_cast_kernel(
 # ------------------------------------------------------------------------------------------------
 # Host
 # ------------------------------------------------------------------------------------------------
-def _check_clamp_value(name: str, value) -> Optional[float]:
-    """None, or a finite real number >= 0."""
+def _check_finite_or_none(name: str, value, positive: bool) -> Optional[float]:
+    """None, or a finite real number > 0 (``positive``) or >= 0, as a float."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
     v = float(value)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value!r}")
     return v
+
+
+def _check_clamp_value(name: str, value) -> Optional[float]:
+    """None, or a finite real number >= 0."""
+    return _check_finite_or_none(name, value, positive=False)
 
 
 def _check_positive(name: str, value) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return v
+    """None, or a finite real number > 0."""
+    return _check_finite_or_none(name, value, positive=True)
 
 
 def _check_int(name: str, value) -> int:
@@ -432,7 +431,7 @@ def _config(H: int, npc: int, packed: bool) -> dict:
                PACKED_COUNT=True, MINMAX_CLAMP=True, WORDS=True, BF16X2_COUNT=True, BF16X2_CLAMP=True,
                FAST_DIV=True, PREFETCH2=False, maxnreg=None, FUSED_SILU=0, INT_COUNT=False, XORSIGN_CLAMP=False,
                INT_SCALE=False, CNT_FLUSH=None)
-    if npc == H:
+    if npc == H and not packed:  # packed sf needs npc = 128: H = 128 takes the 128-group chunks (4 groups a word)
         ch = next_power_of_two(H)
         block_r = 32 if interpreter_configs() else 1
         cfg.update(BLOCK_R=block_r, CH=ch, num_warps=max(2, min(16, ch // 512)))
@@ -453,7 +452,7 @@ def _check_config(cfg: dict, H: int, npc: int, packed: bool) -> None:
     pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
     if not (pow2(ch) and pow2(br) and pow2(cfg["num_warps"])):
         raise ValueError(f"CH, BLOCK_R and num_warps must be powers of two, got {cfg}")
-    if npc == H:
+    if npc == H and not packed:
         if ch < H:
             raise ValueError(f"npc = H = {H} needs CH >= H, got CH={ch}")
     elif ch < 128 or (packed and ch < 512):
@@ -486,7 +485,7 @@ def _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamp
     cfg = tuned("swiglu_forward_and_per_token_cast", _config(H, npc, packed))
     _check_config(cfg, H, npc, packed)
     block_r, ch = cfg["BLOCK_R"], cfg["CH"]
-    gb = ch if npc == H else 128
+    gb = ch if npc == H and not packed else 128
     num_rb = ceil_div(num_rows, block_r)
     count = clamped_count is not None
     # counting: a persistent grid (programs_per_sm per SM) so the counts take 3 atomics per program
