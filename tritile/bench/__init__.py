@@ -57,11 +57,13 @@ def register(module: str, op: str):
 
 
 def load_all(modules: Iterable[str] = MODULES) -> List[BenchOp]:
-    """Import every module's ``_bench`` (missing ones are skipped) and return the registry."""
+    """Import every module's ``_bench`` (missing ones are skipped) and return their registered ops (only those
+    modules', whatever else an earlier import registered)."""
+    modules = list(modules)
     for m in modules:
         try:
             importlib.import_module(f"tritile.{m}._bench")
         except ModuleNotFoundError as e:
             if e.name not in (f"tritile.{m}", f"tritile.{m}._bench"):
                 raise
-    return list(_REGISTRY)
+    return [b for b in _REGISTRY if b.module in modules]
