@@ -5,11 +5,13 @@
 #
 #   bash scripts/gpu_check.sh                                  # tests, sanitizers, compile tests, benchmarks
 #   STAGES="tests bench" TESTS="tests/quant" BENCH="--module quant" bash scripts/gpu_check.sh
-#   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run (fits 10 minutes)
+#   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run
+#   STAGES=memcheck MEMCHECK_JOBS=10 bash scripts/gpu_check.sh # all of it, in 10 sanitizer processes at once
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
-# n-th file from the i-th (1-based), so n calls cover all of them.  SANITIZER_TESTS overrides the file list.
+# n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs the n parts at once.
+# SANITIZER_TESTS overrides the file list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -42,21 +44,39 @@ if has tests; then
   echo "tests rc=$rc"
 fi
 
-if has memcheck; then
+memcheck_part() {  # $1 = i/n: every n-th test file from the i-th (1-based)
+  local part=$1 files i n log rc
   if [ -n "${SANITIZER_TESTS:-}" ]; then
     files=$SANITIZER_TESTS
   else
-    i=${PART%/*}; n=${PART#*/}
+    i=${part%/*}; n=${part#*/}
     files=$(ls tests/*/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0')
   fi
-  log="$OUT/memcheck_${PART/\//of}.log"
-  echo "== compute-sanitizer memcheck, part $PART: $(echo $files | wc -w) test files"
+  log="$OUT/memcheck_${part/\//of}.log"
+  echo "== compute-sanitizer memcheck, part $part: $(echo $files | wc -w) test files"
   # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1
   TRITILE_SMALL_SHAPES=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --leak-check no \
     --print-limit 20 --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider $files > "$log" 2>&1
-  rc=$?; [ "$rc" -ne 0 ] && status=1
+  rc=$?
+  echo "memcheck part $part rc=$rc (99: sanitizer errors; 124: out of time, split with more parts)"
   grep -E "ERROR SUMMARY|========= (Invalid|Program hit)|passed|failed" "$log" | sort | uniq -c | tail -n 8
-  echo "memcheck rc=$rc (99: sanitizer errors; 124: out of time, split with PART=i/n)"
+  return $rc
+}
+
+if has memcheck; then
+  if [ "${MEMCHECK_JOBS:-1}" -gt 1 ]; then
+    # MEMCHECK_JOBS=n: the n parts at once, one sanitizer process each (the sanitizer's cost is mostly on the
+    # host; small shapes leave the GPU's memory free)
+    pids=()
+    for ((j = 1; j <= MEMCHECK_JOBS; j++)); do
+      memcheck_part "$j/$MEMCHECK_JOBS" > "$OUT/memcheck_part_$j.txt" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+    cat "$OUT"/memcheck_part_*.txt
+  else
+    memcheck_part "$PART" || status=1
+  fi
 fi
 
 for tool in racecheck synccheck; do
