@@ -6,11 +6,11 @@
 #   bash scripts/gpu_check.sh                                  # tests, sanitizers, compile tests, benchmarks
 #   STAGES="tests bench" TESTS="tests/quant" BENCH="--module quant" bash scripts/gpu_check.sh
 #   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run
-#   STAGES=memcheck MEMCHECK_JOBS=10 bash scripts/gpu_check.sh # all of it, in 10 sanitizer processes at once
+#   STAGES=memcheck MEMCHECK_JOBS=14 bash scripts/gpu_check.sh # all of it, 14 pytest workers under the sanitizer
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
-# n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs the n parts at once.
+# n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n pytest workers.
 # SANITIZER_TESTS overrides the file list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,39 +44,26 @@ if has tests; then
   echo "tests rc=$rc"
 fi
 
-memcheck_part() {  # $1 = i/n: every n-th test file from the i-th (1-based)
-  local part=$1 files i n log rc
+if has memcheck; then
   if [ -n "${SANITIZER_TESTS:-}" ]; then
     files=$SANITIZER_TESTS
   else
-    i=${part%/*}; n=${part#*/}
-    files=$(ls tests/*/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0')
+    i=${PART%/*}; n=${PART#*/}
+    files=$(ls tests/*/test_*.py | LC_ALL=C sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0')
   fi
-  log="$OUT/memcheck_${part/\//of}.log"
-  echo "== compute-sanitizer memcheck, part $part: $(echo $files | wc -w) test files"
-  # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1
+  jobs=${MEMCHECK_JOBS:-1}
+  log="$OUT/memcheck_${PART/\//of}.log"
+  echo "== compute-sanitizer memcheck, part $PART: $(echo $files | wc -w) test files, $jobs pytest workers"
+  # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1.  MEMCHECK_JOBS=n: n pytest workers
+  # under the one sanitizer (it follows child processes; its cost is mostly on the host, so workers scale with
+  # the host's cores)
+  xdist=""; [ "$jobs" -gt 1 ] && xdist="-n $jobs"
   TRITILE_SMALL_SHAPES=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --leak-check no \
-    --print-limit 20 --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider $files > "$log" 2>&1
-  rc=$?
-  echo "memcheck part $part rc=$rc (99: sanitizer errors; 124: out of time, split with more parts)"
+    --target-processes all --print-limit 20 --error-exitcode 99 \
+    python3 -m pytest -q -p no:cacheprovider $xdist $files > "$log" 2>&1
+  rc=$?; [ "$rc" -ne 0 ] && status=1
   grep -E "ERROR SUMMARY|========= (Invalid|Program hit)|passed|failed" "$log" | sort | uniq -c | tail -n 8
-  return $rc
-}
-
-if has memcheck; then
-  if [ "${MEMCHECK_JOBS:-1}" -gt 1 ]; then
-    # MEMCHECK_JOBS=n: the n parts at once, one sanitizer process each (the sanitizer's cost is mostly on the
-    # host; small shapes leave the GPU's memory free)
-    pids=()
-    for ((j = 1; j <= MEMCHECK_JOBS; j++)); do
-      memcheck_part "$j/$MEMCHECK_JOBS" > "$OUT/memcheck_part_$j.txt" 2>&1 &
-      pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-    cat "$OUT"/memcheck_part_*.txt
-  else
-    memcheck_part "$PART" || status=1
-  fi
+  echo "memcheck rc=$rc (99: sanitizer errors; 124: out of time, split with PART=i/n or more MEMCHECK_JOBS)"
 fi
 
 for tool in racecheck synccheck; do

@@ -190,6 +190,20 @@ def test_grouped_linear_loop_matches_grouped_mm(device, monkeypatch):
     torch.testing.assert_close(dw_loop.float(), dw_ref, rtol=2 ** -8, atol=1e-2)
 
 
+def test_grouped_wgrad_unaligned_segments(device):
+    """Segments that are not a multiple of 8 rows (alignment=1): the grouped kernel would assert on the GPU (its
+    reduction dimension needs 16-byte steps), so these take the per-expert loop; the same result either way."""
+    counts = [5, 0, 11, 16, 3]
+    m, k = 24, 40
+    grad = torch.randn(sum(counts), m, device=device).bfloat16()
+    x = torch.randn(sum(counts), k, device=device).bfloat16()
+    dw = moe_mod._grouped_wgrad(grad.T, x.T, counts)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    dw_ref = torch.stack([grad[s:s + c].float().T @ x[s:s + c].float() for s, c in zip(starts, counts)])
+    assert not dw[1].any()
+    torch.testing.assert_close(dw.float(), dw_ref, rtol=2 ** -8, atol=1e-2)
+
+
 @pytest.mark.parametrize("rows,inter", [(0, 64), (1, 64), (77, 96), (pick(cpu=130, gpu=40001), 320)])
 def test_swiglu_bf16_kernels(rows, inter, device):
     # the bf16 mode's SwiGLU forward / backward kernels against float32 autograd: one bf16 rounding of each output

@@ -238,7 +238,11 @@ def _grouped_wgrad(grad_t: torch.Tensor, x_t: torch.Tensor, counts: List[int],
     if grad_t.shape[1] == 0:
         return grad_t.new_zeros(out_shape)
     empty = [i for i, c in enumerate(counts) if not c]
-    if grouped_mm_available(grad_t.device) and "wgrad" not in _GROUPED_MM_FAILED:
+    # The grouped kernel reduces over the segments: it asserts on the device (no error to catch; the CUDA context is
+    # lost) unless every segment but the last is a multiple of 16 bytes of rows (8 bf16), as TMA needs.
+    rows16 = 16 // grad_t.element_size()
+    if (grouped_mm_available(grad_t.device) and "wgrad" not in _GROUPED_MM_FAILED
+            and all(c % rows16 == 0 for c in counts[:-1])):
         if offs is None:
             offs = _offsets(counts, grad_t.device)
         try:
@@ -874,8 +878,9 @@ class MoE(_MoEBase):
             tokens; else per 32).
         fp8_scale: ``'fp32'`` (float32 scales) or ``'ue8m0'`` (power-of-two scales packed 4 per int32) for the
             FP8 dispatch.
-        alignment: rows per expert segment are padded to this multiple.  Default: 16 (``torch._grouped_mm``
-            needs no alignment of the segments; padding rows cost GEMM work, ~A/2 rows per expert), 128 in FP8
+        alignment: rows per expert segment are padded to this multiple.  Default: 16 (the weight gradients'
+            grouped GEMM needs segments of a multiple of 8 rows; others take a per-expert loop; padding rows cost
+            GEMM work, ~A/2 rows per expert), 128 in FP8
             mode (the M tile of DeepGEMM-style FP8 GEMMs and the weight gradients' 128-token scale blocks).
         device, dtype: parameters' device; the expert and shared weights' dtype (bf16).
 
