@@ -6,11 +6,11 @@
 #   bash scripts/gpu_check.sh                                  # tests, sanitizers, compile tests, benchmarks
 #   STAGES="tests bench" TESTS="tests/quant" BENCH="--module quant" bash scripts/gpu_check.sh
 #   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run
-#   STAGES=memcheck MEMCHECK_JOBS=14 bash scripts/gpu_check.sh # all of it, 14 pytest workers under the sanitizer
+#   STAGES=memcheck MEMCHECK_JOBS=14 bash scripts/gpu_check.sh # 14 sanitizer processes at once, a file each
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
-# n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n pytest workers.
+# n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n files at once.
 # SANITIZER_TESTS overrides the file list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +44,17 @@ if has tests; then
   echo "tests rc=$rc"
 fi
 
+memcheck_file() {  # $1: one test file; its log under $OUT/memcheck/
+  local log="$OUT/memcheck/$(echo "$1" | tr / _).log" rc
+  TRITILE_SMALL_SHAPES=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --leak-check no \
+    --print-limit 20 --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider "$1" > "$log" 2>&1
+  rc=$?
+  echo "$1 rc=$rc $(grep -a 'ERROR SUMMARY' "$log" | tail -n 1 | tr -d '=') | $(grep -aE '[0-9]+ (passed|failed)' "$log" | tail -n 1)"
+  return $rc
+}
+export -f memcheck_file
+export OUT SANITIZER_TIMEOUT
+
 if has memcheck; then
   if [ -n "${SANITIZER_TESTS:-}" ]; then
     files=$SANITIZER_TESTS
@@ -52,18 +63,15 @@ if has memcheck; then
     files=$(ls tests/*/test_*.py | LC_ALL=C sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0')
   fi
   jobs=${MEMCHECK_JOBS:-1}
-  log="$OUT/memcheck_${PART/\//of}.log"
-  echo "== compute-sanitizer memcheck, part $PART: $(echo $files | wc -w) test files, $jobs pytest workers"
-  # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1.  MEMCHECK_JOBS=n: n pytest workers
-  # under the one sanitizer (it follows child processes; its cost is mostly on the host, so workers scale with
-  # the host's cores)
-  xdist=""; [ "$jobs" -gt 1 ] && xdist="-n $jobs"
-  TRITILE_SMALL_SHAPES=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --leak-check no \
-    --target-processes all --print-limit 20 --error-exitcode 99 \
-    python3 -m pytest -q -p no:cacheprovider $xdist $files > "$log" 2>&1
+  mkdir -p "$OUT/memcheck"
+  # small shapes: the CPU grids run on the GPU when TRITILE_SMALL_SHAPES=1.  One sanitizer process per test file,
+  # MEMCHECK_JOBS of them at once (the sanitizer's cost is mostly on the host; small shapes leave the GPU free)
+  echo "== compute-sanitizer memcheck, part $PART: $(echo $files | wc -w) test files, $jobs at a time"
+  echo $files | tr ' ' '\n' | xargs -P "$jobs" -I{} bash -c 'memcheck_file {}' > "$OUT/memcheck_summary.txt" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && status=1
-  grep -E "ERROR SUMMARY|========= (Invalid|Program hit)|passed|failed" "$log" | sort | uniq -c | tail -n 8
-  echo "memcheck rc=$rc (99: sanitizer errors; 124: out of time, split with PART=i/n or more MEMCHECK_JOBS)"
+  sort "$OUT/memcheck_summary.txt"
+  (cd "$OUT" && tar czf memcheck_logs.tgz memcheck && rm -rf memcheck)  # the device tool returns few files
+  echo "memcheck rc=$rc (a file's rc 99: sanitizer errors; 124: out of time, split with PART=i/n)"
 fi
 
 for tool in racecheck synccheck; do

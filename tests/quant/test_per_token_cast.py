@@ -331,3 +331,17 @@ def test_per_token_cast_bad_tune_config(device):
     with override_config("per_token_cast", BLOCK_K=64):
         with pytest.raises(ValueError, match="BLOCK_K"):
             per_token_cast(x, "e4m3", 128)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("m", pick(cpu=[3], gpu=[3, 4001]))
+def test_per_token_cast_row_group_small_k(m, in_dtype, fmt, device):
+    """npc == K for rows of 64 to 320 columns: one tile a row, from one element a thread to four (the GPU's
+    256-column tile once had two a thread, which ptxas miscompiled: every other e4m3 code wrong)."""
+    for k in (64, 128, 192, 256, 320):
+        x = torch.randn(m, k, device=device).to(in_dtype)
+        for cfg in CONFIGS + [(False, False, False)]:
+            out, sf = per_token_cast(x, fmt, k, None, *cfg)
+            _check(out, sf, *_ref(x, fmt, k, cfg), k, k)
+

@@ -88,7 +88,11 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
         BLOCK_K = block_k or min(next_power_of_two(k), 2048 if interp else 8192)
         BK = BLOCK_K
         BLOCK_M = block_m or (min(next_power_of_two(m), 32) if interp else 1)
-        warps = 4 if BLOCK_K * BLOCK_M <= 4096 else 8
+        # never two elements a thread (a 256-element tile on 4 warps): ptxas 12.8 then miscompiles the e4m3 pair
+        # conversion's split into two bytes (every other code wrong on the H200; tritile.testing.compile_check's
+        # SASS check finds it)
+        tile = BLOCK_K * BLOCK_M
+        warps = 2 if tile == 256 else (4 if tile <= 4096 else 8)
         num_chunks = ceil_div(k, BLOCK_K)
         return BLOCK_M, BLOCK_K, BK, num_chunks, num_chunks, warps
     if bm == 1:

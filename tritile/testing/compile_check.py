@@ -16,6 +16,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -50,8 +51,49 @@ def _arg_type(v: Any) -> str:
     raise TypeError(f"cannot type {type(v).__name__}")
 
 
-def install_recorder(path: str) -> None:
-    """Record every interpreter launch's variant to ``path`` (JSON lines, deduplicated per process)."""
+def _divisible_by_16(v: Any) -> bool:
+    """Triton's launch specialization: a pointer whose address, or an integer whose value, is a multiple of 16
+    compiles with ``tt.divisibility = 16`` (wider vectors, other layouts: the GPU's real variant)."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.data_ptr() % 16 == 0
+    return isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0
+
+
+#: SASS that reads the stack pointer R1 as data (these kernels keep no stack frame; R1 is only a base for local
+#: memory): ptxas 12.8 (Triton 3.6's) merged ``(R1 & 0xffff) >> 8`` into the high half of a
+#: ``cvt.rn.satfinite.e4m3x2.f32`` result that the PTX then split into two bytes (a 16-bit store of two e4m3 codes),
+#: so every other code came out wrong.
+_R1_SOURCE = re.compile(r"^[-|!~]*R1(\.reuse)?\|?$")
+#: Integer instructions that compute with their operands' bits.  Float instructions and the packing ones (F2FP,
+#: PRMT) name R1 for an undefined operand whose value does not matter (a lone element's partner in a pair
+#: conversion, masked lanes of a max, the dead half of a 16-bit merge): kernels with such code pass their GPU tests.
+_INT_OPS = ("LOP3", "SHF", "IADD3", "IMAD", "LEA", "SGXT", "BMSK", "ISETP", "SEL", "IABS", "IMNMX", "POPC", "FLO")
+
+
+def stack_pointer_reads(sass: str) -> list:
+    """Instructions of ``sass`` (``get_sass`` text) that take R1, the stack pointer, as a source operand outside
+    an address (``[R1 + ...]``, local memory), in the integer instructions of ``_INT_OPS``: the fault this looks
+    for is bit arithmetic on R1 (``LOP3.LUT R14, R1, 0xffff, ...``) whose result reaches memory."""
+    out = []
+    for line in sass.splitlines():
+        body = line.split("\t", 1)[-1].strip().rstrip(";").rstrip()
+        if body.startswith("@"):
+            body = body.split(None, 1)[-1]
+        parts = body.split(None, 1)
+        if len(parts) < 2 or not parts[0].startswith(_INT_OPS):
+            continue
+        sources = [o.strip() for o in parts[1].split(",")][1:]
+        hits = [i for i, o in enumerate(sources) if _R1_SOURCE.match(o)]
+        if hits:
+            out.append(body)
+    return out
+
+
+def install_recorder(path: str):
+    """Record every interpreter launch's variant to ``path`` (JSON lines, deduplicated per process); returns a
+    function that removes the recorder again."""
     from triton.runtime.interpreter import InterpretedFunction
 
     seen = set()
@@ -63,7 +105,7 @@ def install_recorder(path: str) -> None:
             params = inspect.signature(fn).parameters
             bound = dict(zip(params, args))
             bound.update({k: v for k, v in kwargs.items() if k in params})
-            sig, consts = {}, {}
+            sig, consts, div16 = {}, {}, []
             for name, p in params.items():
                 if name not in bound:
                     if _is_constexpr(p) and p.default is not inspect.Parameter.empty:
@@ -76,8 +118,10 @@ def install_recorder(path: str) -> None:
                     sig[name] = "constexpr"
                 else:
                     sig[name] = _arg_type(v)
+                    if _divisible_by_16(v):
+                        div16.append(name)
             rec = {"module": fn.__module__, "name": fn.__name__, "signature": sig,
-                   "constexprs": {k: _jsonable(v) for k, v in consts.items()},
+                   "constexprs": {k: _jsonable(v) for k, v in consts.items()}, "div16": div16,
                    "num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages", 3)}
             key = json.dumps(rec, sort_keys=True)
             if key not in seen:
@@ -90,6 +134,11 @@ def install_recorder(path: str) -> None:
 
     InterpretedFunction.run = run
 
+    def uninstall():
+        InterpretedFunction.run = orig_run
+
+    return uninstall
+
 
 def _jsonable(v):
     if isinstance(v, (bool, int, float, str)) or v is None:
@@ -99,12 +148,14 @@ def _jsonable(v):
     return str(v)
 
 
-def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0) -> int:
-    """Compile each recorded variant for ``sm_<arch>``; print failures; return their number."""
+def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0, sass: bool = True) -> int:
+    """Compile each recorded variant for ``sm_<arch>`` (with the divisibility the launch had); print failures and
+    variants whose SASS reads the stack pointer as data (:func:`stack_pointer_reads`); return their number."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run the compile check without TRITON_INTERPRET=1")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as tcompile
+    from triton.tools.disasm import get_sass
 
     recs = {}
     with open(path) as f:
@@ -125,9 +176,18 @@ def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0) -> int:
             continue
         consts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rec["constexprs"].items()}
         t1 = time.time()
+        names = list(getattr(fn, "arg_names", None) or inspect.signature(fn.fn).parameters)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in rec.get("div16", []) if n in names}
         try:
-            src = ASTSource(fn, rec["signature"], constexprs=consts)
-            tcompile(src, target=target, options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
+            src = ASTSource(fn, rec["signature"], constexprs=consts, attrs=attrs)
+            ck = tcompile(src, target=target, options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
+            if sass:
+                bad = stack_pointer_reads(get_sass(ck.asm["cubin"]))
+                if bad:
+                    failures += 1
+                    print(f"SASS {rec['module']}.{rec['name']} constexprs={rec['constexprs']} num_warps="
+                          f"{rec['num_warps']}: reads the stack pointer as data\n    " + "\n    ".join(bad[:4]),
+                          flush=True)
             if time.time() - t1 > 20:
                 print(f"slow ({time.time() - t1:.0f} s): {rec['module']}.{rec['name']} constexprs={rec['constexprs']}",
                       flush=True)
