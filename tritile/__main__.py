@@ -19,6 +19,9 @@ def main(argv=None) -> int:
     b.add_argument("--quick", action="store_true", help="one representative shape per op")
     b.add_argument("--grid", action="store_true",
                    help="TileKernels' whole benchmark grid of each op (long), with a per-op table against TileKernels")
+    b.add_argument("--cupti-only", action="store_true",
+                   help="time each case with the CUPTI timer alone (L2 flushed; the timer behind × TK): about a third "
+                        "of the time a case takes, for the large grids (no graph, event or host µs)")
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
     b.add_argument("--ranks", type=int,
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     from .bench.runner import run
 
     rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot,
-               grid=args.grid)
+               grid=args.grid, cupti_only=args.cupti_only)
     bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
     return 1 if bad else 0
 

@@ -91,9 +91,10 @@ def _run_check(case):
 
 
 def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=sys.stdout,
-        grid: bool = False) -> List[Dict]:
+        grid: bool = False, cupti_only: bool = False) -> List[Dict]:
     """Time (GPU) or check (CPU) every registered case.  ``grid``: TileKernels' whole benchmark grid of the ops that
-    declare one (``make_cases(device, quick, grid=True)``), and a per-op table of it (× TK, worst shape)."""
+    declare one (``make_cases(device, quick, grid=True)``), and a per-op table of it (× TK, worst shape).
+    ``cupti_only``: each case timed by the CUPTI timer alone (its µs, GB/s and % of copy come from it)."""
     from ..testing.generator import get_device
 
     device = get_device()
@@ -131,7 +132,20 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
                 row["status"] = f"FAIL: {str(e)[:120]}"
             except Exception as e:
                 row["status"] = f"ERROR: {type(e).__name__}: {str(e)[:120]}"
-            if on_gpu and not row["status"].startswith(("FAIL", "ERROR")):
+            if on_gpu and cupti_only and not row["status"].startswith(("FAIL", "ERROR")):
+                ku = time_kernels(case.fn, rep=20)
+                if ku is None:
+                    ku = time_events(case.fn)
+                row["us"] = row["cupti_us"] = round(ku, 2)
+                if case.nbytes:
+                    row["gbs"] = round(case.nbytes / ku / 1e3, 1)
+                    row["pct_copy"] = round(100 * row["gbs"] / copy_bw, 1)
+                if case.anchor is not None:
+                    rec = find_anchor(anchors, *case.anchor)
+                    if rec is not None:
+                        row["tk_us"] = rec["time_us"]
+                        row["vs_tk"] = round(rec["time_us"] / ku, 2)
+            elif on_gpu and not row["status"].startswith(("FAIL", "ERROR")):
                 # Kernel time: CUDA-graph replay (no Python in the loop), as TileKernels' CUPTI timer sees
                 # it.  Event timing of single calls also includes the host's launch cost whenever that is
                 # longer than the kernel; it is reported separately, with the host cost per call.
