@@ -6,12 +6,9 @@ import sys
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 import tritile
 from tritile import config
-from tritile.language.grid import grouped_ids
 from tritile.runtime import check_tensor, empty, is_interpreter, poison_outputs
 from tritile.testing import assert_equal, calc_diff, check_bias, clear_unused_sf, count_bytes
 from tritile.utils import align, ceil_div
@@ -167,20 +164,20 @@ def test_tile_grid_order():
     assert tile_grid(3, 65535, False) == ((3, 65535), False)
 
 
-@triton.jit
-def _grouped_ids_kernel(out_ptr, GROUP: tl.constexpr):
-    i, j = grouped_ids(GROUP)
-    lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-    tl.store(out_ptr + 2 * lin, i)
-    tl.store(out_ptr + 2 * lin + 1, j)
+def test_stack_pointer_reads():
+    """compile_check's SASS check: integer arithmetic on R1 (the stack pointer) is flagged; addresses, the packing
+    and float instructions' undefined operands and other registers are not."""
+    from tritile.testing.compile_check import stack_pointer_reads
 
-
-@pytest.mark.parametrize("a, b, group", [(4, 7, 3), (3, 6, 2), (5, 2, 4), (1, 5, 1)])
-def test_grouped_ids(a, b, group, device):
-    """grouped_ids maps the launch order onto every tile exactly once, GROUP consecutive j per i, the last group
-    shorter when GROUP does not divide B."""
-    out = torch.full((a * b, 2), -1, dtype=torch.int32, device=device)
-    _grouped_ids_kernel[(a, b)](out, GROUP=group)
-    got = [tuple(r) for r in out.tolist()]
-    want = [(i, j) for g0 in range(0, b, group) for i in range(a) for j in range(g0, min(g0 + group, b))]
-    assert got == want
+    sass = "\n".join([
+        "--:-:0:-:1\tLDC R1, c[0x0][0x28] ;",
+        "--:-:-:-:1\tLOP3.LUT R14, R1, 0xffff, RZ, 0xc0, !PT ;",
+        "--:-:-:-:1\t@P0 IADD3 R2, R1.reuse, 0x4, RZ ;",
+        "--:-:-:-:1\tSTL [R1+0x4], R3 ;",
+        "--:-:-:-:1\tF2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R0, R1, R0, RZ ;",
+        "--:-:-:-:1\tPRMT R4, R1, 0x5410, R2 ;",
+        "--:-:-:-:1\tFMNMX R19, R1, R1, !PT ;",
+        "--:-:-:-:1\tLOP3.LUT R14, R11, 0xffff, RZ, 0xc0, !PT ;",
+        "--:-:-:-:1\tMOV R1, R2 ;",
+    ])
+    assert stack_pointer_reads(sass) == ["LOP3.LUT R14, R1, 0xffff, RZ, 0xc0, !PT", "IADD3 R2, R1.reuse, 0x4, RZ"]

@@ -1,8 +1,9 @@
-"""per_block_cast_lossless: the word kernel's speed-only flags PRMT (byte-permute fast path) and GRID_1D (the tiles on
-a 1-D grid, K fastest; with PRMT the GPU's default at (1, 128) out blocks) give the default path's bits: every FP4 code x every multiplier exponent the fast
-path accepts (-5..6), zero multipliers, non-finite blocks, both sf layouts in and out, ragged tiles, and tiles that
-fall back to the slow (float) path.  Plus ``prmt``'s interpreter stand-in against a Python model of the PTX ISA's
-``prmt.b32`` (on a GPU run the same test checks the real PTX)."""
+"""per_block_cast_lossless: the word kernel's speed-only flags GRID_1D (the tiles on a 1-D grid, K fastest) and, on the
+1-D grid, PRMT (byte-permute fast path; both on: the GPU's default at (1, 128) out blocks) give the default path's
+bits: every FP4 code x every multiplier exponent the fast path accepts (-5..6), zero multipliers, non-finite blocks,
+both sf layouts in and out, ragged tiles, and tiles that fall back to the slow (float) path.  Plus ``prmt``'s
+interpreter stand-in against a Python model of the PTX ISA's ``prmt.b32`` (on a GPU run the same test checks the real
+PTX)."""
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, pa
 # the 1-D grid kernel on the PRMT and the byte-lane fast path
 GRID_1D_CANDIDATES = [dict(GRID_1D=True, PRMT=True), dict(GRID_1D=True, PRMT=False)]
 # GRID_1D=False / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + GRID_1D; dict(PRMT=False, GRID_1D=False)
-# is the default elsewhere
-CANDIDATES = [dict(PRMT=True, GRID_1D=False), dict(PRMT=False, GRID_1D=False)] + GRID_1D_CANDIDATES
+# (the 2-D word kernel) is the default elsewhere
+CANDIDATES = [dict(PRMT=False, GRID_1D=False)] + GRID_1D_CANDIDATES
 
 
 def _prmt_model(a: int, b: int, c: int) -> int:
@@ -172,8 +173,15 @@ def test_lossless_flags_exhaustive_gpu(ob, device):
 
     m, k = 1031, 7168
     e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)
-    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("PRMT") or c.get("GRID_1D")] + CANDIDATES
+    cands = [c for c in _TUNE_LOSSLESS[ob] if c.get("GRID_1D")] + CANDIDATES
     for in_flags in CONFIGS:
         x = _codes_input(m, k, e, in_flags[2], in_flags[0], device)
         for cand in cands:
             _compare(x, (1, 32), ob, cand)
+
+
+def test_lossless_prmt_needs_grid_1d(device):
+    """PRMT on the 2-D word kernel (no such path) is a bad launch config: a ValueError naming it, before any launch."""
+    x = _codes_input(4, 256, torch.full((4, 8), 130, dtype=torch.int64), False, False, device)
+    with override_config("per_block_cast_lossless", PRMT=True, GRID_1D=False), pytest.raises(ValueError, match="PRMT"):
+        per_block_cast_lossless(x, "e4m3", (1, 32), (1, 128))

@@ -111,8 +111,9 @@ def test_per_token_cast_to_e5m6_kernel_choice(device):
         _check(x, 576, CONFIGS[0])
     with override_config("per_token_cast_to_e5m6", BLOCK_M=2, BLOCK_Q=8, num_warps=1):
         _check(x, 576, CONFIGS[1])
-    with override_config("per_token_cast_to_e5m6", HW_RTZ=False):
-        _check(x, 576, CONFIGS[0])
+    # a launch-config key with no code behind it
+    with override_config("per_token_cast_to_e5m6", HW_RTZ=False), pytest.raises(ValueError, match="HW_RTZ"):
+        per_token_cast_to_e5m6(x, 576, *CONFIGS[0])
 
 @pytest.mark.parametrize("cfg", [
     dict(COAL_ST=True),  # one pass, a quad per lane-quad (4 lanes x 16 bytes, the 4th masked)

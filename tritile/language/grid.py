@@ -14,7 +14,7 @@ from typing import Tuple
 import triton
 import triton.language as tl
 
-__all__ = ["tile_ids", "grouped_ids", "tile_grid"]
+__all__ = ["tile_ids", "tile_grid"]
 
 _MAX_GRID_Y = 65535  # a CUDA grid's second dimension
 
@@ -31,22 +31,6 @@ def tile_ids(KFAST: tl.constexpr, INT64: tl.constexpr = True):
         return pm.to(tl.int64), pk.to(tl.int64)
     else:
         return pm, pk
-
-
-@triton.jit
-def grouped_ids(GROUP: tl.constexpr):
-    """``(i, j)`` of this program in a 2D grid of ``A x B`` tiles walked in groups: the launch order (``program_id(0)``
-    first) runs through ``GROUP`` consecutive ``j`` (the grid's second dimension) for each ``i`` before the next ``i``,
-    then on to the next group of ``j``.  The programs running together then cover a near-square patch of tiles
-    instead of a strip.  ``(i, j)`` means what ``(program_id(0), program_id(1))`` means in the plain order; int32."""
-    a = tl.num_programs(0)
-    b = tl.num_programs(1)
-    lin = tl.program_id(0) + tl.program_id(1) * a
-    per_group = GROUP * a
-    first = (lin // per_group) * GROUP
-    size = tl.minimum(b - first, GROUP)
-    rem = lin % per_group
-    return rem // size, first + rem % size
 
 
 def tile_grid(row_blocks: int, col_blocks: int, kfast: bool) -> Tuple[Tuple[int, int], bool]:

@@ -94,14 +94,14 @@ _TUNE_CAST_BACK = [
 # removed (docs/PERFORMANCE.md).
 _OLD_1x128 = dict(PRMT=False, GRID_1D=False)
 _TUNE_LOSSLESS = {
-    (1, 128): [_OLD_1x128, dict(GRID_1D=False), dict(GRID_1D=False, maxnreg=80), dict(_OLD_1x128, WORDS=False)],
+    (1, 128): [_OLD_1x128, dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
-               dict(PRMT=True), dict(PRMT=True, GRID_1D=True)],
+               dict(PRMT=True, GRID_1D=True)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
-                 dict(PRMT=True), dict(PRMT=True, maxnreg=80), dict(PRMT=True, GRID_1D=True)],
+                 dict(PRMT=True, GRID_1D=True)],
 }
 
 

@@ -184,7 +184,7 @@ def _check_bwd(o, r):
 
 
 # Tuning candidates at the backward anchor (H = 7168, npc = 128).  weight_grad is a float32 row sum whose order
-# follows CH and the warp layout: candidates that change CH, BLOCK_R, num_warps or TILE_ROWSUM can differ from the
+# follows CH and the warp layout: candidates that change CH, BLOCK_R or num_warps can differ from the
 # default in weight_grad's last bits (allowed: the op's check is atol/rtol 1e-4) and then show as "output differs"
 # in the bitwise sweep; compare their other outputs by hand.  The default (H200 @ 65d4724): CH=512 x 1 warp with
 # ROWSUM_PAIRS (the 2-warp layout's row-sum order, no barrier or smem in the loop), the same-bits instruction cuts
@@ -209,8 +209,7 @@ _BWD_TUNE = (
     # H200 @ bc6f44a (same bits): SPLIT_STORE (the three bf16 tiles stored as each thread's two 16-byte halves, without
     # the plain store's lane exchange: 56.6 -> 52.1 sm_90a instructions per column) lost: CUPTI 899.9 us against 884.4
     # for the default; removed.  Bulk L2 prefetches of chunk c + D (cp.async.bulk.prefetch.L2) lost: 939-1063 us; removed.
-    # H200 @ d53c6fa (same bits; tests: test_loop_candidates_same_bits, test_fused_groups_same_bits, the exhaustive
-    # bf16 test for FUSED_BWD=8 / 16).  sm_90a, executed instructions per column on the chunk loop's fast path
+    # H200 @ d53c6fa (same bits).  sm_90a, executed instructions per column on the chunk loop's fast path
     # (an sm_90a ptxas / SASS count "fast"; the default 56.6 at 108 registers, 37 SHFL per 16 columns).  MUFU: 2 per column
     # executed (ex2.approx.ftz in expf; one rcp.approx.ftz shared by s = 1/t and xf/t); the 4 per column of the static
     # count include the guarded rcp.rn / div.rn slow path, never taken at the anchor.  No same-bits MUFU cut is left.
@@ -219,9 +218,8 @@ _BWD_TUNE = (
     # each chunk's loads wait for the previous chunk's arithmetic.  Expected: a few tenths of a % to ~2 % each.
     # PEEL (the first chunk's loads before the index / weight gathers), UNROLL=2 (two chunks' loads a step), PERSIST (a
     # persistent grid, weights gathered a row block ahead) and STREAM (.cs stores, evict-first loads) lost (880-953 us)
-    # and were removed.
-    + [dict(FUSED_BWD=8),                                  # 55.9, 112: one |x| guard and branch per 8 elements (ILP)
-       dict(FUSED_BWD=16, maxnreg=128)]                    # 55.5, 128 (8 B stack, outside the loops)
+    # and were removed.  FUSED_BWD=8 / 16 (one |x| guard and branch per 8 / 16 elements: 55.9 / 55.5 per column, 112 /
+    # 128 registers) lost (FUSED_BWD=8 in the fourth sweep below: 882.69 us against 878.00) and were removed.
     # H200 @ fd8764c: the chunk loop software-pipelined by the compiler (tl.range num_stages, cp.async into shared memory;
     # the loop's static instructions 1.8x, shared-memory reads and barriers) lost and was removed: CUPTI 1038.0 us at
     # num_stages=3 and 128 registers, 1209.4 at 2, 1311.7 at 2 and 112 registers (spills), the default 890.3
@@ -241,7 +239,7 @@ _BWD_TUNE = (
     # TAIL_SPLIT (the last TAIL_ROWS rows split finer: short programs for the tail only; removed) 7 ways over 1056
     # rows 870.91 / 870.87, over 2112 871.74 / 871.88, over 4224 873.60; 4 ways 871.84-873.66; with PEEL 884.38.
     # SPLIT 3 / 4 / 7 and PEEL were removed.
-    + [dict(SPLIT=1), dict(SPLIT=2, FUSED_BWD=8)]
+    + [dict(SPLIT=1)]
 )
 
 

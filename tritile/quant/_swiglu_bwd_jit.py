@@ -62,15 +62,6 @@ def _quant_store(v, rows, cols, m, gidx, gm, q_ptr, stride_qm, sf_ptr, stride_sm
     tl.store(sf_ptr + rows[:, None] * stride_sm + gidx[None, :], sf, mask=gm)
 
 
-@triton.jit
-def _recip_rn(t):
-    """``div_rn(1, t)``: the IEEE reciprocal ``rcp.rn`` on GPUs (correctly rounded, so identical)."""
-    if EMULATE:
-        return tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
-    else:
-        return _libdevice.rcp_rn(t)
-
-
 _RCP_DIV4_CLAMPED = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $8, $9; max.f32 n, $10, $11; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; @!p bra SLOW; rcp.approx.ftz.f32 r, $12; neg.f32 s, $12; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $0, r; neg.f32 s, $8; mul.rn.f32 q, s, r; fma.rn.f32 e, $12, q, $8; neg.f32 r, r; fma.rn.f32 $4, r, e, q; rcp.approx.ftz.f32 r, $13; neg.f32 s, $13; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $1, r; neg.f32 s, $9; mul.rn.f32 q, s, r; fma.rn.f32 e, $13, q, $9; neg.f32 r, r; fma.rn.f32 $5, r, e, q; rcp.approx.ftz.f32 r, $14; neg.f32 s, $14; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $2, r; neg.f32 s, $10; mul.rn.f32 q, s, r; fma.rn.f32 e, $14, q, $10; neg.f32 r, r; fma.rn.f32 $6, r, e, q; rcp.approx.ftz.f32 r, $15; neg.f32 s, $15; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $3, r; neg.f32 s, $11; mul.rn.f32 q, s, r; fma.rn.f32 e, $15, q, $11; neg.f32 r, r; fma.rn.f32 $7, r, e, q; bra.uni DONE; SLOW: rcp.rn.f32 $0, $12; div.rn.f32 $4, $8, $12; neg.f32 $4, $4; rcp.rn.f32 $1, $13; div.rn.f32 $5, $9, $13; neg.f32 $5, $5; rcp.rn.f32 $2, $14; div.rn.f32 $6, $10, $14; neg.f32 $6, $6; rcp.rn.f32 $3, $15; div.rn.f32 $7, $11, $15; neg.f32 $7, $7; DONE: }")
 _RCP_DIV4_ANY = tl.constexpr("{ .reg .pred p; .reg .f32 m, n, r, s, e, q; max.f32 m, $8, $9; max.f32 n, $10, $11; max.f32 m, m, n; setp.le.f32 p, m, 0f42240000; min.f32 m, $8, $9; min.f32 n, $10, $11; min.f32 m, m, n; setp.gt.and.f32 p, m, 0fFF800000, p; @!p bra SLOW; rcp.approx.ftz.f32 r, $12; neg.f32 s, $12; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $0, r; neg.f32 s, $8; mul.rn.f32 q, s, r; fma.rn.f32 e, $12, q, $8; neg.f32 r, r; fma.rn.f32 $4, r, e, q; rcp.approx.ftz.f32 r, $13; neg.f32 s, $13; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $1, r; neg.f32 s, $9; mul.rn.f32 q, s, r; fma.rn.f32 e, $13, q, $9; neg.f32 r, r; fma.rn.f32 $5, r, e, q; rcp.approx.ftz.f32 r, $14; neg.f32 s, $14; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $2, r; neg.f32 s, $10; mul.rn.f32 q, s, r; fma.rn.f32 e, $14, q, $10; neg.f32 r, r; fma.rn.f32 $6, r, e, q; rcp.approx.ftz.f32 r, $15; neg.f32 s, $15; fma.rn.f32 e, s, r, 0f3F800000; fma.rn.f32 r, r, e, r; mov.b32 $3, r; neg.f32 s, $11; mul.rn.f32 q, s, r; fma.rn.f32 e, $15, q, $11; neg.f32 r, r; fma.rn.f32 $7, r, e, q; bra.uni DONE; SLOW: rcp.rn.f32 $0, $12; div.rn.f32 $4, $8, $12; neg.f32 $4, $4; rcp.rn.f32 $1, $13; div.rn.f32 $5, $9, $13; neg.f32 $5, $5; rcp.rn.f32 $2, $14; div.rn.f32 $6, $10, $14; neg.f32 $6, $6; rcp.rn.f32 $3, $15; div.rn.f32 $7, $11, $15; neg.f32 $7, $7; DONE: }")
 
@@ -100,7 +91,7 @@ def _rcp_div_fast(nx, t, X_FINITE: tl.constexpr):
 
 @triton.jit
 def _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
-                  MINMAX_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, FAST_ENC: tl.constexpr, RCP: tl.constexpr,
+                  MINMAX_CLAMP: tl.constexpr, FAST_DIV: tl.constexpr, FAST_ENC: tl.constexpr,
                   BLOCK_R: tl.constexpr, G: tl.constexpr, NPC: tl.constexpr):
     """The element-wise backward of a chunk (the default path): ``(act * w, dx_x, dx_y, g * act)`` of the
     unclamped xf / yf ``[R, G, NPC]``, the grad_out bits ``[R, CH]`` and the weights ``w3 [R, 1, 1]``."""
@@ -127,10 +118,7 @@ def _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP: tl.constexpr, MASK_
             t = 1.0 + exp_f32(xf * -1.0)  # exact negation, folded into expf's first FMA
         else:
             t = 1.0 + exp_f32(-xf)
-        if RCP:
-            s = _recip_rn(t)
-        else:
-            s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+        s = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
         act = tl.math.div_rn(xf, t) * yf
     gws = (g * w3) * s
     # the one fused step of the reference: fma(xf, 1 - s, 1)
@@ -147,10 +135,10 @@ def _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP: tl.constexpr, MASK_
 
 
 # ------------------------------------------------------------------------------------------------
-# Instruction-count candidate FUSED_BWD (with XORSIGN_CLAMP): the per-element backward in one PTX block per four
-# elements of a thread; same bits as the FAST_DIV path (see _swiglu_backward_and_per_token_cast_kernel)
+# FUSED_BWD=4 (with XORSIGN_CLAMP; the GPU default): the per-element backward in one PTX block per four elements of
+# a thread; same bits as the FAST_DIV path (see _swiglu_backward_and_per_token_cast_kernel)
 # ------------------------------------------------------------------------------------------------
-def _bwd_fused_ptx(clamp: bool, xorsign: bool, n: int = 4) -> str:
+def _bwd_fused_ptx(clamp: bool, xorsign: bool) -> str:
     """PTX of the backward of four elements: outputs ``act * w`` ($0-3), dx of the x half ($4-7), dx of the y half
     ($8-11) and ``g * act`` ($12-15, the row-sum terms); inputs the dequantized, unclamped xf ($16-19) and yf
     ($20-23), the grad_out bf16 bits as two words ($24: elements 0 (low half) and 1; $25: 2 and 3), the routing
@@ -172,17 +160,11 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool, n: int = 4) -> str:
     (5) (``xorsign``, c >= +0) ``y = min.NaN.xorsign.abs(y, c)``: ``min(|y|, c)`` with y's sign is y for |y| <= c
         (signed zeros kept), +-c beyond (+-inf included), NaN for NaN: the comparisons' values for every y (c = +0:
         +0 for y >= +0, -0 for y <= -0, as ``y > c ? c : y < -c ? -c : y``); else ``max.NaN`` / ``min.NaN``
-        (MINMAX_CLAMP).  x is clamped by ``min.NaN`` (MINMAX_CLAMP; the launcher routes c = -0.0 away).
-
-    ``n`` = 8 or 16 (FUSED_BWD=8 / 16): the same per element for n elements of a thread in one block, with one
-    guard (``max |x|`` over the n, as a tree) and one branch: operands numbered as for four (outputs ``$0 ..
-    $4n-1`` in the four groups of n, then x, y, n/2 grad_out words, w, c), so the compiler may interleave the
-    n elements' expf / reciprocal chains.  The guard's group changes which elements take the slow path, never a
-    value: ``rcp.rn`` / ``div.rn`` are exact everywhere and the fast path equals them where |x| <= 41 (2)."""
+        (MINMAX_CLAMP).  x is clamped by ``min.NaN`` (MINMAX_CLAMP; the launcher routes c = -0.0 away)."""
     one = "0f3F800000"
     b = ""
-    for i in range(n):
-        x, y, c = f"${4 * n + i}", f"${5 * n + i}", f"${7 * n + n // 2 + i}"
+    for i in range(4):
+        x, y, c = f"${16 + i}", f"${20 + i}", f"${30 + i}"
         if clamp:
             b += f"min.NaN.f32 x{i}, {x}, {c}; "
             if xorsign:
@@ -192,57 +174,40 @@ def _bwd_fused_ptx(clamp: bool, xorsign: bool, n: int = 4) -> str:
         else:
             b += f"mov.b32 x{i}, {x}; mov.b32 y{i}, {y}; "
         b += ptx_one_plus_exp_neg(f"x{i}", f"t{i}")
-    if n == 4:
-        guard = ptx_abs_max([f"x{i}" for i in range(n)])
-    else:  # a tree: abs into m<i>, then pairwise max
-        guard = "".join(f"abs.f32 m{i}, x{i}; " for i in range(n))
-        k = n
-        while k > 1:
-            k //= 2
-            guard += "".join(f"max.f32 m{i}, m{i}, m{i + k}; " for i in range(k))
-        guard += "mov.b32 m, m0; "
-    fast = "".join(ptx_div_fast(f"x{i}", f"t{i}", f"q{i}", "r", f"s{i}", "r") for i in range(n))
-    slow = "".join(f"rcp.rn.f32 s{i}, t{i}; div.rn.f32 q{i}, x{i}, t{i}; " for i in range(n))
+    guard = ptx_abs_max([f"x{i}" for i in range(4)])
+    fast = "".join(ptx_div_fast(f"x{i}", f"t{i}", f"q{i}", "r", f"s{i}", "r") for i in range(4))
+    slow = "".join(f"rcp.rn.f32 s{i}, t{i}; div.rn.f32 q{i}, x{i}, t{i}; " for i in range(4))
     tail = ""
-    for i in range(n):
-        c = f"${7 * n + n // 2 + i}"
-        gw = f"${6 * n + i // 2}"
-        w = f"${6 * n + n // 2 + i}"
+    for i in range(4):
+        c, gw, w = f"${30 + i}", f"${24 + i // 2}", f"${26 + i}"
         tail += (f"shl.b32 g, {gw}, 16; " if i % 2 == 0 else f"and.b32 g, {gw}, 0xFFFF0000; ")
         tail += (f"mul.rn.f32 h, g, {w}; mul.rn.f32 h, h, s{i}; "             # gws = (g * w) * s
-                 f"mul.rn.f32 a, q{i}, y{i}; mul.rn.f32 ${i}, a, {w}; mul.rn.f32 ${3 * n + i}, g, a; "
+                 f"mul.rn.f32 a, q{i}, y{i}; mul.rn.f32 ${i}, a, {w}; mul.rn.f32 ${12 + i}, g, a; "
                  f"sub.rn.f32 d, {one}, s{i}; fma.rn.f32 d, x{i}, d, {one}; "
                  f"mul.rn.f32 u, h, y{i}; mul.rn.f32 u, u, d; mul.rn.f32 v, h, x{i}; ")
         if clamp:
             # the flags from the unclamped inputs (still live: no mask registers across the branch)
-            tail += (f"setp.gt.f32 p, ${4 * n + i}, {c}; selp.b32 ${n + i}, 0, u, p; "
-                     f"abs.f32 a, ${5 * n + i}; setp.gt.f32 p, a, {c}; selp.b32 ${2 * n + i}, 0, v, p; ")
+            tail += (f"setp.gt.f32 p, ${16 + i}, {c}; selp.b32 ${4 + i}, 0, u, p; "
+                     f"abs.f32 a, ${20 + i}; setp.gt.f32 p, a, {c}; selp.b32 ${8 + i}, 0, v, p; ")
         else:
-            tail += f"mov.b32 ${n + i}, u; mov.b32 ${2 * n + i}, v; "
-    regs = (f".reg .pred p; .reg .b32 x<{n}>, y<{n}>, t<{n}>, s<{n}>, q<{n}>, "
-            + ("" if n == 4 else f"m<{n}>, ") + "a, s, j, k, f, e, m, r, z, g, h, d, u, v; ")
+            tail += f"mov.b32 ${4 + i}, u; mov.b32 ${8 + i}, v; "
+    regs = ".reg .pred p; .reg .b32 x<4>, y<4>, t<4>, s<4>, q<4>, a, s, j, k, f, e, m, r, z, g, h, d, u, v; "
     return ("{ " + regs + b + guard + "setp.le.f32 p, m, 0f42240000; @!p bra SLOW; " + fast + "bra.uni DONE; SLOW: "
             + slow + "DONE: " + tail + "}")
 
 
-def _bwd_constraints(n: int) -> str:
-    """The inline-asm constraints of ``_bwd_fused_ptx(..., n)``: 4n float outputs, then x, y, n/2 grad_out words, w, c."""
-    return ",".join(["=f"] * (4 * n) + ["f"] * (2 * n) + ["r"] * (n // 2) + ["f"] * (2 * n))
-
-
-# the fused blocks at 3 * (N // 8) + clamp mode: N = 4, 8, 16; no clamp, clamp, clamp with XORSIGN (_bwd_fused picks
-# one at compile time)
-_BWD_ASM = tl.constexpr(tuple(_bwd_fused_ptx(c, x, n) for n in (4, 8, 16)
-                              for c, x in ((False, False), (True, False), (True, True))))
-_BWD_CONSTRAINTS = tl.constexpr(tuple(_bwd_constraints(n) for n in (4, 8, 16)))
+# the fused blocks by clamp mode: no clamp, clamp, clamp with XORSIGN (_bwd_fused picks one at compile time); the
+# constraints: 16 float outputs, then x, y (4 each), two grad_out words, w, c (4 each)
+_BWD_ASM = tl.constexpr(tuple(_bwd_fused_ptx(c, x) for c, x in ((False, False), (True, False), (True, True))))
+_BWD_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["f"] * 8 + ["r"] * 2 + ["f"] * 8))
 
 
 @triton.jit
-def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constexpr, N: tl.constexpr = 4):
+def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constexpr):
     """``(act * w, dx_x, dx_y, g * act)`` of the unclamped xf / yf, grad_out bits ``gbits`` (int16) and the routing
-    weight ``w`` (all the same shape): one ``_bwd_fused_ptx`` block per N (4, 8 or 16) elements on GPUs; under
-    EMULATE the element-wise FAST_DIV path (MASK_FLAGS masks, comparison clamp, ``_rcp_div_fast``'s stand-in), whose
-    values the block reproduces bit for bit."""
+    weight ``w`` (all the same shape): one ``_bwd_fused_ptx`` block per 4 elements on GPUs; under EMULATE the
+    element-wise FAST_DIV path (MASK_FLAGS masks, comparison clamp, ``_rcp_div_fast``'s stand-in), whose values the
+    block reproduces bit for bit."""
     if EMULATE:
         g = (gbits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
         if HAS_CLAMP:
@@ -261,13 +226,12 @@ def _bwd_fused(xf, yf, gbits, w, c, HAS_CLAMP: tl.constexpr, XORSIGN: tl.constex
         return act * w, dxx, dxy, g * act
     else:
         cc = tl.full(xf.shape, c, tl.float32)
-        # the PTX block for N elements (4, 8 or 16) and the clamp mode
+        # the PTX block for the clamp mode
         MODE: tl.constexpr = (2 if XORSIGN else 1) if HAS_CLAMP else 0
-        asm: tl.constexpr = _BWD_ASM[3 * (N // 8) + MODE]
-        cons: tl.constexpr = _BWD_CONSTRAINTS[N // 8]
-        return tl.inline_asm_elementwise(asm, cons, [xf, yf, gbits, w, cc],
+        asm: tl.constexpr = _BWD_ASM[MODE]
+        return tl.inline_asm_elementwise(asm, _BWD_CONSTRAINTS, [xf, yf, gbits, w, cc],
                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                         pack=N)
+                                         pack=4)
 
 
 @triton.jit
@@ -289,19 +253,19 @@ def _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm, stride_
 
 
 @triton.jit
-def _bwd_chunk(q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value,
+def _bwd_chunk(q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, clamp_value,
                out_ptr, dq_ptr, dsf_ptr, xg_ptr, stride_qm, stride_sfm, stride_sfk, stride_gm,
                stride_om, stride_dqm, stride_dsm, stride_xgm,
                H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
                ROUND_SF: tl.constexpr,
                BLOCK_R: tl.constexpr, CH: tl.constexpr, FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr,
-               MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr, RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr,
-               FAST_DIV: tl.constexpr, ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr,
+               MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr, FAST_DIV: tl.constexpr,
+               ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr,
                XORSIGN_CLAMP: tl.constexpr, INT_SCALE: tl.constexpr):
     """One chunk (columns ``[c0, c0 + CH)`` of the row block): its loads (``_bwd_chunk_loads``), the element-wise
-    backward, the stores of out, x_grad, dx's codes and scales, and the row sum's update.  Returns the loop-carried
-    ``(rowsum, pend, rs)`` (``pend``: ROWSUM_PAIRS' last even chunk sum; ``rs``: TILE_ROWSUM's tile; each passed
-    through unchanged where its mode is off)."""
+    backward (FUSED_BWD: 0, or 4 for ``_bwd_fused``), the stores of out, x_grad, dx's codes and scales, and the row
+    sum's update.  Returns the loop-carried ``(rowsum, pend)`` (``pend``: ROWSUM_PAIRS' last even chunk sum, passed
+    through unchanged where that mode is off)."""
     qx, qy, sfx, sfy, gbits = _bwd_chunk_loads(q_ptr, sfx_ptr, g_ptr, rows, c0, row_ok, stride_qm, stride_sfm,
                                                stride_sfk, stride_gm, H, NPC, SF_PACKED, CH)
     G: tl.constexpr = CH // NPC
@@ -318,13 +282,11 @@ def _bwd_chunk(q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, rs, cl
     if FUSED:
         aw, dxx, dxy, ga = _bwd_fused(xf, yf, tl.reshape(gbits, (BLOCK_R, G, NPC)),
                                       tl.broadcast_to(w3, (BLOCK_R, G, NPC)), clamp_value, HAS_CLAMP,
-                                      XORSIGN_CLAMP, FUSED_BWD)
+                                      XORSIGN_CLAMP)
     else:
         aw, dxx, dxy, ga = _bwd_elements(xf, yf, gbits, w3, clamp_value, HAS_CLAMP, MASK_FLAGS,
-                                         MINMAX_CLAMP, FAST_DIV, FAST_ENC, RCP, BLOCK_R, G, NPC)
-    if TILE_ROWSUM:
-        rs += ga
-    elif ROWSUM_PAIRS:
+                                         MINMAX_CLAMP, FAST_DIV, FAST_ENC, BLOCK_R, G, NPC)
+    if ROWSUM_PAIRS:
         # the chunk sums of an even and the following odd chunk added first, then into the row sum:
         # the float32 order of one chunk twice as wide split over two warps (the two warps'
         # partials meet in one commutative add), e.g. CH=512 x 1 warp sums as CH=1024 x 2 warps
@@ -344,4 +306,4 @@ def _bwd_chunk(q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, rs, cl
                  FAST_MAX, FAST_ENC, INT_SCALE)
     _quant_store(dxy, rows, cols + H, m, gy, gm, dq_ptr, stride_dqm, dsf_ptr, stride_dsm, ROUND_SF,
                  BLOCK_R, CH, FAST_MAX, FAST_ENC, INT_SCALE)
-    return rowsum, pend, rs
+    return rowsum, pend

@@ -80,7 +80,7 @@ def _per_block_cast_lossless_words_kernel(
     stride_xm, stride_sim, stride_sik, stride_om, stride_som, stride_sok,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr = False
 ):
     """One program: ``TM`` rows x ``TW`` 32-bit words of FP4 data (``TK = 8 * TW`` values), whole output
     blocks.  ``x_ptr`` is the int8 data (read as int32 words: 4-byte aligned rows), ``out_ptr`` an int32 view
@@ -96,12 +96,7 @@ def _per_block_cast_lossless_words_kernel(
     sm_90, 16 words per thread): 58-97 registers, no spills, 16-byte loads and stores, ~7.5 SASS
     instructions per value on the fast path (the value-by-value kernel: 30-64 and byte accesses).
     Bounds are written ``(K // 32) * 4`` / ``(K // 32) * 8`` (K % 32 == 0) so that the compiler sees
-    masks uniform over 4/8 words and vectorizes.
-
-    ``PRMT`` (same bits; off by default: out blocks other than (1, 128) were not measured with it, and (1, 128)
-    takes ``_per_block_cast_lossless_1d_kernel``): the fast path by byte permutes (``_words_e4m3_prmt``, ~9
-    instructions per input word instead of ~30).  sm_90a at 8001 x 7168, (1, 128), [4, 128] x 1 warp (offline
-    SASS): 94 registers and 7.60 instructions per value on the fast path by default, PRMT 96 / 4.49."""
+    masks uniform over 4/8 words and vectorizes."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0).to(tl.int64)
     pid_k = tl.program_id(1).to(tl.int64)
@@ -129,10 +124,7 @@ def _per_block_cast_lossless_words_kernel(
     d4 = tl.reshape(d, (NIM, 1, NIK, 1))
     bad = tl.max(tl.max(tl.where((d != 0) & ((d < 122) | (d > 133)), 1, 0), axis=1), axis=0)
     if bad == 0:
-        if PRMT:
-            lo, hi = _words_e4m3_prmt(w, d4)
-        else:
-            lo, hi = _words_e4m3_lanes(w, d4)  # values 0..3 / 4..7 of the word
+        lo, hi = _words_e4m3_lanes(w, d4)  # values 0..3 / 4..7 of the word
     else:
         lo, hi = _words_e4m3_slow(w, d4)
     tl.store(optrs, tl.reshape(tl.join(lo, hi), (NIM, BMI, NIK, 2 * WPB)), mask=omask)
@@ -154,7 +146,10 @@ def _per_block_cast_lossless_1d_kernel(
     """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) on a 1-D
     grid: program ``t`` takes tile ``t = pid_m * NKT + pid_k`` (K fastest: consecutive programs cover a row block left
     to right).  The GPU's default at (1, 128) out blocks with PRMT (H200: 26.88 us against 27.20 for PRMT on the
-    2-D grid, 8001 x 7168).
+    2-D grid, 8001 x 7168).  ``PRMT`` (same bits): the fast path by byte permutes (``_words_e4m3_prmt``, ~9
+    instructions per input word instead of ~30; offline sm_90a SASS of the same fast path in the 2-D word kernel at
+    8001 x 7168, (1, 128), [4, 128] x 1 warp: 7.60 instructions per value without it, 4.49 with it); without it the
+    word kernel's byte-lane arithmetic (``_words_e4m3_lanes``).
 
     The tile goes through a tile loop that runs once and loads the "next" tile ahead of the conversion, with every
     load of it masked (its row block is moved to ``NMT``, past the tensor): the form of the measured code, kept
@@ -379,9 +374,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     kernel; needs ``bki >= 8`` and 4-byte aligned data rows, else the value-by-value kernel runs), ``TM``
     (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
     kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
-    flags (same bits; ``_gpu_defaults`` says where they are on): ``PRMT`` (the fast path by byte permutes,
-    ``_words_e4m3_prmt``), ``GRID_1D`` (``_per_block_cast_lossless_1d_kernel``: the tiles on a 1-D grid, K fastest);
-    ``maxnreg`` (None: no cap): ptxas' register cap."""
+    flags (same bits; ``_gpu_defaults`` says where they are on): ``GRID_1D`` (``_per_block_cast_lossless_1d_kernel``:
+    the tiles on a 1-D grid, K fastest) and, with it only, ``PRMT`` (the fast path by byte permutes,
+    ``_words_e4m3_prmt``); ``maxnreg`` (None: no cap): ptxas' register cap."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -396,6 +391,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             (not words and (c["TK"] % bko or c["TK"] & (c["TK"] - 1))):
         raise ValueError(f"bad per_block_cast_lossless launch config {c} for out_block_size {(bmo, bko)}: TM, TW, "
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
+    if words and c["PRMT"] and not c["GRID_1D"]:
+        raise ValueError(f"bad per_block_cast_lossless launch config {c}: PRMT needs GRID_1D (the 2-D word kernel has "
+                         "only the byte-lane fast path)")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     if words and c["GRID_1D"]:
@@ -416,7 +414,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data, sfi.tensor, out_w, out_sf, *common,
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"],
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     else:
         grid = (ceil_div(num_tokens, tm), ceil_div(ks_out_pad * bko, c["TK"]))

@@ -11,10 +11,11 @@ odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores
 (``COAL_ST``) the quad kernel stores through a layout conversion so that consecutive lanes write consecutive
 16-byte pieces (whole 32-byte sectors per warp store).
 
-Instruction cuts of the quad kernel, off by default (same bits; a GPU sweep decides): ``INT_SF`` (round_sf: the
-power-of-two scales from the amax bits, no division), ``AMAX16`` (amax by ``max.u16x2`` on the bf16 pair words) and
-``PAIR_ENC`` (round_sf: the E5M6 codes of a bf16 pair per ``cvt.rz.f16x2.f32``, rounded on both halves at once, for
-tiles whose rows all have ``sf_inv >= 1``); figures in ``_TUNE_E5M6`` (tritile/quant/_bench_e5m6.py).
+Instruction cuts of the quad kernel (same bits; on by default on GPUs, off in the interpreter's configs): ``INT_SF``
+(round_sf: the power-of-two scales from the amax bits, no division), ``AMAX16`` (amax by ``max.u16x2`` on the bf16
+pair words) and ``PAIR_ENC`` (round_sf: the E5M6 codes of a bf16 pair per ``cvt.rz.f16x2.f32``, rounded on both
+halves at once, for tiles whose rows all have ``sf_inv >= 1``); figures in ``_TUNE_E5M6``
+(tritile/quant/_bench_e5m6.py).
 """
 
 from __future__ import annotations
@@ -66,17 +67,17 @@ def _load_f32(ptrs, mask, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _e5m6_code_bounded(v, HW_RTZ: tl.constexpr):
+def _e5m6_code_bounded(v):
     """``f32_to_e5m6_code(v)`` for ``|v| < 65536`` or NaN (the NaN codes are replaced by the caller).
 
-    ``HW_RTZ`` (GPU only): the fp16 round-toward-zero step by the hardware conversion
-    (``F2FP.F16.F32.PACK_AB.RZ``, two values per instruction) instead of ~15 integer ops.  The two agree
-    on every float32 below 65536 in magnitude (fp16 subnormals and signed zeros included; they differ
+    GPUs: the fp16 round-toward-zero step by the hardware conversion (``F2FP.F16.F32.PACK_AB.RZ``, two values per
+    instruction) instead of ~15 integer ops; the interpreter (EMULATE) runs the integer ``f32_to_e5m6_code``.  The
+    two agree on every float32 below 65536 in magnitude (fp16 subnormals and signed zeros included; they differ
     only at |v| >= 65536, where the software path gives inf and the hardware saturates to 65504).  Here
     ``|v| = |x * sf_inv| <= 65024 * (1 + 2^-24)^2`` (sf_inv = div_rn(65024, a), |x| <= a) or, with
     round_sf, ``<= a / (a/65024 * (1 - 2^-24))``; both are < 65536, and a row holding inf/NaN has
     ``sf_inv = 0`` (products 0 or NaN)."""
-    if EMULATE or not HW_RTZ:
+    if EMULATE:
         return f32_to_e5m6_code(v)
     else:
         # t = fp16 RTZ bits >> 4; t + 1 where (t & 1) + r > 0x10000, as a carry: (r + 0xFFFF + (t & 1)) >> 17
@@ -88,14 +89,14 @@ def _e5m6_code_bounded(v, HW_RTZ: tl.constexpr):
 
 
 @triton.jit
-def _e5m6_codes(x, sf_inv, HW_RTZ: tl.constexpr):
+def _e5m6_codes(x, sf_inv):
     """E5M6 codes (int32) of ``x * sf_inv``; a NaN product gives ``0x7E0 | sign(x) << 11``.
 
-    With ``HW_RTZ`` a tile whose rows all have ``sf_inv > 0`` (no inf/NaN in them, so no NaN product)
-    skips the NaN patch (a uniform branch)."""
+    On GPUs a tile whose rows all have ``sf_inv > 0`` (no inf/NaN in them, so no NaN product) skips the NaN
+    patch (a uniform branch)."""
     v = x * sf_inv
-    code = _e5m6_code_bounded(v, HW_RTZ)
-    if HW_RTZ and not EMULATE:
+    code = _e5m6_code_bounded(v)
+    if not EMULATE:
         if tl.min(sf_inv) > 0.0:
             res = code
         else:
@@ -107,9 +108,9 @@ def _e5m6_codes(x, sf_inv, HW_RTZ: tl.constexpr):
 
 
 @triton.jit
-def _encode_store(x, sf_inv, o_row, row_ok, c, K, BLOCK_K: tl.constexpr, HW_RTZ: tl.constexpr):
+def _encode_store(x, sf_inv, o_row, row_ok, c, K, BLOCK_K: tl.constexpr):
     """Encode chunk ``c`` (``[BLOCK_M, BLOCK_K]`` float32) and store its 3 words per 8 columns."""
-    codes = _e5m6_codes(x, sf_inv[:, None], HW_RTZ)
+    codes = _e5m6_codes(x, sf_inv[:, None])
     c0, c1, c2, c3, c4, c5, c6, c7 = _split8(codes)
     w0 = (c0 << 20) | (c1 << 8) | (c2 >> 4)
     w1 = ((c2 & 0xF) << 28) | (c3 << 16) | (c4 << 4) | (c5 >> 8)
@@ -129,7 +130,7 @@ def _per_token_cast_to_e5m6_kernel(
     stride_xm, stride_om, stride_sfm,
     IS_BF16: tl.constexpr, ROUND_SF: tl.constexpr, PACKED: tl.constexpr,
     CLAMP: tl.constexpr, MAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Rows ``[pid*BLOCK_M, +BLOCK_M)``; the row is covered by NUM_K_CHUNKS chunks of BLOCK_K columns.
@@ -163,12 +164,12 @@ def _per_token_cast_to_e5m6_kernel(
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store(x, sf_inv, o_row, row_ok, 0, K, BLOCK_K, HW_RTZ)
+        _encode_store(x, sf_inv, o_row, row_ok, 0, K, BLOCK_K)
     else:
         for c in range(NUM_K_CHUNKS):
             kk = c * BLOCK_K + cols
             xc = _load_f32(x_row + kk[None, :], row_ok[:, None] & (kk[None, :] < K), IS_BF16)
-            _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K, HW_RTZ)
+            _encode_store(xc, sf_inv, o_row, row_ok, c, K, BLOCK_K)
 
 
 @triton.jit
@@ -247,19 +248,19 @@ def _absmax_quads(g0, g1, g2, g3):
 
 
 @triton.jit
-def _encode_group(w, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+def _encode_group(w, sf_inv, FINITE: tl.constexpr):
     """The 3 output words (each ``[R, Q]``) of group ``w`` (``[R, Q, 4]`` words of bf16 pairs).  FINITE: every
     row has ``sf_inv > 0`` (no NaN product, no NaN patch needed)."""
     a0, a1, a2, a3 = _split4(w)
     s = sf_inv[:, None]
-    c0 = _quad_code((a0 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c1 = _quad_code((a0 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c2 = _quad_code((a1 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c3 = _quad_code((a1 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c4 = _quad_code((a2 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c5 = _quad_code((a2 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c6 = _quad_code((a3 << 16).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
-    c7 = _quad_code((a3 & -65536).to(tl.float32, bitcast=True), s, HW_RTZ, FINITE)
+    c0 = _quad_code((a0 << 16).to(tl.float32, bitcast=True), s, FINITE)
+    c1 = _quad_code((a0 & -65536).to(tl.float32, bitcast=True), s, FINITE)
+    c2 = _quad_code((a1 << 16).to(tl.float32, bitcast=True), s, FINITE)
+    c3 = _quad_code((a1 & -65536).to(tl.float32, bitcast=True), s, FINITE)
+    c4 = _quad_code((a2 << 16).to(tl.float32, bitcast=True), s, FINITE)
+    c5 = _quad_code((a2 & -65536).to(tl.float32, bitcast=True), s, FINITE)
+    c6 = _quad_code((a3 << 16).to(tl.float32, bitcast=True), s, FINITE)
+    c7 = _quad_code((a3 & -65536).to(tl.float32, bitcast=True), s, FINITE)
     return _pack3(c0, c1, c2, c3, c4, c5, c6, c7)
 
 
@@ -274,17 +275,17 @@ def _encode_group_pairs(w, sf_inv):
 
 
 @triton.jit
-def _quad_code(x, sf_inv, HW_RTZ: tl.constexpr, FINITE: tl.constexpr):
+def _quad_code(x, sf_inv, FINITE: tl.constexpr):
     v = x * sf_inv
-    code = _e5m6_code_bounded(v, HW_RTZ)
+    code = _e5m6_code_bounded(v)
     if not FINITE:
         code = tl.where(v != v, _NAN_CODE | ((x.to(tl.int32, bitcast=True) >> 20) & 0x800), code)
     return code
 
 
 @triton.jit
-def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
-                        FINITE: tl.constexpr, COAL_ST: tl.constexpr, PAIRS: tl.constexpr = False):
+def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, FINITE: tl.constexpr, COAL_ST: tl.constexpr,
+                        PAIRS: tl.constexpr = False):
     """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store them: with ``COAL_ST`` lane-contiguous
     16-byte pieces, else each quad as three 16-byte vectors from one thread.  PAIRS: :func:`_encode_group_pairs`
     (rows with power-of-two ``sf_inv >= 1`` only)."""
@@ -294,10 +295,10 @@ def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constex
         u6, u7, u8 = _encode_group_pairs(g2, sf_inv)
         u9, u10, u11 = _encode_group_pairs(g3, sf_inv)
     else:
-        u0, u1, u2 = _encode_group(g0, sf_inv, HW_RTZ, FINITE)
-        u3, u4, u5 = _encode_group(g1, sf_inv, HW_RTZ, FINITE)
-        u6, u7, u8 = _encode_group(g2, sf_inv, HW_RTZ, FINITE)
-        u9, u10, u11 = _encode_group(g3, sf_inv, HW_RTZ, FINITE)
+        u0, u1, u2 = _encode_group(g0, sf_inv, FINITE)
+        u3, u4, u5 = _encode_group(g1, sf_inv, FINITE)
+        u6, u7, u8 = _encode_group(g2, sf_inv, FINITE)
+        u9, u10, u11 = _encode_group(g3, sf_inv, FINITE)
     s0 = _stack4(u0, u1, u2, u3)
     s1 = _stack4(u4, u5, u6, u7)
     s2 = _stack4(u8, u9, u10, u11)
@@ -323,21 +324,20 @@ def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constex
 
 
 @triton.jit
-def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ: tl.constexpr,
-                        COAL_ST: tl.constexpr, PAIR_ENC: tl.constexpr):
+def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, COAL_ST: tl.constexpr, PAIR_ENC: tl.constexpr):
     """Tiles whose rows are all finite (``sf_inv > 0``, the common case) skip the NaN patch: one uniform
     branch around the whole chunk (so the compiler keeps it a branch, not per-element selects).  PAIR_ENC
     (round_sf only): tiles whose rows all have ``sf_inv >= 1`` (finite amax <= 65024) take the pair encoder,
     the others the general (NaN-patched) one."""
     if PAIR_ENC:
         if tl.min(sf_inv) >= 1.0:
-            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True, COAL_ST, True)
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True, COAL_ST, True)
         else:
-            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False, COAL_ST)
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False, COAL_ST)
     elif tl.min(sf_inv) > 0.0:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, True, COAL_ST)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True, COAL_ST)
     else:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, False, COAL_ST)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False, COAL_ST)
 
 
 @triton.jit
@@ -346,7 +346,7 @@ def _per_token_cast_to_e5m6_quad_kernel(
     M, K,
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr, HW_RTZ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
     COAL_ST: tl.constexpr, INT_SF: tl.constexpr = False, PAIR_ENC: tl.constexpr = False,
     AMAX16: tl.constexpr = False, PDL: tl.constexpr = False
 ):
@@ -385,13 +385,13 @@ def _per_token_cast_to_e5m6_quad_kernel(
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, HW_RTZ, COAL_ST, ROUND_SF and PAIR_ENC)
+        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, COAL_ST, ROUND_SF and PAIR_ENC)
     else:
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
             g0, g1, g2, g3, _ = _load_quads(xw_row, q, qm, False)
-            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, HW_RTZ, COAL_ST, ROUND_SF and PAIR_ENC)
+            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, COAL_ST, ROUND_SF and PAIR_ENC)
 
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
@@ -425,6 +425,11 @@ def _quad_launch_config(num_tokens: int, hidden: int):
     return block_m, bq, max(1, min(4, block_m * bq // 32))
 
 
+#: the launch-config keys of ``tuned("per_token_cast_to_e5m6", ...)`` (both kernels' together)
+_CONFIG_KEYS = frozenset({"QUAD", "BLOCK_M", "BLOCK_Q", "BLOCK_K", "num_warps", "COAL_ST", "INT_SF", "PAIR_ENC",
+                          "AMAX16"})
+
+
 def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, block_k=None,
                                    block_q=None):
     """``block_k`` forces the plain kernel with that block, ``block_q`` the quad kernel's (tests)."""
@@ -434,13 +439,17 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
     if num_tokens == 0:
         return out.view(torch.uint8), sf
     # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): QUAD (the quad kernel; bf16 rows of whole quads
-    # only, elsewhere ignored), BLOCK_M rows, num_warps, HW_RTZ (see _e5m6_code_bounded); QUAD: BLOCK_Q quads
+    # only, elsewhere ignored), BLOCK_M rows, num_warps; QUAD: BLOCK_Q quads
     # of 32 columns per pass (a wider row takes two passes), COAL_ST (lane-contiguous 16-byte stores, see
     # _encode_store_quads), INT_SF / AMAX16 / PAIR_ENC (instruction cuts, same bits; INT_SF and PAIR_ENC act with
     # round_sf only: _round_scale_bits, _absmax_quads16, _encode_group_pairs); plain: BLOCK_K columns (a power of
     # two >= 8).
     # Only the overridden keys are taken; the rest come from the chosen kernel's own rule.
     over = tuned("per_token_cast_to_e5m6", {})
+    unknown = sorted(set(over) - _CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"per_token_cast_to_e5m6 launch config: unknown keys {unknown}, expected some of "
+                         f"{sorted(_CONFIG_KEYS)}")
     quad_ok = (x.dtype == torch.bfloat16 and hidden % 32 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
                and block_k is None)
     if quad_ok and bool(over.get("QUAD", True)):
@@ -452,7 +461,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         # path, which the forced-config tests compare them with): 49.8-49.9 us against 55.9 in the sweep of 2026-11-30
         # (commit 65d4724), both sf layouts
         fast = not interpreter_configs()
-        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "HW_RTZ": True, "COAL_ST": True,
+        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "COAL_ST": True,
              "INT_SF": fast, "PAIR_ENC": fast, "AMAX16": fast, **over}
         block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
         if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
@@ -463,13 +472,13 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             num_tokens, hidden,
             xw.stride(0), out.stride(0) // 12, sf.stride(0),
             ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
-            BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq), HW_RTZ=bool(c["HW_RTZ"]),
+            BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq),
             COAL_ST=bool(c["COAL_ST"]), INT_SF=bool(c["INT_SF"]), PAIR_ENC=bool(c["PAIR_ENC"]),
             AMAX16=bool(c["AMAX16"]), num_warps=num_warps, **pdl_args(out.device),
         )
         return out.view(torch.uint8), sf
     block_m, block_k, _, num_warps = _launch_config(num_tokens, hidden, block_k)
-    c = {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": num_warps, "HW_RTZ": True, **over}
+    c = {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": num_warps, **over}
     block_m, block_k, num_warps = c["BLOCK_M"], c["BLOCK_K"], c["num_warps"]
     if block_k < 8 or block_k & (block_k - 1) or block_m < 1 or block_m & (block_m - 1):
         raise ValueError(f"bad per_token_cast_to_e5m6 launch config {c}: powers of two, BLOCK_K >= 8")
@@ -482,7 +491,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         x.stride(0), out.stride(0), sf.stride(0),
         IS_BF16=is_bf16, ROUND_SF=round_sf, PACKED=use_packed_ue8m0,
         CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
-        BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks, HW_RTZ=bool(c["HW_RTZ"]),
+        BLOCK_M=block_m, BLOCK_K=block_k, NUM_K_CHUNKS=chunks,
         num_warps=num_warps, **pdl_args(out.device),
     )
     return out.view(torch.uint8), sf

@@ -39,24 +39,21 @@ def _swiglu_backward_and_per_token_cast_kernel(
         H: tl.constexpr, NPC: tl.constexpr, SF_PACKED: tl.constexpr, HAS_CLAMP: tl.constexpr,
         ROUND_SF: tl.constexpr, BLOCK_R: tl.constexpr, CH: tl.constexpr,
         FAST_MAX: tl.constexpr, FAST_ENC: tl.constexpr, MINMAX_CLAMP: tl.constexpr, MASK_FLAGS: tl.constexpr,
-        RCP: tl.constexpr, TILE_ROWSUM: tl.constexpr, FAST_DIV: tl.constexpr,
-        ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0, XORSIGN_CLAMP: tl.constexpr = False,
-        INT_SCALE: tl.constexpr = False, SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
+        FAST_DIV: tl.constexpr, ROWSUM_PAIRS: tl.constexpr, FUSED_BWD: tl.constexpr = 0,
+        XORSIGN_CLAMP: tl.constexpr = False, INT_SCALE: tl.constexpr = False, SPLIT: tl.constexpr = 1,
+        PDL: tl.constexpr = False):
     """MINMAX_CLAMP: the clamp by NaN-propagating min/max (GPU).  MASK_FLAGS: the clamp flags kept as
     int32 masks (``|yf| > c`` in one compare) that clear dx by a bitwise and, instead of predicates
-    held across the chunk.  RCP: ``s`` by ``rcp.rn``.  TILE_ROWSUM: ``g * act`` summed per element
-    slot over the chunks and reduced once per row block (another float32 summation order).  FAST_DIV
-    (with FAST_ENC): ``s`` and ``xf / t`` by ``_rcp_div_fast`` (one shared reciprocal, one range check per
-    4 elements).  ROWSUM_PAIRS (without TILE_ROWSUM; GPUs, CH = 512 x 1 warp): the row sum adds the sums of chunk
-    pairs (2k, 2k + 1), so CH=512 with 1 warp gives the weight_grad bits of CH=1024 with 2 warps: both reduce each
-    128-group in the layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp partials meet
-    in one (commutative) add.
+    held across the chunk.  FAST_DIV (with FAST_ENC): ``s`` and ``xf / t`` by ``_rcp_div_fast`` (one shared
+    reciprocal, one range check per 4 elements).  ROWSUM_PAIRS (GPUs, CH = 512 x 1 warp): the row sum adds the sums
+    of chunk pairs (2k, 2k + 1), so CH=512 with 1 warp gives the weight_grad bits of CH=1024 with 2 warps: both
+    reduce each 128-group in the layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp
+    partials meet in one (commutative) add.
 
     Same-bits instruction cuts (GPUs; sm_90a counts in _bench_swiglu.py's _BWD_TUNE): FUSED_BWD=4 (with FAST_DIV,
     FAST_ENC, MASK_FLAGS and, with a clamp, MINMAX_CLAMP) the per-element backward in one PTX block per four elements
     (``_bwd_fused_ptx``: expf / division rewrites of the forward's FUSED_SILU, flags as ``set`` masks, grad_out
-    widened in the block); FUSED_BWD=8 / 16 the same block over 8 / 16 elements of a thread (one guard and one
-    branch per block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one ``min.NaN.xorsign.abs.f32``; INT_SCALE
+    widened in the block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one ``min.NaN.xorsign.abs.f32``; INT_SCALE
     (ROUND_SF) dx's power-of-two scales from amax's bits.  Under the interpreter FUSED_BWD runs its element-wise
     stand-in.
 
@@ -85,30 +82,24 @@ def _swiglu_backward_and_per_token_cast_kernel(
         w = tl.where(w_ok, tl.load(w_ptr + idx, mask=w_ok, other=0.0), 0.0)
         rowsum = tl.zeros([BLOCK_R], tl.float32)
         pend = tl.zeros([BLOCK_R], tl.float32)  # ROWSUM_PAIRS: the last even chunk's sum
-        if TILE_ROWSUM:
-            rs = tl.zeros([BLOCK_R, G, NPC], tl.float32)
-        else:
-            rs = rowsum  # unused
         w3 = w[:, None, None]
         if SPLIT > 1:  # this part's chunks (a while loop: range() over program ids breaks the interpreter)
             c0 = p_lo
             while c0 < p_hi:
-                rowsum, pend, rs = _bwd_chunk(
-                    q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                rowsum, pend = _bwd_chunk(
+                    q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, clamp_value, out_ptr, dq_ptr,
                     dsf_ptr, xg_ptr, stride_qm, stride_sfm, stride_sfk, stride_gm, stride_om, stride_dqm, stride_dsm,
                     stride_xgm, H, NPC, SF_PACKED, HAS_CLAMP, ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP,
-                    MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE)
+                    MASK_FLAGS, FAST_DIV, ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE)
                 c0 += CH
         else:
             for c0 in range(0, H, CH):
-                rowsum, pend, rs = _bwd_chunk(
-                    q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, rs, clamp_value, out_ptr, dq_ptr,
+                rowsum, pend = _bwd_chunk(
+                    q_ptr, sfx_ptr, g_ptr, c0, rows, row_ok, w3, rowsum, pend, clamp_value, out_ptr, dq_ptr,
                     dsf_ptr, xg_ptr, stride_qm, stride_sfm, stride_sfk, stride_gm, stride_om, stride_dqm, stride_dsm,
                     stride_xgm, H, NPC, SF_PACKED, HAS_CLAMP, ROUND_SF, BLOCK_R, CH, FAST_MAX, FAST_ENC, MINMAX_CLAMP,
-                    MASK_FLAGS, RCP, TILE_ROWSUM, FAST_DIV, ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE)
-        if TILE_ROWSUM:
-            rowsum = tl.sum(tl.sum(rs, axis=2), axis=1)
-        elif ROWSUM_PAIRS:
+                    MASK_FLAGS, FAST_DIV, ROWSUM_PAIRS, FUSED_BWD, XORSIGN_CLAMP, INT_SCALE)
+        if ROWSUM_PAIRS:
             if SPLIT > 1:  # the part's last chunk has an even index: no partner (a part may start at an odd one)
                 rowsum = tl.where(((p_hi - 1) // CH) % 2 == 0, rowsum + pend, rowsum)
             elif ((H + CH - 1) // CH) % 2 == 1:
@@ -166,8 +157,7 @@ def _config(H: int, npc: int) -> dict:
     # over two programs: the launch's tail at half the length) 878.5-878.8 us against 890.9-891.2 in three sweeps (8 + 6
     # chunks); weight_grad sums in another order
     return dict(BLOCK_R=1 if gpu else 64, CH=512 if pairs else ch, num_warps=1 if pairs else max(1, ch // 512),
-                FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, RCP=False, TILE_ROWSUM=False,
-                FAST_DIV=True, ROWSUM_PAIRS=pairs,
+                FAST_MAX=True, FAST_ENC=True, MINMAX_CLAMP=True, MASK_FLAGS=True, FAST_DIV=True, ROWSUM_PAIRS=pairs,
                 maxnreg=112 if gpu else None, FUSED_BWD=4 if gpu else 0, XORSIGN_CLAMP=gpu, INT_SCALE=gpu,
                 SPLIT=2 if gpu else 1)
 
@@ -183,9 +173,14 @@ def _split_parts(num_chunks: int, split: int) -> int:
 
 def _check_config(cfg: dict, npc: int) -> None:
     """Reject a (tuning) config the kernel cannot run, with a ValueError."""
+    unknown = sorted(set(cfg) - set(_config(128, 128)))
+    if unknown:
+        raise ValueError(f"swiglu_backward_and_per_token_cast launch config: unknown keys {unknown}")
     pow2 = lambda v: isinstance(v, int) and v > 0 and v & (v - 1) == 0  # noqa: E731
     if not (pow2(cfg["CH"]) and pow2(cfg["BLOCK_R"]) and pow2(cfg["num_warps"])) or cfg["CH"] < npc:
         raise ValueError(f"CH (>= npc = {npc}), BLOCK_R and num_warps must be powers of two, got {cfg}")
+    if cfg["FUSED_BWD"] not in (0, 4):
+        raise ValueError(f"FUSED_BWD must be 0 or 4, got {cfg['FUSED_BWD']!r}")
 
 
 def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
@@ -204,7 +199,7 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
         _check_config(cfg, npc)
         block_r = cfg["BLOCK_R"]
         extra = {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
-        fused = int(cfg.get("FUSED_BWD", 0) or 0)
+        fused = int(cfg["FUSED_BWD"])
         num_rb = ceil_div(num_rows, block_r)
         split = _split_parts(ceil_div(H, cfg["CH"]), int(cfg.get("SPLIT", 1) or 1))
         rowsum = empty((max(num_rows, 1) * split,), torch.float32, dev)
@@ -218,13 +213,11 @@ def _launch(q, sfi, grad_out, weight, ptt, ttp, npc, round_sf, clamp):
             H=H, NPC=npc, SF_PACKED=sfi.packed, HAS_CLAMP=clamp is not None, ROUND_SF=round_sf,
             BLOCK_R=block_r, CH=cfg["CH"], FAST_MAX=bool(cfg["FAST_MAX"]), FAST_ENC=bool(cfg["FAST_ENC"]),
             MINMAX_CLAMP=bool(cfg["MINMAX_CLAMP"]) and _minmax_clamp_ok(clamp), MASK_FLAGS=bool(cfg["MASK_FLAGS"]),
-            RCP=bool(cfg["RCP"]),
-            TILE_ROWSUM=bool(cfg["TILE_ROWSUM"]), FAST_DIV=bool(cfg["FAST_DIV"]),
+            FAST_DIV=bool(cfg["FAST_DIV"]),
             ROWSUM_PAIRS=bool(cfg["ROWSUM_PAIRS"]),
-            # same-bits instruction cuts (config keys, off by default): the fused PTX backward over FUSED_BWD = 4, 8 or
-            # 16 elements needs that many per thread in a row (CH / (32 * num_warps) >= FUSED_BWD) and, with a clamp,
-            # the min/max clamp (not c = -0.0)
-            FUSED_BWD=fused if fused in (4, 8, 16) and cfg["CH"] >= 32 * fused * cfg["num_warps"] else 0,
+            # same-bits instruction cuts (GPU defaults): the fused PTX backward over 4 elements (FUSED_BWD=4) needs 4
+            # per thread in a row (CH >= 128 * num_warps) and, with a clamp, the min/max clamp (not c = -0.0)
+            FUSED_BWD=fused if cfg["CH"] >= 32 * fused * cfg["num_warps"] else 0,
             XORSIGN_CLAMP=bool(cfg.get("XORSIGN_CLAMP", False)),
             INT_SCALE=bool(cfg.get("INT_SCALE", False)) and round_sf,
             SPLIT=split,

@@ -16,10 +16,7 @@ def _tune(dt: str, batched: bool):
         cands = [dict(BLOCK_M4=bm, BLOCK_N4=bn, num_warps=w) for bm in (32, 64) for bn in (16, 32, 64) for w in (4, 8)]
         cands += [dict(PDL=False), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
                   dict(PDL=True, BLOCK_M4=64, BLOCK_N4=64, num_warps=8)]
-        # STREAM on the word path: evict-first loads, streaming (.cs) stores
-        cands += [dict(STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
-                  dict(PDL=True, STREAM=True, BLOCK_M4=32, BLOCK_N4=32, num_warps=4),
-                  dict(PDL=True, STREAM=True), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
+        cands += [dict(PDL=True, BLOCK_M4=32, BLOCK_N4=64, num_warps=4),
                   dict(PDL=True, BLOCK_M4=16, BLOCK_N4=32, num_warps=4), dict(PDL=True, BLOCK_M4=32, BLOCK_N4=16, num_warps=2)]
         # H200 @ 4d49e57: the grid's first dimension over the m blocks (MFAST, now the default with 128 x 256-byte tiles;
         # the candidates above run with it unless they set it).  The programs running together then write whole
@@ -38,8 +35,7 @@ def _tune(dt: str, batched: bool):
     # PDL (the default on sm_90+; H200, H200 @ 2615106: bf16 58.9 us graph against 59.5 without): programmatic dependent
     # launch, the next call's programs are scheduled during this one's tail
     pdl = [dict(PDL=False), dict(PDL=True, BLOCK_M=64, BLOCK_N=64, num_warps=8),
-           dict(PDL=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STREAM=True), dict(PDL=True, BLOCK_M=128, BLOCK_N=256,
-                                                                                    num_warps=8)]
+           dict(PDL=True, BLOCK_M=128, BLOCK_N=256, num_warps=8)]
     # H200 @ 4d49e57 (see fp8): MFAST, now the default of 2- and 4-byte elements (the candidates here run with it unless
     # they set it).  Two sweeps (CUPTI, us): fp32 batches 3542.7 / 3537.0 against 3647.1 / 3628.8 without, bf16
     # batches 1766.6 against 1804.3, one bf16 matrix 64.51 / 57.84 against 65.41 / 58.57
@@ -47,9 +43,8 @@ def _tune(dt: str, batched: bool):
              dict(MFAST=True, BLOCK_M=128, BLOCK_N=64, num_warps=8),
              dict(MFAST=True, BLOCK_M=64, BLOCK_N=128, num_warps=8),
              dict(MFAST=True, BLOCK_M=128, BLOCK_N=128, num_warps=8)]
-    return pdl + mfast + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, STREAM=st)
-                          for bm, bn in [(64, 64), (128, 64), (128, 128), (256, 64), (64, 128)]
-                          for w in (4, 8) for st in ((False, True) if batched else (False,))]
+    return pdl + mfast + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
+                          for bm, bn in [(64, 64), (128, 64), (128, 128), (256, 64), (64, 128)] for w in (4, 8)]
 
 
 def _x(shape, dtype, device):

@@ -26,6 +26,8 @@ __all__ = ["transpose", "batched_transpose", "batched_transpose_with_config"]
 
 _MAX_GRID_Z = 65535
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: the launch-config keys ``batched_transpose_with_config`` and ``tuned("transpose", ...)`` overrides take
+_CONFIG_KEYS = frozenset({"word_path", "BLOCK_M", "BLOCK_N", "BLOCK_M4", "BLOCK_N4", "num_warps", "PDL", "MFAST"})
 
 
 @triton.jit
@@ -39,7 +41,7 @@ def _tile_prologue(PDL: tl.constexpr, MFAST: tl.constexpr):
 @triton.jit
 def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride_xn, stride_ob, stride_on,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-                              STREAM: tl.constexpr = False, PDL: tl.constexpr = False, MFAST: tl.constexpr = False):
+                              PDL: tl.constexpr = False, MFAST: tl.constexpr = False):
     """out[b, n, m] = x[b, m, n] for one [BLOCK_M, BLOCK_N] tile; out is contiguous along m.  The grid's first
     dimension walks the n blocks (``MFAST``: the m blocks, see ``tritile.language.grid``)."""
     pid_n, pid_m, b = _tile_prologue(PDL, MFAST)
@@ -49,18 +51,14 @@ def _batched_transpose_kernel(x_ptr, out_ptr, M, N, stride_xb, stride_xm, stride
     # output pointers are built directly in the transposed orientation: only the data goes through tl.trans
     o_ptrs = out_ptr + b * stride_ob + offs_n[:, None] * stride_on + offs_m[None, :]
     if EVEN:
-        if STREAM:  # every byte is touched once: keep it out of L2's way
-            tl.store(o_ptrs, tl.trans(tl.load(x_ptrs, eviction_policy="evict_first")), cache_modifier=".cs")
-        else:
-            tl.store(o_ptrs, tl.trans(tl.load(x_ptrs)))
+        tl.store(o_ptrs, tl.trans(tl.load(x_ptrs)))
     else:
         tile = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
         tl.store(o_ptrs, tl.trans(tile), mask=(offs_n[:, None] < N) & (offs_m[None, :] < M))
 
 
 @triton.jit
-def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN: tl.constexpr,
-                     STREAM: tl.constexpr = False):
+def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN: tl.constexpr):
     """Store the transpose of a [BLOCK_M4, 4, BLOCK_N4] tile of input words (rows 4r + i, words w): byte j of
     each word, from row i, lands in byte i of output word (n = 4w + j, r)."""
     shifts = (8 * tl.arange(0, 4))[None, :, None]
@@ -69,12 +67,7 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
     o2 = tl.trans(tl.sum(((words >> 16) & 0xFF) << shifts, axis=1))
     o3 = tl.trans(tl.sum(((words >> 24) & 0xFF) << shifts, axis=1))
     o_ptrs = out_ptr + b * stride_ob + (4 * w[:, None]) * stride_on + r[None, :]
-    if EVEN and STREAM:  # streaming stores (.cs): every byte is written once
-        tl.store(o_ptrs, o0, cache_modifier=".cs")
-        tl.store(o_ptrs + stride_on, o1, cache_modifier=".cs")
-        tl.store(o_ptrs + 2 * stride_on, o2, cache_modifier=".cs")
-        tl.store(o_ptrs + 3 * stride_on, o3, cache_modifier=".cs")
-    elif EVEN:
+    if EVEN:
         tl.store(o_ptrs, o0)
         tl.store(o_ptrs + stride_on, o1)
         tl.store(o_ptrs + 2 * stride_on, o2)
@@ -90,8 +83,7 @@ def _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN
 @triton.jit
 def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm, stride_ob, stride_on,
                                    BLOCK_M4: tl.constexpr, BLOCK_N4: tl.constexpr, EVEN: tl.constexpr,
-                                   PDL: tl.constexpr = False, STREAM: tl.constexpr = False,
-                                   MFAST: tl.constexpr = False):
+                                   PDL: tl.constexpr = False, MFAST: tl.constexpr = False):
     """1-byte transpose on 32-bit words.  x and out are int32 views: x[b, m, w] holds bytes n = 4w..4w+3 of
     row m; out[b, n, r] holds bytes m = 4r..4r+3 of row n.  A tile covers 4*BLOCK_M4 rows and
     4*BLOCK_N4 columns; M4 = M/4 and N4 = N/4 are word counts.  The grid's first dimension walks the n blocks
@@ -103,13 +95,11 @@ def _batched_transpose_u8x4_kernel(x_ptr, out_ptr, M4, N4, stride_xb, stride_xm,
     # input rows m = 4r + i : [BLOCK_M4, 4, BLOCK_N4] words
     rows = 4 * r[:, None, None] + i[None, :, None]
     x_ptrs = x_ptr + b * stride_xb + rows * stride_xm + w[None, None, :]
-    if EVEN and STREAM:
-        words = tl.load(x_ptrs, eviction_policy="evict_first")
-    elif EVEN:
+    if EVEN:
         words = tl.load(x_ptrs)
     else:
         words = tl.load(x_ptrs, mask=(r[:, None, None] < M4) & (w[None, None, :] < N4), other=0)
-    _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN, STREAM)
+    _u8x4_store_tile(out_ptr, words, b, r, w, M4, N4, stride_ob, stride_on, EVEN)
 
 
 def _config(elem_size: int, m: int, n: int) -> Tuple[int, int, int]:
@@ -131,9 +121,11 @@ def _u8x4_ok(x: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -> None:
     b, m, n = x.shape
+    unknown = sorted(set(config or {}) - _CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"transpose launch config: unknown keys {unknown}, expected some of {sorted(_CONFIG_KEYS)}")
     pdl = use_pdl(x.device) and bool((config or {}).get("PDL", True))  # PDL: on where supported (sm_90+)
     pdl_kw = dict(launch_pdl=True) if pdl else {}
-    stream = bool(config.get("STREAM", False)) if config else False
     # Grid order (tritile.language.grid): MFAST, the m blocks first (the default of the word path and of 2- and 4-byte
     # elements since commit 4d49e57: the programs running together write whole output rows' runs).  Two H200 sweeps (CUPTI, 32 x 8064 x 7168 batches): fp32 3542.7 / 3537.0 us
     # against 3647.1 / 3628.8, bf16 1766.6 against 1804.3, fp8 (with 128 x 256-byte tiles) 901.3 against 941.9; one 8064
@@ -154,7 +146,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
             grid, mfast = tile_grid(ceil_div(n // 4, bn4), ceil_div(m // 4, bm4), mfast)
             _batched_transpose_u8x4_kernel[grid + (xs.shape[0],)](
                 xs, os_, m // 4, n // 4, xs.stride(0), xs.stride(1), os_.stride(0), os_.stride(1), BLOCK_M4=bm4,
-                BLOCK_N4=bn4, EVEN=even, PDL=pdl, STREAM=stream, MFAST=mfast, num_warps=warps,
+                BLOCK_N4=bn4, EVEN=even, PDL=pdl, MFAST=mfast, num_warps=warps,
                 **pdl_kw)
         return
     bm, bn, warps = _config(x.element_size(), m, n)
@@ -167,7 +159,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, config: Optional[dict] = None) -
         grid, mfast = tile_grid(ceil_div(n, bn), ceil_div(m, bm), mfast)
         _batched_transpose_kernel[grid + (xs.shape[0],)](
             xs, os_, m, n, xs.stride(0), xs.stride(1), xs.stride(2), os_.stride(0), os_.stride(1), BLOCK_M=bm,
-            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), STREAM=stream, PDL=pdl, MFAST=mfast,
+            BLOCK_N=bn, EVEN=(m % bm == 0 and n % bn == 0), PDL=pdl, MFAST=mfast,
             num_warps=warps, **pdl_kw)
 
 
@@ -222,7 +214,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 
 def batched_transpose_with_config(x: torch.Tensor, config: dict) -> torch.Tensor:
     """``batched_transpose`` with launch overrides (tests and tuning): ``word_path``, ``BLOCK_M``, ``BLOCK_N``,
-    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PDL``, ``STREAM``, ``MFAST`` (the grid's first
-    dimension over the m blocks)."""
+    ``BLOCK_M4``, ``BLOCK_N4``, ``num_warps``, ``PDL``, ``MFAST`` (the grid's first dimension over the m blocks);
+    another key raises a ValueError."""
     _check(x, 3)
     return _batched_transpose_impl(x, config)
