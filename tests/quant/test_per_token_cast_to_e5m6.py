@@ -112,17 +112,18 @@ def test_per_token_cast_to_e5m6_kernel_choice(device):
     with override_config("per_token_cast_to_e5m6", BLOCK_M=2, BLOCK_Q=8, num_warps=1):
         _check(x, 576, CONFIGS[1])
     # a launch-config key with no code behind it
-    with override_config("per_token_cast_to_e5m6", HW_RTZ=False), pytest.raises(ValueError, match="HW_RTZ"):
-        per_token_cast_to_e5m6(x, 576, *CONFIGS[0])
+    for key in ("HW_RTZ", "COAL_ST"):
+        with override_config("per_token_cast_to_e5m6", **{key: False}), pytest.raises(ValueError, match=key):
+            per_token_cast_to_e5m6(x, 576, *CONFIGS[0])
 
 @pytest.mark.parametrize("cfg", [
-    dict(COAL_ST=True),  # one pass, a quad per lane-quad (4 lanes x 16 bytes, the 4th masked)
-    dict(COAL_ST=True, BLOCK_Q=8, num_warps=1),  # two passes, a partial last chunk (18 quads)
-    dict(COAL_ST=True, BLOCK_M=2, BLOCK_Q=32, num_warps=2),  # two rows per program, a partial last row tile
+    dict(QUAD=True),  # one pass, a quad per lane-quad (4 lanes x 16 bytes, the 4th masked)
+    dict(BLOCK_Q=8, num_warps=1),  # two passes, a partial last chunk (18 quads)
+    dict(BLOCK_M=2, BLOCK_Q=32, num_warps=2),  # two rows per program, a partial last row tile
 ])
 def test_per_token_cast_to_e5m6_coalesced_stores(cfg, device):
-    """COAL_ST (lane-contiguous 16-byte stores through a layout conversion) gives the default's bits, non-finite
-    rows included."""
+    """The quad kernel's lane-contiguous 16-byte stores (through a layout conversion) at several tilings give the
+    reference's bits, non-finite rows included."""
     x = (torch.randn(5, 576, device=device) * 3).to(torch.bfloat16)
     x[1, 7] = float("nan")
     x[3, 575] = float("-inf")
@@ -247,7 +248,7 @@ def _fast_path_edges(device):
     dict(INT_SF=True, PAIR_ENC=False, AMAX16=False), dict(AMAX16=True, INT_SF=False, PAIR_ENC=False),
     dict(PAIR_ENC=True, INT_SF=False, AMAX16=False, BLOCK_M=2),
     dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=2, BLOCK_Q=2, num_warps=1),  # two passes
-    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=4, COAL_ST=False),
+    dict(INT_SF=True, PAIR_ENC=True, AMAX16=True, BLOCK_M=4),
 ])
 def test_per_token_cast_to_e5m6_fast_candidates(cfg, device):
     """The instruction cuts (INT_SF: division-free power-of-two scales; PAIR_ENC: the bf16-pair encoder for

@@ -25,7 +25,7 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 # RTZ; sm_90: ~16 SASS per element, 32 registers (the previous default, first candidate: two passes of
 # 2048-column chunks, 4-byte stores at a 12-byte stride, ~22 SASS per element, 120 registers).  BLOCK_Q=32
 # candidates: two passes of 7 exact 1024-column chunks, a warp per row (x re-read from L2).
-# Default (H200 @ 65d4724): the quad kernel, COAL_ST and the three instruction cuts INT_SF (round_sf: power-of-two scales
+# Default (H200 @ 65d4724): the quad kernel (lane-contiguous stores) and the three instruction cuts INT_SF (round_sf: power-of-two scales
 # from the amax bits, no division), AMAX16 (amax by max.u16x2 on the bf16 pair words) and PAIR_ENC (round_sf: the E5M6
 # codes of a bf16 pair per cvt.rz.f16x2, rounded on both halves at once; tiles with a row of amax > 65024 keep the
 # general encoder).  sm_90a, finite-row path of the 256 quads x 4 warps tile (an sm_90a SASS count): 64 registers and
@@ -33,11 +33,11 @@ _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, p
 # 67.3 -> 48.8 us, SM 80 -> 58 %, DRAM 56 -> 76 %.  H200 @ 65d4724 sweep (CUPTI, L2 flushed, us; row-major / TMA-aligned
 # packed sf): without the cuts 55.87 / 55.87, all three 49.93 / 49.90, PAIR_ENC alone 50.03 / 49.79, AMAX16 alone
 # 53.63 / 53.80, INT_SF alone 55.35 / 55.53, all three at 8 warps 50.24 / 50.07, 2 x 256 quads x 8 warps 52.19 / 52.20.
-# COAL_ST (lane-contiguous 16-byte stores through a shared-memory layout conversion) 55.6-56.0 against 58.4-58.5 us
-# (H200 @ 694bd6c).  The first candidate is the H200 @ 694bd6c/2615106 default.
+# Lane-contiguous 16-byte stores (through a shared-memory layout conversion) 55.6-56.0 against 58.4-58.5 us for
+# quad-per-lane stores, since removed (H200 @ 694bd6c).  The first candidate is the H200 @ 694bd6c/2615106 default.
 _NO_CUTS = dict(INT_SF=False, PAIR_ENC=False, AMAX16=False)
 _TUNE_E5M6 = [
-    dict(_NO_CUTS), dict(_NO_CUTS, COAL_ST=False),  # the H200 @ 8b7524c default (58.4 us CUPTI)
+    dict(_NO_CUTS),
     dict(_NO_CUTS, QUAD=False, BLOCK_M=1, BLOCK_K=2048, num_warps=2),
     dict(INT_SF=False), dict(AMAX16=False), dict(PAIR_ENC=False), dict(num_warps=8),
     dict(BLOCK_Q=128, num_warps=4), dict(BLOCK_M=2, BLOCK_Q=256, num_warps=8), dict(BLOCK_M=2, BLOCK_Q=128, num_warps=8),

@@ -7,9 +7,9 @@ row (``num_per_channels == K``).
 Two kernels: bf16 rows of whole 32-column quads (``K % 32 == 0``, rows readable as int32 words) go through
 the quad kernel, in which a thread owns whole quads: 4 x 16-byte loads in, 12 words = 3 x 16-byte stores
 out, and on the GPU a whole row of up to 8192 columns stays in registers (one pass).  Other inputs (fp32,
-odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  By default
-(``COAL_ST``) the quad kernel stores through a layout conversion so that consecutive lanes write consecutive
-16-byte pieces (whole 32-byte sectors per warp store).
+odd strides, other K) take the plain kernel (8 codes -> 3 separate 4-byte stores per thread).  The quad kernel
+stores through a layout conversion so that consecutive lanes write consecutive 16-byte pieces (whole 32-byte
+sectors per warp store).
 
 Instruction cuts of the quad kernel (same bits; on by default on GPUs, off in the interpreter's configs): ``INT_SF``
 (round_sf: the power-of-two scales from the amax bits, no division), ``AMAX16`` (amax by ``max.u16x2`` on the bf16
@@ -284,11 +284,9 @@ def _quad_code(x, sf_inv, FINITE: tl.constexpr):
 
 
 @triton.jit
-def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, FINITE: tl.constexpr, COAL_ST: tl.constexpr,
-                        PAIRS: tl.constexpr = False):
-    """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store them: with ``COAL_ST`` lane-contiguous
-    16-byte pieces, else each quad as three 16-byte vectors from one thread.  PAIRS: :func:`_encode_group_pairs`
-    (rows with power-of-two ``sf_inv >= 1`` only)."""
+def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, FINITE: tl.constexpr, PAIRS: tl.constexpr = False):
+    """Encode quads (4 groups = 32 values -> 12 words = 48 bytes) and store them as lane-contiguous 16-byte pieces.
+    PAIRS: :func:`_encode_group_pairs` (rows with power-of-two ``sf_inv >= 1`` only)."""
     if PAIRS:
         u0, u1, u2 = _encode_group_pairs(g0, sf_inv)
         u3, u4, u5 = _encode_group_pairs(g1, sf_inv)
@@ -302,42 +300,34 @@ def _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, FINITE: tl.constex
     s0 = _stack4(u0, u1, u2, u3)
     s1 = _stack4(u4, u5, u6, u7)
     s2 = _stack4(u8, u9, u10, u11)
-    if COAL_ST:
-        # One [R, Q, 16] store: a quad's 12 words plus 4 padding words (masked off), so that the pointers are
-        # contiguous over 16 words and the store layout puts 4 consecutive lanes on a quad's 16-byte pieces
-        # (3 of 4 lanes active): each warp store writes 12 whole 32-byte sectors, where the quad-per-lane
-        # stores below write half of each of 32 sectors (two partial writes per sector).  The compiler reaches
-        # that layout through shared memory (a layout conversion, in rounds of the 2 KB scratch buffer).
-        R: tl.constexpr = s0.shape[0]
-        Q: tl.constexpr = s0.shape[1]
-        t = tl.join(tl.join(s0, s2), tl.join(s1, s0))  # [R, Q, 4 words, 2, 2]: piece 2 * i + j (3 = padding)
-        t = tl.reshape(tl.permute(t, (0, 1, 3, 4, 2)), (R, Q, 16))
-        j = tl.arange(0, 16)
-        tl.store(o_row + (12 * q)[None, :, None] + j[None, None, :], t, mask=qm[:, :, None] & (j < 12)[None, None, :])
-    else:
-        wd = tl.arange(0, 4)
-        op = o_row + (12 * q)[None, :, None] + wd[None, None, :]
-        m = qm[:, :, None]
-        tl.store(op, s0, mask=m)
-        tl.store(op + 4, s1, mask=m)
-        tl.store(op + 8, s2, mask=m)
+    # One [R, Q, 16] store: a quad's 12 words plus 4 padding words (masked off), so that the pointers are
+    # contiguous over 16 words and the store layout puts 4 consecutive lanes on a quad's 16-byte pieces
+    # (3 of 4 lanes active): each warp store writes 12 whole 32-byte sectors, where quad-per-lane stores write
+    # half of each of 32 sectors (two partial writes per sector: 58.4 us against 55.6 at 8001 x 7168, H200).  The
+    # compiler reaches that layout through shared memory (a layout conversion, in rounds of the 2 KB scratch buffer).
+    R: tl.constexpr = s0.shape[0]
+    Q: tl.constexpr = s0.shape[1]
+    t = tl.join(tl.join(s0, s2), tl.join(s1, s0))  # [R, Q, 4 words, 2, 2]: piece 2 * i + j (3 = padding)
+    t = tl.reshape(tl.permute(t, (0, 1, 3, 4, 2)), (R, Q, 16))
+    j = tl.arange(0, 16)
+    tl.store(o_row + (12 * q)[None, :, None] + j[None, None, :], t, mask=qm[:, :, None] & (j < 12)[None, None, :])
 
 
 @triton.jit
-def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, COAL_ST: tl.constexpr, PAIR_ENC: tl.constexpr):
+def _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, PAIR_ENC: tl.constexpr):
     """Tiles whose rows are all finite (``sf_inv > 0``, the common case) skip the NaN patch: one uniform
     branch around the whole chunk (so the compiler keeps it a branch, not per-element selects).  PAIR_ENC
     (round_sf only): tiles whose rows all have ``sf_inv >= 1`` (finite amax <= 65024) take the pair encoder,
     the others the general (NaN-patched) one."""
     if PAIR_ENC:
         if tl.min(sf_inv) >= 1.0:
-            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True, COAL_ST, True)
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True, True)
         else:
-            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False, COAL_ST)
+            _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False)
     elif tl.min(sf_inv) > 0.0:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True, COAL_ST)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, True)
     else:
-        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False, COAL_ST)
+        _encode_store_quads(g0, g1, g2, g3, sf_inv, o_row, q, qm, False)
 
 
 @triton.jit
@@ -347,7 +337,7 @@ def _per_token_cast_to_e5m6_quad_kernel(
     stride_xw, stride_oq, stride_sfm,
     ROUND_SF: tl.constexpr, PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
-    COAL_ST: tl.constexpr, INT_SF: tl.constexpr = False, PAIR_ENC: tl.constexpr = False,
+    INT_SF: tl.constexpr = False, PAIR_ENC: tl.constexpr = False,
     AMAX16: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """bf16 input read as int32 words (bf16 pairs), ``K % 32 == 0``.  Each thread owns whole quads of 32
@@ -385,13 +375,13 @@ def _per_token_cast_to_e5m6_quad_kernel(
         tl.store(sf_ptr + rows * stride_sfm, sf, mask=row_ok)
 
     if NUM_K_CHUNKS == 1:
-        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, COAL_ST, ROUND_SF and PAIR_ENC)
+        _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, qs, qm, ROUND_SF and PAIR_ENC)
     else:
         for c in range(NUM_K_CHUNKS):
             q = c * BLOCK_Q + qs
             qm = row_ok[:, None] & (q < nq)[None, :]
             g0, g1, g2, g3, _ = _load_quads(xw_row, q, qm, False)
-            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, COAL_ST, ROUND_SF and PAIR_ENC)
+            _encode_store_chunk(g0, g1, g2, g3, sf_inv, o_row, q, qm, ROUND_SF and PAIR_ENC)
 
 
 def _launch_config(num_tokens: int, hidden: int, block_k=None):
@@ -426,7 +416,7 @@ def _quad_launch_config(num_tokens: int, hidden: int):
 
 
 #: the launch-config keys of ``tuned("per_token_cast_to_e5m6", ...)`` (both kernels' together)
-_CONFIG_KEYS = frozenset({"QUAD", "BLOCK_M", "BLOCK_Q", "BLOCK_K", "num_warps", "COAL_ST", "INT_SF", "PAIR_ENC",
+_CONFIG_KEYS = frozenset({"QUAD", "BLOCK_M", "BLOCK_Q", "BLOCK_K", "num_warps", "INT_SF", "PAIR_ENC",
                           "AMAX16"})
 
 
@@ -440,8 +430,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         return out.view(torch.uint8), sf
     # tritile.runtime.tuned("per_token_cast_to_e5m6", ...): QUAD (the quad kernel; bf16 rows of whole quads
     # only, elsewhere ignored), BLOCK_M rows, num_warps; QUAD: BLOCK_Q quads
-    # of 32 columns per pass (a wider row takes two passes), COAL_ST (lane-contiguous 16-byte stores, see
-    # _encode_store_quads), INT_SF / AMAX16 / PAIR_ENC (instruction cuts, same bits; INT_SF and PAIR_ENC act with
+    # of 32 columns per pass (a wider row takes two passes), INT_SF / AMAX16 / PAIR_ENC (instruction cuts, same bits; INT_SF and PAIR_ENC act with
     # round_sf only: _round_scale_bits, _absmax_quads16, _encode_group_pairs); plain: BLOCK_K columns (a power of
     # two >= 8).
     # Only the overridden keys are taken; the rest come from the chosen kernel's own rule.
@@ -456,12 +445,12 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
         block_m, bq, num_warps = _quad_launch_config(num_tokens, hidden)
         if block_q is not None:
             bq = block_q
-        # COAL_ST: sweep of 2026-11-30 (H200, commit 694bd6c; 8001 x 7168, CUPTI, L2 flushed) 55.6-56.0 us against
-        # 58.4-58.5 us.  The three instruction cuts (GPU default since commit 65d4724; the interpreter keeps the plain
+        # The lane-contiguous stores: sweep of 2026-11-30 (H200, commit 694bd6c; 8001 x 7168, CUPTI, L2 flushed)
+        # 55.6-56.0 us against 58.4-58.5 us for quad-per-lane stores.  The three instruction cuts (GPU default since commit 65d4724; the interpreter keeps the plain
         # path, which the forced-config tests compare them with): 49.8-49.9 us against 55.9 in the sweep of 2026-11-30
         # (commit 65d4724), both sf layouts
         fast = not interpreter_configs()
-        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps, "COAL_ST": True,
+        c = {"BLOCK_M": block_m, "BLOCK_Q": bq, "num_warps": num_warps,
              "INT_SF": fast, "PAIR_ENC": fast, "AMAX16": fast, **over}
         block_m, bq, num_warps = c["BLOCK_M"], c["BLOCK_Q"], c["num_warps"]
         if bq < 1 or bq & (bq - 1) or block_m < 1 or block_m & (block_m - 1):
@@ -473,7 +462,7 @@ def _per_token_cast_to_e5m6_launch(x, use_tma_aligned_col_major_sf, round_sf, us
             xw.stride(0), out.stride(0) // 12, sf.stride(0),
             ROUND_SF=round_sf, PACKED=use_packed_ue8m0, CLAMP=FMT_CLAMP["e5m6"], MAX=FMT_MAX["e5m6"],
             BLOCK_M=block_m, BLOCK_Q=bq, NUM_K_CHUNKS=-(-(hidden // 32) // bq),
-            COAL_ST=bool(c["COAL_ST"]), INT_SF=bool(c["INT_SF"]), PAIR_ENC=bool(c["PAIR_ENC"]),
+            INT_SF=bool(c["INT_SF"]), PAIR_ENC=bool(c["PAIR_ENC"]),
             AMAX16=bool(c["AMAX16"]), num_warps=num_warps, **pdl_args(out.device),
         )
         return out.view(torch.uint8), sf
