@@ -20,8 +20,8 @@ def main(argv=None) -> int:
     b.add_argument("--grid", action="store_true",
                    help="TileKernels' whole benchmark grid of each op (long), with a per-op table against TileKernels")
     b.add_argument("--cupti-only", action="store_true",
-                   help="time each case with the CUPTI timer alone (L2 flushed; the timer behind × TK): about a third "
-                        "of the time a case takes, for the large grids (no graph, event or host µs)")
+                   help="time each case with the CUPTI timer alone (L2 flushed; the timer behind × TK), for the large "
+                        "grids (no graph, event or host µs)")
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
     b.add_argument("--ranks", type=int,
