@@ -17,8 +17,8 @@ from tritile.testing import assert_equal, is_gpu_run
 from tritile.utils import align, ceil_div
 
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed) of the sf, in and out
-# the 1-D grid kernel on the PRMT and the byte-lane fast path
-GRID_1D_CANDIDATES = [dict(GRID_1D=True, PRMT=True), dict(GRID_1D=True, PRMT=False)]
+# the 1-D grid kernel (its fast path by byte permutes)
+GRID_1D_CANDIDATES = [dict(GRID_1D=True, PRMT=True)]
 # GRID_1D=False / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + GRID_1D; dict(PRMT=False, GRID_1D=False)
 # (the 2-D word kernel) is the default elsewhere
 CANDIDATES = [dict(PRMT=False, GRID_1D=False)] + GRID_1D_CANDIDATES
@@ -180,8 +180,11 @@ def test_lossless_flags_exhaustive_gpu(ob, device):
             _compare(x, (1, 32), ob, cand)
 
 
-def test_lossless_prmt_needs_grid_1d(device):
-    """PRMT on the 2-D word kernel (no such path) is a bad launch config: a ValueError naming it, before any launch."""
+@pytest.mark.parametrize("prmt,grid_1d", [(True, False), (False, True)])
+def test_lossless_prmt_needs_grid_1d(prmt, grid_1d, device):
+    """PRMT goes with GRID_1D (the 2-D word kernel has only the byte-lane fast path, the 1-D one only the
+    byte-permute one): any other pair is a bad launch config, a ValueError naming it, before any launch."""
     x = _codes_input(4, 256, torch.full((4, 8), 130, dtype=torch.int64), False, False, device)
-    with override_config("per_block_cast_lossless", PRMT=True, GRID_1D=False), pytest.raises(ValueError, match="PRMT"):
+    with override_config("per_block_cast_lossless", PRMT=prmt, GRID_1D=grid_1d), \
+            pytest.raises(ValueError, match="PRMT goes with GRID_1D"):
         per_block_cast_lossless(x, "e4m3", (1, 32), (1, 128))

@@ -141,15 +141,14 @@ def _per_block_cast_lossless_1d_kernel(
     NUM_TILES, NKT, NMT,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr,
     BMI: tl.constexpr, BKI: tl.constexpr, BMO: tl.constexpr, BKO: tl.constexpr,
-    TM: tl.constexpr, TW: tl.constexpr, PRMT: tl.constexpr = False, PDL: tl.constexpr = False
+    TM: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr = False
 ):
     """The word kernel (``_per_block_cast_lossless_words_kernel``, ``[TM, TW]``-word tiles, the same bits) on a 1-D
     grid: program ``t`` takes tile ``t = pid_m * NKT + pid_k`` (K fastest: consecutive programs cover a row block left
-    to right).  The GPU's default at (1, 128) out blocks with PRMT (H200: 26.88 us against 27.20 for PRMT on the
-    2-D grid, 8001 x 7168).  ``PRMT`` (same bits): the fast path by byte permutes (``_words_e4m3_prmt``, ~9
-    instructions per input word instead of ~30; offline sm_90a SASS of the same fast path in the 2-D word kernel at
-    8001 x 7168, (1, 128), [4, 128] x 1 warp: 7.60 instructions per value without it, 4.49 with it); without it the
-    word kernel's byte-lane arithmetic (``_words_e4m3_lanes``).
+    to right), its fast path by byte permutes (``_words_e4m3_prmt``, ~9 instructions per input word instead of the
+    2-D kernel's ~30 of byte-lane arithmetic; offline sm_90a SASS at 8001 x 7168, (1, 128), [4, 128] x 1 warp: 4.49
+    instructions per value against 7.60).  The GPU's default at (1, 128) out blocks (H200: 26.88 us, against 27.20
+    for the permutes on the 2-D grid and 28.53 for the 2-D word kernel, 8001 x 7168).
 
     The tile goes through a tile loop that runs once and loads the "next" tile ahead of the conversion, with every
     load of it masked (its row block is moved to ``NMT``, past the tensor): the form of the measured code, kept
@@ -184,10 +183,7 @@ def _per_block_cast_lossless_1d_kernel(
             w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
             raw_next = _tile_sf_raw(sf_in_ptr, pid_mn, pid_kn, MS_IN, KS_IN, stride_sim, stride_sik, IN_PACKED, NIM,
                                     NIK)
-            if PRMT:
-                lo, hi = _words_e4m3_prmt(w, d4)
-            else:
-                lo, hi = _words_e4m3_lanes(w, d4)
+            lo, hi = _words_e4m3_prmt(w, d4)
         else:
             lo, hi = _words_e4m3_slow(w, d4)
             w_next = _tile_words(x_ptr, pid_mn, pid_kn, M, K, stride_xm, TM, TW, BMI, NIM, NIK, WPB)
@@ -375,8 +371,8 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
     kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
     flags (same bits; ``_gpu_defaults`` says where they are on): ``GRID_1D`` (``_per_block_cast_lossless_1d_kernel``:
-    the tiles on a 1-D grid, K fastest) and, with it only, ``PRMT`` (the fast path by byte permutes,
-    ``_words_e4m3_prmt``); ``maxnreg`` (None: no cap): ptxas' register cap."""
+    the tiles on a 1-D grid, K fastest, with the fast path by byte permutes ``_words_e4m3_prmt``; ``PRMT`` says the
+    same and must equal it); ``maxnreg`` (None: no cap): ptxas' register cap."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
@@ -391,9 +387,9 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             (not words and (c["TK"] % bko or c["TK"] & (c["TK"] - 1))):
         raise ValueError(f"bad per_block_cast_lossless launch config {c} for out_block_size {(bmo, bko)}: TM, TW, "
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
-    if words and c["PRMT"] and not c["GRID_1D"]:
-        raise ValueError(f"bad per_block_cast_lossless launch config {c}: PRMT needs GRID_1D (the 2-D word kernel has "
-                         "only the byte-lane fast path)")
+    if words and bool(c["PRMT"]) != bool(c["GRID_1D"]):
+        raise ValueError(f"bad per_block_cast_lossless launch config {c}: PRMT goes with GRID_1D (the 1-D word kernel "
+                         "has only the byte-permute fast path, the 2-D one only the byte-lane one)")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     if words and c["GRID_1D"]:
@@ -405,7 +401,7 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
             data.stride(0) // 4, sfi.stride_m, sfi.stride_k, out_w.stride(0), out_sf.stride(0), out_sf.stride(1),
             num_tiles, nkt, nmt,
             IN_PACKED=sfi.packed, OUT_PACKED=out_packed,
-            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"], PRMT=bool(c["PRMT"]),
+            BMI=bmi, BKI=bki, BMO=bmo, BKO=bko, TM=tm, TW=c["TW"],
             num_warps=c["num_warps"], **extra, **pdl_args(data.device))
     elif words:
         out_w = out.view(torch.uint8).view(torch.int32)
