@@ -7,21 +7,13 @@ import sys
 import pytest
 
 from tritile.testing import is_gpu_run
+from tritile.testing.compile_check import have_ptxas
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _have_nvidia_backend():
-    try:
-        import triton
-
-        return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-    except ImportError:  # pragma: no cover
-        return False
-
-
 @pytest.mark.skipif(is_gpu_run(), reason="on a GPU every test compiles the kernels for real")
-@pytest.mark.skipif(not _have_nvidia_backend(), reason="this Triton has no NVIDIA backend / ptxas")
+@pytest.mark.skipif(not have_ptxas(), reason="this Triton has no NVIDIA backend / ptxas")
 def test_engram_kernels_compile_for_sm90():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)

@@ -18,13 +18,7 @@ from tritile.quant import per_token_cast, swiglu_forward_and_per_token_cast
 from tritile.testing import compile_check
 
 
-def _have_ptxas():
-    import triton
-
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not _have_ptxas(),
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not compile_check.have_ptxas(),
                     reason="records the interpreter's launches and compiles them with Triton's bundled ptxas")
 def test_small_width_casts_sass(tmp_path, monkeypatch):
     path = tmp_path / "launches.jsonl"

@@ -132,37 +132,28 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
                 row["status"] = f"FAIL: {str(e)[:120]}"
             except Exception as e:
                 row["status"] = f"ERROR: {type(e).__name__}: {str(e)[:120]}"
-            if on_gpu and cupti_only and not row["status"].startswith(("FAIL", "ERROR")):
-                ku = time_kernels(case.fn, rep=20)
-                if ku is None:
-                    ku = time_events(case.fn)
-                row["us"] = row["cupti_us"] = round(ku, 2)
-                if case.nbytes:
-                    row["gbs"] = round(case.nbytes / ku / 1e3, 1)
-                    row["pct_copy"] = round(100 * row["gbs"] / copy_bw, 1)
-                if case.anchor is not None:
-                    rec = find_anchor(anchors, *case.anchor)
-                    if rec is not None:
-                        row["tk_us"] = rec["time_us"]
-                        row["vs_tk"] = round(rec["time_us"] / ku, 2)
-            elif on_gpu and not row["status"].startswith(("FAIL", "ERROR")):
-                # Kernel time: CUDA-graph replay (no Python in the loop), as TileKernels' CUPTI timer sees
-                # it.  Event timing of single calls also includes the host's launch cost whenever that is
-                # longer than the kernel; it is reported separately, with the host cost per call.
-                ev = time_events(case.fn)
-                g = time_graph(case.fn, calls_per_graph=20 if ev < 200 else 3, rep=20 if ev < 200 else 5)
-                us = g if g is not None else ev
+            if on_gpu and not row["status"].startswith(("FAIL", "ERROR")):
+                if cupti_only:  # the CUPTI timer alone (L2 flushed): the one x TK uses
+                    ku = time_kernels(case.fn, rep=20)
+                    us = ku if ku is not None else time_events(case.fn)
+                else:
+                    # Kernel time: CUDA-graph replay (no Python in the loop), as TileKernels' CUPTI timer sees
+                    # it.  Event timing of single calls also includes the host's launch cost whenever that is
+                    # longer than the kernel; it is reported separately, with the host cost per call.
+                    ev = time_events(case.fn)
+                    g = time_graph(case.fn, calls_per_graph=20 if ev < 200 else 3, rep=20 if ev < 200 else 5)
+                    us = g if g is not None else ev
+                    row["event_us"] = round(ev, 2)
+                    row["host_us"] = round(time_host(case.fn, n=200 if ev < 200 else 20), 2)
+                    # Kernel execution only (CUPTI records, L2 flushed, gaps between kernels left out): the timer
+                    # behind TileKernels' figures, so the ratio to TileKernels uses it when it is available.
+                    ku = time_kernels(case.fn, rep=30 if ev < 2000 else 5)
                 row["us"] = round(us, 2)
-                row["event_us"] = round(ev, 2)
-                row["host_us"] = round(time_host(case.fn, n=200 if ev < 200 else 20), 2)
-                # Kernel execution only (CUPTI records, L2 flushed, gaps between kernels left out): the timer
-                # behind TileKernels' figures, so the ratio to TileKernels uses it when it is available.
-                ku = time_kernels(case.fn, rep=30 if ev < 2000 else 5)
                 row["cupti_us"] = None if ku is None else round(ku, 2)
                 if case.nbytes:
                     row["gbs"] = round(case.nbytes / us / 1e3, 1)
                     row["pct_copy"] = round(100 * row["gbs"] / copy_bw, 1)
-                if case.ref is not None and not grid:  # the grid tables compare with TileKernels only
+                if case.ref is not None and not grid and not cupti_only:  # grids compare with TileKernels only
                     try:
                         ref_us = time_events(case.ref, warmup=3, rep=10, min_ms=5)
                         row["ref_us"] = round(ref_us, 2)
@@ -173,8 +164,9 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
                     rec = find_anchor(anchors, *case.anchor)
                     if rec is not None:
                         row["tk_us"] = rec["time_us"]
-                        row["vs_tk"] = round(rec["time_us"] / (row.get("cupti_us") or us), 2)
-                        row["vs_tk_graph"] = round(rec["time_us"] / us, 2)
+                        row["vs_tk"] = round(rec["time_us"] / (ku or us), 2)
+                        if not cupti_only:
+                            row["vs_tk_graph"] = round(rec["time_us"] / us, 2)
                     else:
                         row["vs_tk"] = "no anchor"
             rows.append(row)

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["install_recorder", "compile_all"]
+__all__ = ["install_recorder", "compile_all", "have_ptxas", "stack_pointer_reads"]
 
 _DTYPE_SIG = {
     "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
@@ -49,6 +49,15 @@ def _arg_type(v: Any) -> str:
     if v is None:
         return "constexpr"
     raise TypeError(f"cannot type {type(v).__name__}")
+
+
+def have_ptxas() -> bool:
+    """Whether this Triton ships its NVIDIA backend with ptxas (offline sm_90 compiles work without a GPU)."""
+    try:
+        import triton
+    except ImportError:  # pragma: no cover
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
 
 
 def _divisible_by_16(v: Any) -> bool:
