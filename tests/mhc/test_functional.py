@@ -62,6 +62,39 @@ def test_mhc_pre_train_vs_no_grad(device, n1, H, normw):
         assert not torch.equal(post2, post0)
 
 
+def _tf32(v: torch.Tensor) -> torch.Tensor:
+    """float32 -> TF32 as the kernels round it (``round_to_tf32``, low 13 bits cleared)."""
+    return ((v.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+
+
+class _TF32Projection(torch.autograd.Function):
+    """``p = x . tf32(fn)^T`` with the backward of TileKernels' TF32 GEMMs made explicit: ``g_p`` rounded to TF32 where
+    the kernels round it (CUDA), straight through to ``fn``.  cuBLAS picks TF32 or float32 kernels by shape (at a
+    few tokens, float32), so ``allow_tf32`` alone does not fix what the reference computes."""
+
+    @staticmethod
+    def forward(ctx, x, fn, round_grad):
+        f = _tf32(fn)
+        ctx.save_for_backward(x, f)
+        ctx.round_grad = round_grad
+        return torch.einsum("abd,jd->abj", x, f)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, f = ctx.saved_tensors
+        if ctx.round_grad:
+            g = _tf32(g.contiguous())
+        return torch.einsum("abj,jd->abd", g, f), torch.einsum("abj,abd->jd", g, x), None
+
+
+def _norm_fn_ref(residual, fn, w, eps):
+    """``mhc_pre_norm_fn_ref`` with the kernels' TF32 operands explicit (``_TF32Projection``)."""
+    a, b, n, h = residual.shape
+    x = residual.float().reshape(a, b, n * h)
+    p = _TF32Projection.apply(x, fn if w is None else fn * w, residual.device.type == "cuda")
+    return p * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
 class _Model:
     """The chained model: ``expand -> 2 x (pre -> linear -> post) -> head``; ``ops`` picks tritile or references."""
 
@@ -85,37 +118,61 @@ class _Model:
             out["normw_h"] = self.head[3]
         return out
 
-    def run(self, emb, tensors, ref):
+    def run(self, emb, tensors, mode):
+        """``mode``: 'ours' (tritile), 'ref' (the bf16 references) or 'f32' (the same math in float32 throughout, no
+        bf16 rounding: the yardstick of both)."""
         subs = [[tensors.get(f"{k}{i}") for k in ("fn", "scale", "base", "normw", "lin")] for i in range(2)]
         fn_h, scale_h, base_h, w_h = (tensors.get(k) for k in ("fn_h", "scale_h", "base_h", "normw_h"))
-        R = expand_to_mhc_ref(emb, N) if ref else expand_from_embedding(emb, N)
-        for fn, scale, base, w, lin in subs:
-            if ref:
-                mixes = mhc_pre_norm_fn_ref(R, fn, w, EPS)
-                pre, post, comb = mhc_pre_split_mixes_ref(mixes, scale, base, N, 1.0, EPS)
-                comb = sinkhorn_normalize_ref(comb, 10, EPS)
-                u = mhc_pre_apply_mix_ref(R, pre)
-            else:
+        if mode == "ours":
+            R = expand_from_embedding(emb, N)
+            for fn, scale, base, w, lin in subs:
                 u, (post, comb) = mhc_pre(R, fn, scale, base, norm_weight=w)
-            y = F.linear(u, lin)
-            R = mhc_post_ref(y, R, post, comb) if ref else mhc_post(y, R, post, comb)
-        if ref:
-            mixes = mhc_pre_norm_fn_ref(R, F.pad(fn_h, (0, 0, 0, N3 - N)), w_h, EPS)[..., :N]
-            mix = mhc_head_compute_mix_ref(mixes, scale_h, base_h, EPS)
-            return mhc_pre_apply_mix_ref(R, mix.unsqueeze(-1))
-        return mhc_head(R, fn_h, scale_h, base_h, norm_weight=w_h)
+                R = mhc_post(F.linear(u, lin), R, post, comb)
+            return mhc_head(R, fn_h, scale_h, base_h, norm_weight=w_h)
+        f32 = mode == "f32"
+        R = emb.float().unsqueeze(-2).expand(*emb.shape[:-1], N, emb.shape[-1]) if f32 else expand_to_mhc_ref(emb, N)
+        for fn, scale, base, w, lin in subs:
+            mixes = mhc_pre_norm_fn_ref(R, fn, w, EPS) if f32 else _norm_fn_ref(R, fn, w, EPS)
+            pre, post, comb = mhc_pre_split_mixes_ref(mixes, scale, base, N, 1.0, EPS)
+            comb = sinkhorn_normalize_ref(comb, 10, EPS)
+            if f32:
+                y = F.linear((R * pre).sum(-2), lin.float())
+                R = post * y.unsqueeze(-2) + torch.einsum("bsio,bsih->bsoh", comb, R)
+            else:
+                R = mhc_post_ref(F.linear(mhc_pre_apply_mix_ref(R, pre), lin), R, post, comb)
+        fn_h = F.pad(fn_h, (0, 0, 0, N3 - N))
+        mixes = (mhc_pre_norm_fn_ref(R, fn_h, w_h, EPS) if f32 else _norm_fn_ref(R, fn_h, w_h, EPS))[..., :N]
+        mix = mhc_head_compute_mix_ref(mixes, scale_h, base_h, EPS).unsqueeze(-1)
+        return (R * mix).sum(-2) if f32 else mhc_pre_apply_mix_ref(R, mix)
 
 
 # Tolerances, as calc_diff (a normalised squared error, float64).  The two models round to bf16 at the same points
-# (layer inputs, linear outputs, residuals), but the kernels' projections use TF32 operands for fn and sum in
-# another order, and the fused residual-gradient buffer rounds its three contributions in another order than
-# autograd's sums: a bf16 value now and then lands one ulp away and the difference propagates to earlier layers.
-# Measured on the CPU grid (3 seeds x both shapes x normw on/off): head output <= 2.5e-7; gradients of the
-# embedding, fn, norm_weight and linear weights <= 9e-6; of scale and base <= 1.1e-4 (sums over a few tokens of
-# products of rounded gradients, with cancellation).
+# (layer inputs, linear outputs, residuals), but the kernels sum in another order, and the fused residual-gradient
+# buffer rounds its three contributions in another order than autograd's sums: a bf16 value now and then lands one
+# ulp away and the difference propagates to earlier layers.  Measured on the CPU grid (8 seeds x both shapes x normw
+# on/off): head output <= 2.5e-7; gradients of the embedding, fn, norm_weight and linear weights <= 1.3e-5.
 FWD_TOL = 1e-5
 GRAD_TOL = 1e-4
+# The gradients of scale and base sum a few tokens' products of rounded gradients, with cancellation: there the
+# bf16 reference is itself far from the same model in float32 (calc_diff up to 2.4e-2 on the CPU grid), and the
+# tritile model lands as far on the other side of it (6e-3 on the GPU at 10 tokens; at most 9.8e-4 on the CPU
+# grid).  So they must agree with the reference to MIX_GRAD_TOL, or to within the reference's own distance from the
+# float32 model: two models each e from it are at most 2e apart, a calc_diff of 4x the reference's.
 MIX_GRAD_TOL = 1e-3  # scale*, base*
+
+
+def _chain_grads(model, emb, g, mode):
+    f32 = mode == "f32"
+    tensors = {k: (v.float() if f32 else v).clone().requires_grad_() for k, v in model.leaves().items()}
+    e = (emb.float() if f32 else emb).clone().requires_grad_()
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        out = model.run(e, tensors, mode)
+        out.backward(g.float() if f32 else g)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return out.detach(), e.grad, {k: t.grad for k, t in tensors.items()}
 
 
 @pytest.mark.parametrize("normw", [False, True])
@@ -124,28 +181,24 @@ def test_chained_layer(device, n0, n1, H, normw):
     model = _Model(H, device, normw)
     emb = torch.randn(n0, n1, H, device=device).bfloat16()
     g = torch.randn(n0, n1, H, device=device).bfloat16()
-    results = []
-    for ref in (False, True):
-        tensors = {k: v.clone().requires_grad_() for k, v in model.leaves().items()}
-        e = emb.clone().requires_grad_()
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = ref and device.type == "cuda"  # TileKernels' references on TF32
-        try:
-            out = model.run(e, tensors, ref)
-            out.backward(g)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
-        assert out.shape == (n0, n1, H) and out.dtype == torch.bfloat16
-        results.append((out.detach(), e.grad, {k: t.grad for k, t in tensors.items()}))
-    (out, e_grad, grads), (out_r, e_grad_r, grads_r) = results
+    out, e_grad, grads = _chain_grads(model, emb, g, "ours")
+    out_r, e_grad_r, grads_r = _chain_grads(model, emb, g, "ref")
+    assert out.shape == (n0, n1, H) and out.dtype == torch.bfloat16
     assert calc_diff(out, out_r) < FWD_TOL
     assert e_grad is not None and e_grad.dtype == torch.bfloat16
     assert calc_diff(e_grad, e_grad_r) < GRAD_TOL, calc_diff(e_grad, e_grad_r)
+    grads_f = None
     for k in grads_r:
         assert grads[k] is not None, k
         assert grads[k].shape == grads_r[k].shape, k
-        tol = MIX_GRAD_TOL if k.startswith(("scale", "base")) else GRAD_TOL
-        assert calc_diff(grads[k], grads_r[k]) < tol, (k, calc_diff(grads[k], grads_r[k]))
+        d = calc_diff(grads[k], grads_r[k])
+        if not k.startswith(("scale", "base")):
+            assert d < GRAD_TOL, (k, d)
+        elif d >= MIX_GRAD_TOL:
+            if grads_f is None:
+                grads_f = _chain_grads(model, emb, g, "f32")[2]
+            noise = calc_diff(grads_r[k], grads_f[k])
+            assert d < 4 * noise, (k, d, "reference from float32", noise)
 
 
 def test_head_without_post(device):
@@ -161,7 +214,7 @@ def test_head_without_post(device):
         ts = [t.clone().requires_grad_() for t in (fn, scale, base, w)]
         if ref:
             R = expand_to_mhc_ref(e, N)
-            mixes = mhc_pre_norm_fn_ref(R, F.pad(ts[0], (0, 0, 0, N3 - N)), ts[3], EPS)[..., :N]
+            mixes = _norm_fn_ref(R, F.pad(ts[0], (0, 0, 0, N3 - N)), ts[3], EPS)[..., :N]
             out = mhc_pre_apply_mix_ref(R, mhc_head_compute_mix_ref(mixes, ts[1], ts[2], EPS).unsqueeze(-1))
         else:
             out = mhc_head(expand_from_embedding(e, N), ts[0], ts[1], ts[2], norm_weight=ts[3])
