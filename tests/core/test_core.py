@@ -181,3 +181,29 @@ def test_stack_pointer_reads():
         "--:-:-:-:1\tMOV R1, R2 ;",
     ])
     assert stack_pointer_reads(sass) == ["LOP3.LUT R14, R1, 0xffff, RZ, 0xc0, !PT", "IADD3 R2, R1.reuse, 0x4, RZ"]
+
+
+def test_stale_pair_merges():
+    """compile_check's second SASS check: an e4m3 pair conversion merging a high half whose ``>> 8`` was computed
+    before the conversion (the H200 fault of an FP8-input per-token cast on 2 warps) is flagged; the shift of the
+    conversion's own result, after it, and a merge operand written otherwise are not."""
+    from tritile.testing.compile_check import stale_pair_merges
+
+    bad = "\n".join([
+        "--:-:-:Y:7\tIMAD.MOV.U32 R0, RZ, RZ, 0x43e00000 ;",
+        "--:-:-:-:1\tLOP3.LUT R0, R0, 0xffff, RZ, 0xc0, !PT ;",
+        "--:-:-:-:1\tFMUL R10, R10, R12.reuse ;",
+        "--:-:-:-:1\tSHF.R.U32.HI R0, RZ, 0x8, R0 ;",
+        "--:-:-:-:2\tPRMT R4, R13, 0x5410, R4 ;",
+        "--:-:-:Y:2\tF2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R0, R10, R9, R0 ;",
+    ])
+    assert stale_pair_merges(bad) == ["SHF.R.U32.HI R0, RZ, 0x8, R0  ->  "
+                                      "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R0, R10, R9, R0"]
+    good = "\n".join([
+        "--:-:-:-:1\tIMAD.MOV.U32 R3, RZ, RZ, RZ ;",
+        "--:-:-:-:1\tF2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R0, R10, R9, R3 ;",
+        "--:-:-:-:1\tSHF.R.U32.HI R5, RZ, 0x8, R0 ;",
+        "--:-:-:-:1\tSHF.R.U32.HI R6, RZ, 0x8, R2 ;",
+        "--:-:-:-:1\tF2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R7, R10, R9, RZ ;",
+    ])
+    assert stale_pair_merges(good) == []

@@ -154,11 +154,13 @@ class _Model:
 FWD_TOL = 1e-5
 GRAD_TOL = 1e-4
 # The gradients of scale and base sum a few tokens' products of rounded gradients, with cancellation: there the
-# bf16 reference is itself far from the same model in float32 (calc_diff up to 2.4e-2 on the CPU grid), and the
-# tritile model lands as far on the other side of it (6e-3 on the GPU at 10 tokens; at most 9.8e-4 on the CPU
-# grid).  So they must agree with the reference to MIX_GRAD_TOL, or to within the reference's own distance from the
-# float32 model: two models each e from it are at most 2e apart, a calc_diff of 4x the reference's.
+# bf16 reference is itself far from the same model in float32 (calc_diff up to 2.4e-2 on the CPU grid, 3.5e-2 on the
+# GPU, where the TF32 rounding of the norm_fn backward adds to it), and at one seed the tritile model can land as far
+# on the other side (6e-3 from the reference on the GPU at 10 tokens; at most 9.8e-4 on the CPU grid).  So they must
+# agree with the reference to MIX_GRAD_TOL or, failing that, be as close to the float32 model as the reference is
+# over MIX_SEEDS seeds: mean calc_diff at most 4x the reference's (2x its RMS distance).
 MIX_GRAD_TOL = 1e-3  # scale*, base*
+MIX_SEEDS = 6
 
 
 def _chain_grads(model, emb, g, mode):
@@ -187,7 +189,7 @@ def test_chained_layer(device, n0, n1, H, normw):
     assert calc_diff(out, out_r) < FWD_TOL
     assert e_grad is not None and e_grad.dtype == torch.bfloat16
     assert calc_diff(e_grad, e_grad_r) < GRAD_TOL, calc_diff(e_grad, e_grad_r)
-    grads_f = None
+    noisy = []
     for k in grads_r:
         assert grads[k] is not None, k
         assert grads[k].shape == grads_r[k].shape, k
@@ -195,10 +197,21 @@ def test_chained_layer(device, n0, n1, H, normw):
         if not k.startswith(("scale", "base")):
             assert d < GRAD_TOL, (k, d)
         elif d >= MIX_GRAD_TOL:
-            if grads_f is None:
-                grads_f = _chain_grads(model, emb, g, "f32")[2]
-            noise = calc_diff(grads_r[k], grads_f[k])
-            assert d < 4 * noise, (k, d, "reference from float32", noise)
+            noisy.append(k)
+    if noisy:  # both models against the float32 one, over more seeds
+        err = {k: [0.0, 0.0] for k in noisy}
+        for i in range(MIX_SEEDS):
+            if i:
+                model = _Model(H, device, normw)
+                emb = torch.randn(n0, n1, H, device=device).bfloat16()
+                g = torch.randn(n0, n1, H, device=device).bfloat16()
+                grads, grads_r = (_chain_grads(model, emb, g, m)[2] for m in ("ours", "ref"))
+            grads_f = _chain_grads(model, emb, g, "f32")[2]
+            for k in noisy:
+                err[k][0] += calc_diff(grads[k], grads_f[k]) / MIX_SEEDS
+                err[k][1] += calc_diff(grads_r[k], grads_f[k]) / MIX_SEEDS
+        for k, (ours, ref) in err.items():
+            assert ours < 4 * ref, (k, "mean calc_diff from float32: tritile", ours, "reference", ref)
 
 
 def test_head_without_post(device):

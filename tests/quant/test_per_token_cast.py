@@ -345,3 +345,21 @@ def test_per_token_cast_row_group_small_k(m, in_dtype, fmt, device):
             out, sf = per_token_cast(x, fmt, k, None, *cfg)
             _check(out, sf, *_ref(x, fmt, k, cfg), k, k)
 
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("m", pick(cpu=[3], gpu=[3, 4001]))
+def test_per_token_cast_token_block_input_small_k(m, fmt, device):
+    """QuantTensor inputs with (1, 128) FP8 and (1, 32) FP4 token blocks (what the MoE layer re-casts) at 128 to 512
+    columns: a 128-column FP8 input on the GPU's 2-warp tile once put two elements on a thread, which ptxas
+    miscompiled (every other e4m3 code wrong)."""
+    for k in (128, 256, 512):
+        x = torch.randn(m, k, device=device).bfloat16()
+        for src, xb in (("e4m3", 128), ("e2m1", 32)):
+            qx = cast(x, src, (1, xb))
+            for npc in sorted({128, k}):
+                for cfg in CONFIGS:
+                    if cfg[0] and npc != 128:
+                        continue
+                    out, sf = per_token_cast(qx, fmt, npc, (1, xb), *cfg)
+                    _check(out, sf, *_ref(qx, fmt, npc, cfg, (1, xb)), k, npc)

@@ -72,6 +72,16 @@ def _data_view(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _warps(tile: int, warps: int) -> int:
+    """``warps`` for a ``tile``-element block, halved while a thread would hold exactly two elements: ptxas 12.8 then
+    computes the second byte of the e4m3 pair conversion from a stale register (the stack pointer or an earlier
+    constant), so every other code is wrong on the H200 and right in the interpreter
+    (``tritile.testing.compile_check``'s SASS checks find both forms)."""
+    while warps > 1 and tile == 64 * warps:
+        warps //= 2
+    return warps
+
+
 def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, block_m: Optional[int],
             block_k: Optional[int], quant_input: bool = False):
     """(BLOCK_M, BLOCK_K, BK for the reshape, num_chunks, chunks_per_prog, num_warps): deterministic by shape.
@@ -88,11 +98,8 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
         BLOCK_K = block_k or min(next_power_of_two(k), 2048 if interp else 8192)
         BK = BLOCK_K
         BLOCK_M = block_m or (min(next_power_of_two(m), 32) if interp else 1)
-        # never two elements a thread (a 256-element tile on 4 warps): ptxas 12.8 then miscompiles the e4m3 pair
-        # conversion's split into two bytes (every other code wrong on the H200; tritile.testing.compile_check's
-        # SASS check finds it)
         tile = BLOCK_K * BLOCK_M
-        warps = 2 if tile == 256 else (4 if tile <= 4096 else 8)
+        warps = _warps(tile, 4 if tile <= 4096 else 8)
         num_chunks = ceil_div(k, BLOCK_K)
         return BLOCK_M, BLOCK_K, BK, num_chunks, num_chunks, warps
     if bm == 1:
@@ -102,7 +109,7 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
         BLOCK_K = block_k or max(min(next_power_of_two(k), 2048 if interp else 1024), bk)
         if packed:
             BLOCK_K = max(BLOCK_K, 4 * bk)
-        warps = 2 if BLOCK_M * BLOCK_K <= 2048 else 4
+        warps = _warps(BLOCK_M * BLOCK_K, 2 if BLOCK_M * BLOCK_K <= 2048 else 4)
         num_chunks = ceil_div(k, BLOCK_K)
         cpp = num_chunks if interp else 1
         return BLOCK_M, BLOCK_K, bk, num_chunks, cpp, warps
@@ -117,7 +124,7 @@ def _config(m: int, k: int, bm: int, bk: int, row_group: bool, packed: bool, blo
         cpp = max(1, min(num_chunks, 4))
     if packed:
         cpp = ceil_div(cpp, 4) * 4
-    warps = 8 if bm * bk >= 16384 else (4 if bm * bk >= 4096 else 2)
+    warps = _warps(bm * bk, 8 if bm * bk >= 16384 else (4 if bm * bk >= 4096 else 2))
     return bm, bk, bk, num_chunks, cpp, warps
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["install_recorder", "compile_all", "have_ptxas", "stack_pointer_reads"]
+__all__ = ["install_recorder", "compile_all", "have_ptxas", "stack_pointer_reads", "stale_pair_merges"]
 
 _DTYPE_SIG = {
     "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
@@ -81,15 +81,45 @@ _R1_SOURCE = re.compile(r"^[-|!~]*R1(\.reuse)?\|?$")
 _INT_OPS = ("LOP3", "SHF", "IADD3", "IMAD", "LEA", "SGXT", "BMSK", "ISETP", "SEL", "IABS", "IMNMX", "POPC", "FLO")
 
 
+def _sass_body(line: str) -> str:
+    body = line.split("\t", 1)[-1].strip().rstrip(";").rstrip()
+    if body.startswith("@"):
+        body = body.split(None, 1)[-1]
+    return body
+
+
+def stale_pair_merges(sass: str) -> list:
+    """``F2FP...MERGE_C Rd, Ra, Rb, Rc`` whose ``Rc`` was last written by ``SHF.R.U32.HI Rc, RZ, 0x8, ...``: the high
+    byte of an e4m3 pair (``pair >> 8``) computed *before* the pair conversion, from whatever the register held then.
+    ptxas 12.8 emits this for a thread holding exactly two elements of an e4m3 cast (the stack-pointer case of
+    :func:`stack_pointer_reads` is one form; another reads a stale constant): every other code is wrong on the GPU."""
+    lines = [_sass_body(line) for line in sass.splitlines()]
+    out = []
+    for i, body in enumerate(lines):
+        parts = body.split(None, 1)
+        if len(parts) < 2 or not (parts[0].startswith("F2FP") and "MERGE_C" in parts[0]):
+            continue
+        rc = parts[1].split(",")[-1].strip().split(".")[0]
+        for prev in reversed(lines[max(0, i - 24):i]):
+            p = prev.split(None, 1)
+            if len(p) < 2:
+                continue
+            ops = [o.strip() for o in p[1].split(",")]
+            if ops[0].split(".")[0] != rc:
+                continue
+            if p[0].startswith("SHF.R.U32.HI") and ops[1:3] == ["RZ", "0x8"]:
+                out.append(f"{prev}  ->  {body}")
+            break
+    return out
+
+
 def stack_pointer_reads(sass: str) -> list:
     """Instructions of ``sass`` (``get_sass`` text) that take R1, the stack pointer, as a source operand outside
     an address (``[R1 + ...]``, local memory), in the integer instructions of ``_INT_OPS``: the fault this looks
     for is bit arithmetic on R1 (``LOP3.LUT R14, R1, 0xffff, ...``) whose result reaches memory."""
     out = []
     for line in sass.splitlines():
-        body = line.split("\t", 1)[-1].strip().rstrip(";").rstrip()
-        if body.startswith("@"):
-            body = body.split(None, 1)[-1]
+        body = _sass_body(line)
         parts = body.split(None, 1)
         if len(parts) < 2 or not parts[0].startswith(_INT_OPS):
             continue
@@ -191,12 +221,14 @@ def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0, sass: bool =
             src = ASTSource(fn, rec["signature"], constexprs=consts, attrs=attrs)
             ck = tcompile(src, target=target, options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
             if sass:
-                bad = stack_pointer_reads(get_sass(ck.asm["cubin"]))
-                if bad:
-                    failures += 1
-                    print(f"SASS {rec['module']}.{rec['name']} constexprs={rec['constexprs']} num_warps="
-                          f"{rec['num_warps']}: reads the stack pointer as data\n    " + "\n    ".join(bad[:4]),
-                          flush=True)
+                text = get_sass(ck.asm["cubin"])
+                for what, bad in (("reads the stack pointer as data", stack_pointer_reads(text)),
+                                  ("merges a stale high byte into an e4m3 pair", stale_pair_merges(text))):
+                    if bad:
+                        failures += 1
+                        print(f"SASS {rec['module']}.{rec['name']} constexprs={rec['constexprs']} num_warps="
+                              f"{rec['num_warps']}: {what}\n    " + "\n    ".join(bad[:4]), flush=True)
+                        break
             if time.time() - t1 > 20:
                 print(f"slow ({time.time() - t1:.0f} s): {rec['module']}.{rec['name']} constexprs={rec['constexprs']}",
                       flush=True)
