@@ -189,7 +189,8 @@ def _jsonable(v):
 
 def compile_all(path: str, arch: int = 90, limit_s: float = 1800.0, sass: bool = True) -> int:
     """Compile each recorded variant for ``sm_<arch>`` (with the divisibility the launch had); print failures and
-    variants whose SASS reads the stack pointer as data (:func:`stack_pointer_reads`); return their number."""
+    variants whose SASS shows the e4m3 pair fault (:func:`stack_pointer_reads`, :func:`stale_pair_merges`); return
+    their number."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run the compile check without TRITON_INTERPRET=1")
     from triton.backends.compiler import GPUTarget
