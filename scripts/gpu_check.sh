@@ -36,22 +36,30 @@ BENCH=${BENCH:-}
 cat "$OUT/env.txt"
 status=0
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# A test log's failures as they happened (-v names each test's outcome, so a run cut short by TEST_TIMEOUT still
+# says which tests failed), then its summary
+outcomes() {
+  grep -aE "(FAILED|ERROR) +tests/|^(FAILED|ERROR) " "$1" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -n 40
+  grep -aE "[0-9]+ (passed|failed)|Timeout|Terminated" "$1" | tail -n 3
+  echo "$(grep -acE ' PASSED +tests/' "$1") tests passed by the time the log ends"
+}
 
 if has small; then
   # The CPU's small, odd shapes on the GPU (no sanitizer): the GPU's launch rules at widths its own test shapes
   # never reach (one or two elements a thread, partial tiles), where layout-specific compiler faults show
   echo "== GPU tests at the CPU's small shapes: $TESTS"
-  TRITILE_SMALL_SHAPES=1 timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS $TESTS 2>&1 \
-    | tee "$OUT/small.log" | tail -n 40
-  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
+  TRITILE_SMALL_SHAPES=1 timeout "$TEST_TIMEOUT" python3 -m pytest -v -p no:cacheprovider $PYTEST_ARGS $TESTS \
+    > "$OUT/small.log" 2>&1
+  rc=$?; [ "$rc" -ne 0 ] && status=1
+  outcomes "$OUT/small.log"
   echo "small rc=$rc"
 fi
 
 if has tests; then
   echo "== GPU tests: $TESTS"
-  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS $TESTS 2>&1 | tee "$OUT/tests.log" \
-    | tail -n 40
-  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
+  timeout "$TEST_TIMEOUT" python3 -m pytest -v -p no:cacheprovider $PYTEST_ARGS $TESTS > "$OUT/tests.log" 2>&1
+  rc=$?; [ "$rc" -ne 0 ] && status=1
+  outcomes "$OUT/tests.log"
   echo "tests rc=$rc"
 fi
 
