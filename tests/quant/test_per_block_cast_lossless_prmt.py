@@ -1,7 +1,7 @@
-"""per_block_cast_lossless: the word kernel's speed-only flags GRID_1D (the tiles on a 1-D grid, K fastest) and, on the
-1-D grid, PRMT (byte-permute fast path; both on: the GPU's default at (1, 128) out blocks) give the default path's
-bits: every FP4 code x every multiplier exponent the fast path accepts (-5..6), zero multipliers, non-finite blocks,
-both sf layouts in and out, ragged tiles, and tiles that fall back to the slow (float) path.  Plus ``prmt``'s
+"""per_block_cast_lossless: the word kernel's speed-only flag GRID_1D (the tiles on a 1-D grid, K fastest, with the
+byte-permute fast path; the GPU's default at (1, 128) out blocks) gives the 2-D word kernel's bits: every FP4 code x
+every multiplier exponent the fast path accepts (-5..6), zero multipliers, non-finite blocks, both sf layouts in and
+out, ragged tiles, and tiles that fall back to the slow (float) path.  Plus ``prmt``'s
 interpreter stand-in against a Python model of the PTX ISA's ``prmt.b32`` (on a GPU run the same test checks the real
 PTX)."""
 
@@ -18,10 +18,9 @@ from tritile.utils import align, ceil_div
 
 CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed) of the sf, in and out
 # the 1-D grid kernel (its fast path by byte permutes)
-GRID_1D_CANDIDATES = [dict(GRID_1D=True, PRMT=True)]
-# GRID_1D=False / PRMT=False spelled out: the GPU's (1, 128) default is PRMT + GRID_1D; dict(PRMT=False, GRID_1D=False)
-# (the 2-D word kernel) is the default elsewhere
-CANDIDATES = [dict(PRMT=False, GRID_1D=False)] + GRID_1D_CANDIDATES
+GRID_1D_CANDIDATES = [dict(GRID_1D=True)]
+# GRID_1D=False spelled out: the GPU's (1, 128) default is GRID_1D; the 2-D word kernel is the default elsewhere
+CANDIDATES = [dict(GRID_1D=False)] + GRID_1D_CANDIDATES
 
 
 def _prmt_model(a: int, b: int, c: int) -> int:
@@ -180,11 +179,11 @@ def test_lossless_flags_exhaustive_gpu(ob, device):
             _compare(x, (1, 32), ob, cand)
 
 
-@pytest.mark.parametrize("prmt,grid_1d", [(True, False), (False, True)])
-def test_lossless_prmt_needs_grid_1d(prmt, grid_1d, device):
-    """PRMT goes with GRID_1D (the 2-D word kernel has only the byte-lane fast path, the 1-D one only the
-    byte-permute one): any other pair is a bad launch config, a ValueError naming it, before any launch."""
+@pytest.mark.parametrize("key", ["PRMT", "STREAM"])
+def test_lossless_unknown_config_key(key, device):
+    """A launch config key the kernels do not have (PRMT, the byte-permute fast path, is GRID_1D's) is a ValueError
+    naming it, before any launch."""
     x = _codes_input(4, 256, torch.full((4, 8), 130, dtype=torch.int64), False, False, device)
-    with override_config("per_block_cast_lossless", PRMT=prmt, GRID_1D=grid_1d), \
-            pytest.raises(ValueError, match="PRMT goes with GRID_1D"):
+    with override_config("per_block_cast_lossless", **{key: True}), \
+            pytest.raises(ValueError, match=f"unknown keys.*{key}"):
         per_block_cast_lossless(x, "e4m3", (1, 32), (1, 128))

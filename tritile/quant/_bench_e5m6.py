@@ -92,16 +92,16 @@ _TUNE_CAST_BACK = [
 # 16-byte stride: half sectors per load instruction).
 # PAIR64 (int64 pair stores in the load's layout), the looping kernel (TILES > 1, PERSIST) and PIPE lost and were
 # removed (docs/PERFORMANCE.md).
-_OLD_1x128 = dict(PRMT=False, GRID_1D=False)
+_OLD_1x128 = dict(GRID_1D=False)
 _TUNE_LOSSLESS = {
     (1, 128): [_OLD_1x128, dict(_OLD_1x128, WORDS=False)],
     (32, 32): [dict(num_warps=4), dict(num_warps=16), dict(TW=64, num_warps=4), dict(TW=64, num_warps=8),
                dict(TW=32, num_warps=2), dict(TW=32, num_warps=4), dict(TM=64, TW=64, num_warps=8),
                dict(TM=64, TW=32, num_warps=4), dict(TW=256, num_warps=16), dict(WORDS=False),
-               dict(PRMT=True, GRID_1D=True)],
+               dict(GRID_1D=True)],
     (128, 128): [dict(num_warps=4), dict(num_warps=16), dict(TW=16, num_warps=4), dict(TW=16, num_warps=2),
                  dict(TW=16, num_warps=8), dict(TW=64, num_warps=8), dict(TW=64, num_warps=16), dict(WORDS=False),
-                 dict(PRMT=True, GRID_1D=True)],
+                 dict(GRID_1D=True)],
 }
 
 

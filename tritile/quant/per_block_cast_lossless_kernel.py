@@ -233,7 +233,7 @@ def _gpu_defaults(bmo: int, words_ok: bool) -> dict:
     for the word kernel without PRMT and 27.20 / 27.38 with PRMT on the 2-D grid.  Other out blocks: not measured."""
     if interpreter_configs() or not words_ok or bmo != 1:
         return {}
-    return {"PRMT": True, "GRID_1D": True}
+    return {"GRID_1D": True}
 
 
 def _lossless_exponents(sfi, ms_in: int, ks_in: int) -> torch.Tensor:
@@ -371,25 +371,27 @@ def _launch(data, sfi, out, out_sf, bmi, bki, bmo, bko, ms_in, ks_in, ms_out, ks
     (rows, a multiple of bmo), ``TW`` (words of 8 values per row, ``8 * TW`` a multiple of bko; word
     kernel) or ``TK`` (values per row, a multiple of bko; value kernel), ``num_warps``; word kernel speed-only
     flags (same bits; ``_gpu_defaults`` says where they are on): ``GRID_1D`` (``_per_block_cast_lossless_1d_kernel``:
-    the tiles on a 1-D grid, K fastest, with the fast path by byte permutes ``_words_e4m3_prmt``; ``PRMT`` says the
-    same and must equal it); ``maxnreg`` (None: no cap): ptxas' register cap."""
+    the tiles on a 1-D grid, K fastest, with the fast path by byte permutes ``_words_e4m3_prmt``; the 2-D word
+    kernel's fast path is the byte-lane one); ``maxnreg`` (None: no cap): ptxas' register cap.  Other keys are a
+    ValueError."""
     num_tokens, hidden = out.shape
     words_ok = (bki >= 8 and data.stride(0) % 4 == 0 and data.storage_offset() % 4 == 0
                 and data.data_ptr() % 4 == 0)
     tm, tw, w_warps = _word_tile(bmo, bko, hidden)
     tm_b, tk, b_warps = _tile(bmo, bko)
-    c = tuned("per_block_cast_lossless", {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
-                                          "num_warps": w_warps if words_ok else b_warps, "PRMT": False,
-                                          "GRID_1D": False, "maxnreg": None, **_gpu_defaults(bmo, words_ok)})
+    base = {"WORDS": words_ok, "TM": tm if words_ok else tm_b, "TW": tw, "TK": tk,
+            "num_warps": w_warps if words_ok else b_warps, "GRID_1D": False, "maxnreg": None}
+    c = tuned("per_block_cast_lossless", dict(base, **_gpu_defaults(bmo, words_ok)))
+    unknown = sorted(set(c) - set(base))
+    if unknown:
+        raise ValueError(f"per_block_cast_lossless launch config: unknown keys {unknown}, expected some of "
+                         f"{sorted(base)} (the byte-permute fast path goes with GRID_1D)")
     words = bool(c["WORDS"]) and words_ok
     tm = c["TM"]
     if tm % bmo or tm & (tm - 1) or (words and ((8 * c["TW"]) % bko or c["TW"] & (c["TW"] - 1))) or \
             (not words and (c["TK"] % bko or c["TK"] & (c["TK"] - 1))):
         raise ValueError(f"bad per_block_cast_lossless launch config {c} for out_block_size {(bmo, bko)}: TM, TW, "
                          "TK powers of two, TM a multiple of bmo, 8*TW (TK) a multiple of bko")
-    if words and bool(c["PRMT"]) != bool(c["GRID_1D"]):
-        raise ValueError(f"bad per_block_cast_lossless launch config {c}: PRMT goes with GRID_1D (the 1-D word kernel "
-                         "has only the byte-permute fast path, the 2-D one only the byte-lane one)")
     common = (num_tokens, hidden, ms_in, ks_in, ms_out, ks_out_pad)
     extra = {} if c["maxnreg"] is None else dict(maxnreg=int(c["maxnreg"]))
     if words and c["GRID_1D"]:
