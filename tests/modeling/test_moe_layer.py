@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import tritile.modeling.moe as moe_mod
+from tritile.modeling._swiglu_bf16 import _swiglu_bf16, _swiglu_bf16_backward
 from tritile.modeling.moe import MoE, PlainMoE, StageTimer, STAGES, grouped_linear
 from tritile.testing import calc_diff, pick
 
@@ -210,8 +211,8 @@ def test_swiglu_bf16_kernels(rows, inter, device):
     h = (torch.randn(rows, 2 * inter, device=device) * 3).bfloat16()
     w = torch.rand(rows, device=device)
     g = torch.randn(rows, inter, device=device).bfloat16()
-    act = moe_mod._swiglu_bf16(h, w)
-    dh, act_w, dw = moe_mod._swiglu_bf16_backward(h, w, g)
+    act = _swiglu_bf16(h, w)
+    dh, act_w, dw = _swiglu_bf16_backward(h, w, g)
     hf, wf = h.float().requires_grad_(), w.clone().requires_grad_()
     ref = torch.nn.functional.silu(hf[:, :inter]) * hf[:, inter:] * wf[:, None]
     ref.backward(g.float())
