@@ -9,7 +9,7 @@ Forward, per rank (T tokens of width H, E routed experts of which L = E / world_
               aligned to ``alignment`` rows) and expand_to_fused(_with_sf) -> x_f (N, H)
     gemm      h = x_f @ w13[e].T per expert segment (torch._grouped_mm, else a per-expert loop)
     act       act = silu(h[:, :I]) * h[:, I:] * routing weight: swiglu_forward_and_per_token_cast (FP8 mode)
-              or this module's bf16 SwiGLU kernel (bf16 mode)
+              or the bf16 SwiGLU kernel of _swiglu_bf16.py (bf16 mode)
     gemm      y_f = act @ w2[e].T per segment
     combine   reduce_fused(y_f, None, token_topk_to_pos) -> one row per received token; world size 1: done,
               else tritile.ep.Buffer.combine (bf16, summed over ranks in ascending rank order)
