@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tritile.modeling.mhc import expand_from_embedding, mhc_head, mhc_pre
+from tritile.mhc import round_to_tf32
 from tritile.modeling.mhc.ops import mhc_post
 from tritile.testing import calc_diff, pick
 from tritile.torch.mhc import (expand_to_mhc_ref, mhc_head_compute_mix_ref, mhc_post_ref, mhc_pre_apply_mix_ref,
@@ -63,8 +64,8 @@ def test_mhc_pre_train_vs_no_grad(device, n1, H, normw):
 
 
 def _tf32(v: torch.Tensor) -> torch.Tensor:
-    """float32 -> TF32 as the kernels round it (``round_to_tf32``, low 13 bits cleared)."""
-    return ((v.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+    """float32 -> TF32 as the kernels round it (``round_to_tf32``, then the low 13 bits cleared)."""
+    return (round_to_tf32(v).view(torch.int32) & -8192).view(torch.float32)
 
 
 class _TF32Projection(torch.autograd.Function):
