@@ -212,6 +212,8 @@ def pack_ue8m0_words(e):
     return tl.sum(e4 << shift[None, None, :], axis=2)
 
 
+#: The 16 e2m1 values by code (bit 3: sign; code 8 is -0.0).
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _UNPACK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # every e2m1 value is exact in each
 
 
@@ -229,10 +231,9 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
         raise ValueError("x must have at least 1 dimension so the last dim can be doubled")
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in _UNPACK_DTYPES:
         raise TypeError(f"out_dtype must be one of {[str(d) for d in _UNPACK_DTYPES]}, got {out_dtype!r}")
-    b = x.view(torch.uint8).to(torch.int32)
-    codes = torch.stack([b & 0xF, (b >> 4) & 0xF], dim=-1)
-    e = (codes >> 1) & 3
-    m = (codes & 1).to(torch.float32)
-    mag = torch.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * torch.exp2((e - 1).to(torch.float32)))
-    val = torch.where((codes & 8) != 0, -mag, mag)
-    return val.reshape(*x.shape[:-1], x.shape[-1] * 2).to(out_dtype)
+    # a table lookup, not arithmetic: code 8 must stay -0.0 under every backend (inductor's Triton code negates
+    # as ``0 - x``, which turns -(+0.0) into +0.0)
+    table = torch.tensor(_E2M1_VALUES, dtype=out_dtype, device=x.device)
+    b = x.view(torch.uint8).to(torch.int64)
+    codes = torch.stack([b & 0xF, b >> 4], dim=-1)
+    return table[codes].reshape(*x.shape[:-1], x.shape[-1] * 2)
