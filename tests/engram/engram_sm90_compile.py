@@ -49,9 +49,23 @@ FUSED = _types({"wh_ptr we_ptr": "*i16", "out_ptr": "*fp32", "H s_wh s_we s_out"
 HASH = _types({"ids_ptr off_ptr out_ptr vocab_ptr": "*i32", "mult_ptr": "*i64", "T s_id0 s_out0": "i32"})
 
 
-def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW")):
+def res_usage(k):
+    """``{"REG": n, "STACK": n, "LOCAL": n, ...}`` of a compiled kernel (cuobjdump -res-usage on its cubin)."""
+    import subprocess
+    import tempfile
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    return {a: int(b) for a, b in re.findall(r"(REG|STACK|LOCAL):(\d+)", res)}
+
+
+def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW"), maxnreg=None, no_spills=False):
     """Compile ``fn`` as Triton would for 16-byte aligned pointers and strides divisible by 16 (with programmatic
-    dependent launch, as on an H200, where the kernel has the ``PDL`` switch)."""
+    dependent launch, as on an H200, where the kernel has the ``PDL`` switch); ``no_spills``: assert that ptxas kept
+    every value in registers (within ``maxnreg``, the launch's cap)."""
     if "PDL" in fn.arg_names:
         consts = dict(consts, PDL=True)
     sig = {n: ("constexpr" if n in consts else types[n]) for n in fn.arg_names}
@@ -59,12 +73,15 @@ def compile_kernel(fn, types, consts, num_warps, aligned=("H", "P", "SW")):
     for i, n in enumerate(fn.arg_names):
         if n not in consts and (sig[n].startswith("*") or n.startswith("s_") or n in aligned):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=num_warps))
+    options = dict(num_warps=num_warps) if maxnreg is None else dict(num_warps=num_warps, maxnreg=maxnreg)
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET, options=options)
     ops = sorted(set(re.findall(r"(?:ld|st)\.global[.\w]*", k.asm["ptx"])))
     if re.search(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", k.asm["ptx"]):
         ops.append("cp.async.16")  # 16-byte asynchronous copies (a tl.range loop pipelined by the compiler)
-    print(f"{fn.__name__} {consts} num_warps={num_warps}: {' '.join(ops)}")
+    use = res_usage(k) if no_spills else {}
+    print(f"{fn.__name__} {consts} num_warps={num_warps} maxnreg={maxnreg}: {' '.join(ops)} {use}")
+    if no_spills:
+        assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{fn.__name__} spills registers: {use}"
     return ops
 
 
@@ -74,12 +91,14 @@ def main():
     for save in (True, False):
         ops = compile_kernel(gk._engram_gate_fwd_kernel, FWD, dict(SAVE=save, ROWS=rows, BLOCK_H=bh), nw)
         assert "ld.global.v4.b32" in ops, "the fwd kernel's row loads do not vectorise"
-    fcfg = gk._fwd_launch_config(H)
-    for save in (True, False):
-        for pf in (True, False):
-            ops = compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
-                                 dict(SAVE=save, BLOCK_H=fcfg["BLOCK_H"], PREFETCH=pf), fcfg["WARPS"])
-            assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the persistent fwd does not vectorise"
+    for hidden in (H, 2048, 4096):  # within the launch's register cap (CAP_REGS), without spills
+        fcfg = gk._fwd_launch_config(hidden)
+        for save in (True, False):
+            for pf in (True, False):
+                ops = compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
+                                     dict(SAVE=save, BLOCK_H=fcfg["BLOCK_H"], PREFETCH=pf), fcfg["WARPS"],
+                                     maxnreg=gk._regs_per_thread(fcfg["WAVES"] * fcfg["WARPS"]), no_spills=True)
+                assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the persistent fwd does not vectorise"
     hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
     ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)
     assert "ld.global.v4.b32" in ops, "the bwd gamma kernel's loads do not vectorise"
@@ -132,18 +151,10 @@ def compile_onepass():
     if onepass._gluon() is None:
         print("one-pass Gluon kernel: skipped (no Gluon 3.6 API)")
         return
-    import subprocess
-    import tempfile
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for hc, H in ((4, 7168), (4, 8192), (4, 2560), (2, 4096), (1, 1024), (4, 256)):
         k = onepass.compile_offline(H, hc)
         assert "cp.async.bulk.tensor" in k.asm["ptx"], "the one-pass kernel issues no TMA loads"
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-        use = {a: int(b) for a, b in re.findall(r"(REG|STACK|LOCAL):(\d+)", res)}
+        use = res_usage(k)
         smem = k.metadata.shared
         print(f"one-pass hc={hc} H={H}: {use} shared={smem}")
         assert use["STACK"] == 0 and use["LOCAL"] == 0, "the one-pass kernel spills registers"

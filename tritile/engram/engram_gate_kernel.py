@@ -196,16 +196,30 @@ def _fwd_launch_config(H: int) -> dict:
     token's rows prefetched when PREFETCH); False: the row kernel (ROWS (token, head) rows per program, which
     re-reads w and v from L2 for every row: 519 us at T=8001, hc=4, H=7168 on the H200, 2026-11-30).
     WARPS: warps per program of either kernel.  WAVES: the persistent grid is about WAVES * num_sms programs
-    (the programs per SM that fit: ~100 registers per thread at 16 fp32 elements per thread and tensor)."""
+    (the programs per SM that fit: ~100 registers per thread at 16 fp32 elements per thread and tensor; CAP_REGS
+    holds ptxas to it).  A row split in two power-of-two pieces (2560 = 2048 + 512: no masked lane) lost by 23-41 %
+    at 2560, 3072 and 6144 (H200, 2026-12-02; not profiled: each token then takes two sets of cross-warp
+    reductions)."""
     block_h, rows, num_warps = _fwd_config(H)
     if interp():
         return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=num_warps, PERSIST=True,
                                              WAVES=1, PREFETCH=True))
     # SASS (sm_90, H = 7168, BLOCK_H = 8192, 16 warps): 16 bf16 of x, k, v per thread in 2 LDG.E.128 each,
-    # w[h] in 4 LDG.E.128 once per program, out in 2 STG.E.128; no spills
+    # w[h] in 4 LDG.E.128 once per program, out in 2 STG.E.128; no spills.
+    # CAP_REGS: cap ptxas' registers a thread so that WAVES programs of WARPS warps really fit an SM's 64K registers.
+    # Without it ptxas took 141-142 registers at 2048 x 4 warps and 4096 x 8 warps with SAVE: one program fewer an SM
+    # than the grid is planned for.  H200, CUPTI, T = 8001, hc = 4, save (2026-12-02): 2048 147 -> 108 us, 2560
+    # 238 -> 165, 3072 247 -> 178, 4096 275 -> 213; 7168 unchanged (393).  At the defaults' cap, 128, none of their
+    # variants spills (sm_90).
     warps = min(16, max(4, block_h // 512))
     return tuned("engram_gate_fwd", dict(BLOCK_H=block_h, ROWS=rows, WARPS=warps, PERSIST=True,
-                                         WAVES=max(1, 16 // warps), PREFETCH=True))
+                                         WAVES=max(1, 16 // warps), PREFETCH=True, CAP_REGS=True))
+
+
+def _regs_per_thread(warps_per_sm: int) -> int:
+    """The most registers a thread may take for ``warps_per_sm`` warps to fit one SM's 65536 (every NVIDIA GPU
+    Triton targets; an SM runs at most 64 warps), in ptxas' allocation steps of 8, at most 255."""
+    return min(255, 65536 // (32 * min(64, warps_per_sm)) // 8 * 8)
 
 
 def _check_gate_inputs(hidden_states, k, v, weight_fused):
@@ -238,13 +252,16 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
             *(s if s is not None else dummy for s in saved))
     strides = (hidden_states.stride(0), hidden_states.stride(1), k.stride(0), k.stride(1), v.stride(0),
                weight_fused.stride(0), out.stride(0), out.stride(1))
+    maxnreg = {}
+    if cfg["PERSIST"] and cfg.get("CAP_REGS") and dev.type == "cuda":
+        maxnreg = dict(maxnreg=_regs_per_thread(int(cfg["WAVES"]) * int(num_warps)))
     if cfg["PERSIST"]:
         n_chunks = max(1, min(T, int(cfg["WAVES"]) * get_num_sms() // hc))
         chunk = ceil_div(T, n_chunks)
         n_chunks = ceil_div(T, chunk)
         _engram_gate_fwd_persist_kernel[(n_chunks * hc,)](
             *ptrs, T, hc, H, chunk, float(H), eps, clamp_value, _scale(H), *strides,
-            SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps,
+            SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps, **maxnreg,
             **pdl_args(hidden_states.device),
         )
     else:
