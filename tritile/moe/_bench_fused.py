@@ -243,4 +243,8 @@ _REDUCE_TUNE = [
     # the grid's fp32 rows and ep 8 (1.4 valid slots a token): compact up to 2 slots, narrower chunks, prefetch
     dict(NG=2), dict(NG=2, PREFETCH=2), dict(PREFETCH_DENSE=1), dict(NG=2, PREFETCH_DENSE=1),
     dict(BH=512, COL_ITERS=4, num_warps=2), dict(BH=512, COL_ITERS=4, num_warps=2, NG=2), dict(NG=4),
+    # short rows (2048, 2560): several tokens a program (fewer position-then-gather latency chains per byte), and
+    # 512-column chunks (2560 = 5 x 512: no half-masked third chunk of 1024)
+    dict(BT=2), dict(BT=4), dict(BT=2, num_warps=8), dict(BT=4, num_warps=8), dict(BH=512, COL_ITERS=5, num_warps=2),
+    dict(BT=2, BH=512, COL_ITERS=5, num_warps=4), dict(BT=2, BH=512, COL_ITERS=4, num_warps=4),
 ]
