@@ -306,10 +306,11 @@ def _config(num_tokens: int, num_topk: int, hidden: int, interp: bool) -> dict:
         bt = max(1, min(32768 // bh, next_power_of_two(num_tokens)))
         return dict(BT=bt, BH=bh, COL_ITERS=1, GATHER=True, WORDS=True, PREFETCH=0, PREFETCH_DENSE=0, NG=1,
                     SKIP=True, SATFINITE=True, num_warps=4)
-    # Rows of at most 4096 columns: 512-column chunks on 2 warps, tiles of tokens holding up to 2 valid slots
-    # compacted (NG=2).  H200, CUPTI, K = 6, 9 experts x 8 ranks, hidden 2048 (2026-12-02): fp32 99.1 -> 89.8 us,
-    # fp32 -> e4m3 81.8 -> 65.6, bf16 57.1 -> 50.1; several tokens a program (BT = 2, 4) lost 4-12 %.
-    short = hidden <= 4096
+    # Rows below 4096 columns: 512-column chunks on 2 warps, tiles of tokens holding up to 2 valid slots compacted
+    # (NG=2).  H200, CUPTI, the grid's K = 6 points (2026-12-02): hidden 2048 1.09-1.27x faster (fp32 99.2 -> 89.8
+    # us), 2560 1.09-1.35x, 3072 1.02-1.13x; at 4096 0.97-1.05x (fp32 outputs lose), so 4096 and up keep 1024-column
+    # chunks on 4 warps.  Several tokens a program (BT = 2, 4) lost 4-12 % at 2048.
+    short = hidden < 4096
     bh = max(16, min(next_power_of_two(hidden), 512 if short else 1024))
     chunks = ceil_div(hidden, bh)
     return dict(BT=1, BH=bh, COL_ITERS=chunks if chunks <= 8 else 1, GATHER=True, WORDS=True,
