@@ -321,6 +321,25 @@ def test_per_token_cast_tune_candidates(fmt, in_dtype, device):
             _check(*per_token_cast(q, fmt, 128, (32, 32), *cfg), *ref, k, 128)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_per_token_cast_fp8_input_tune_candidates(fmt, device):
+    """The FP8-input candidates (HW_DECODE: the hardware e4m3 decode; taller tiles) give the reference bits, NaN
+    codes (0x7F, 0xFF) in the input included."""
+    from tritile.quant._bench_cast import _PER_TOKEN_FP8_IN_TUNE
+    from tritile.runtime import override_config
+
+    m, k, cfg = 6, pick(cpu=512, gpu=7168), CONFIGS[1]
+    q = cast(torch.randn(m, k, device=device).bfloat16(), "e4m3", (128, 128), round_sf=True,
+             use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    data = q[0].view(torch.uint8)
+    data[1, 3], data[4, 200], data[5, 0] = 0x7F, 0xFF, 0x80  # NaN, -NaN, -0
+    ref = cast(q, fmt, (1, 128), x_block_size=(128, 128), round_sf=True, use_tma_aligned_col_major_sf=True,
+               use_packed_ue8m0=True)
+    for cand in [{}] + _PER_TOKEN_FP8_IN_TUNE:
+        with override_config("per_token_cast", **cand):
+            _check(*per_token_cast(q, fmt, 128, (128, 128), *cfg), *ref, k, 128)
+
+
 def test_per_token_cast_bad_tune_config(device):
     from tritile.runtime import override_config
 

@@ -120,6 +120,14 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # 19.05, KFAST alone 19.33
     dict(KFAST=False, BLOCK_M=8, num_warps=1), dict(KFAST=True, BLOCK_M=8, num_warps=1),
     dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024, num_warps=1), dict(KFAST=False)]
+# per-token with an FP8 QuantTensor input -> FP8 / FP4.  The default is the general kernel's [1, 1024] tile a program
+# at 2 warps with the software e4m3 decode: 44.77 us (e4m3 out) and 63.91 (e2m1 out) at 4001 x 7168, 128 x 128 input
+# blocks (H200, CUPTI, 2026-12-02, commit cb0e634: 30 % and 16 % of copy).  sm_90 SASS of that tile: 40.8 and 51.8
+# instructions an element; HW_DECODE (the hardware e4m3 -> f16x2 conversion) 22.9 and 36.8.  Not yet timed:
+_PER_TOKEN_FP8_IN_TUNE = [
+    dict(HW_DECODE=True), dict(HW_DECODE=True, KFAST=True), dict(HW_DECODE=True, BLOCK_M=2, num_warps=2, KFAST=True),
+    dict(HW_DECODE=True, BLOCK_M=4, num_warps=4, KFAST=True), dict(BLOCK_M=4, num_warps=4, KFAST=True),
+]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (H200 @ 65d4724): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
@@ -207,7 +215,9 @@ _CAST_BACK_TUNE = [
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (in_dtype, fmt, npc, x_block_size) -> the tuning candidates of that anchor case (at the anchor shape)
-_PER_TOKEN_TUNES = {("bf16", "e4m3", 128, None): _PER_TOKEN_TUNE, ("e2m1", "e2m1", 128, (32, 32)): _PER_TOKEN_E2M1_TUNE}
+_PER_TOKEN_TUNES = {("bf16", "e4m3", 128, None): _PER_TOKEN_TUNE, ("e2m1", "e2m1", 128, (32, 32)): _PER_TOKEN_E2M1_TUNE,
+                    **{("e4m3", fmt, 128, xbs): _PER_TOKEN_FP8_IN_TUNE for fmt in ("e4m3", "e2m1")
+                       for xbs in ((128, 128), (32, 32))}}
 
 
 def _per_token_case(device, x, in_dtype, fmt, npc, xbs, m, k, anchored=True):

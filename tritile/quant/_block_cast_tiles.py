@@ -21,6 +21,7 @@ from ..language import (
 )
 from ..language.cast import (
     EMULATE,
+    e4m3_bits_to_f32_fast,
     f32_to_e2m1_code_fast,
     f32_to_e2m1_code_finite,
     f32_to_e4m3_bits_satfinite,
@@ -46,11 +47,13 @@ def _load_block_sf(sf_ptr, r, kb, mask, stride_m, stride_k, PACKED: tl.constexpr
 @triton.jit
 def _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k, num_xsf_k,
                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IN_KIND: tl.constexpr, XBM: tl.constexpr,
-               XBK: tl.constexpr, XSF_PACKED: tl.constexpr):
+               XBK: tl.constexpr, XSF_PACKED: tl.constexpr, HW_DECODE: tl.constexpr = False):
     """float32 tile ``[BLOCK_M, BLOCK_K]`` of logical columns ``col0 ..``; 0 outside the tensor.
 
     IN_KIND 0/1: bf16/fp32 x.  IN_KIND 2/3: e4m3 / packed FP4 data dequantized as ``f32(q * sf)``
-    with sf blocks ``(XBM, XBK)`` (float32 or packed UE8M0)."""
+    with sf blocks ``(XBM, XBK)`` (float32 or packed UE8M0).  HW_DECODE (speed only, same bits): e4m3 through the
+    hardware conversion (``e4m3_bits_to_f32_fast``), whose NaN codes give a NaN of unspecified sign; the scale
+    multiply that follows makes every NaN the canonical one on the GPU either way."""
     if IN_KIND == 3:
         pc = col0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
         m = row_ok[:, None] & (pc < K // 2)[None, :]
@@ -64,6 +67,8 @@ def _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, s
             q = bf16_bits_to_f32(tl.load(ptr, mask=m, other=0))
         elif IN_KIND == 1:
             q = tl.load(ptr, mask=m, other=0.0)
+        elif HW_DECODE:
+            q = e4m3_bits_to_f32_fast(tl.load(ptr, mask=m, other=0))
         else:
             q = e4m3_bits_to_f32(tl.load(ptr, mask=m, other=0))
     if IN_KIND >= 2:

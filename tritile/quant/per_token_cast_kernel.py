@@ -85,7 +85,7 @@ def _block_cast_kernel(
     CLAMP: tl.constexpr, MAX: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PER_PROG: tl.constexpr,
     FAST: tl.constexpr = False, PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = False,
     FINITE: tl.constexpr = False, WIDE: tl.constexpr = False, WIDE_VEC: tl.constexpr = 16, INT_SF: tl.constexpr = False,
-    WORDS: tl.constexpr = False, KFAST: tl.constexpr = False, PDL: tl.constexpr = False
+    WORDS: tl.constexpr = False, KFAST: tl.constexpr = False, HW_DECODE: tl.constexpr = False, PDL: tl.constexpr = False
 ):
     """Cast ``[BLOCK_M, BLOCK_K]`` tiles with ``(BM, BK)`` scale blocks.
 
@@ -118,7 +118,7 @@ def _block_cast_kernel(
     if ROW_GROUP and NUM_CHUNKS == 1 and SF_MODE == 0:
         # the whole row fits one tile: load once, reduce, quantize
         x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, 0, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                       num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                       num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED, HW_DECODE)
         sf, sf_inv = quant_scale(_amax_of(x, MB, BM, 1, BLOCK_K, FASTQ), CLAMP, MAX, ROUND_SF)
         _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
         _encode_store(out_ptr, x, _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K), rows, row_ok, 0, K, stride_om,
@@ -132,14 +132,14 @@ def _block_cast_kernel(
             amax = tl.zeros((MB, 1), tl.float32)
             for c in range(0, NUM_CHUNKS):
                 x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED, HW_DECODE)
                 amax = tl.maximum(amax, _amax_of(x, MB, BM, 1, BLOCK_K, False))
             sf, sf_inv = quant_scale(amax, CLAMP, MAX, ROUND_SF)
             _store_sf(sf_ptr, sf, mblk, 0, num_ms, num_ks, stride_sm, stride_sk, MB, 1, PACKED)
         if SF_MODE != 1:
             for c in range(0, NUM_CHUNKS):
                 x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, c * BLOCK_K, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                               num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED, HW_DECODE)
                 v = _scale_tile(x, sf_inv, MB, BM, 1, BLOCK_K)
                 # FAST is not used on this two-pass path: on the H200 its codes came out wrong in every other
                 # column (test_per_token_cast_row_group_multi_chunk, 2026-11-30); the plain path is verified
@@ -185,7 +185,7 @@ def _block_cast_kernel(
                     raw = _load_raw(x_ptr, rows, row_ok, col0, K, stride_xm, BLOCK_M, BLOCK_K)
                 else:
                     x = _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, stride_xsf_k,
-                                   num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED)
+                                   num_xsf_k, BLOCK_M, BLOCK_K, IN_KIND, XBM, XBK, XSF_PACKED, HW_DECODE)
                 kb0 = c * G
                 if SF_MODE == 2:
                     kb = kb0 + tl.arange(0, G).to(tl.int64)
@@ -344,9 +344,10 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         # assembly encode (see _block_cast_kernel); maxnreg (None: no cap): ptxas' register cap
         words, maxnreg = bool(cfg.get("WORDS", False)), cfg.get("maxnreg")
         kfast = bool(cfg.get("KFAST", False))  # the grid's first dimension over the chunk groups
+        hw_decode = bool(cfg.get("HW_DECODE", False))  # e4m3 input through the hardware conversion (same bits)
     else:
         fast, prefetch, pairs, finite, wide, int_sf, wide_vec = True, False, False, False, False, False, 16
-        words, maxnreg, kfast = False, None, False
+        words, maxnreg, kfast, hw_decode = False, None, False, False
     grid, kfast = tile_grid(ceil_div(m, BLOCK_M), ceil_div(num_chunks, cpp), kfast)
     xv = _data_view(data)
     pairs = pairs and out_e2m1 and sf_mode == SF_QUANT and in_kind in (IN_BF16, IN_FP32) and not row_group
@@ -375,7 +376,8 @@ def _block_cast_impl(data: torch.Tensor, x_sf: Optional[torch.Tensor], psf: Opti
         OUT_E2M1=out_e2m1, SF_MODE=sf_mode, ROUND_SF=bool(round_sf), PACKED=bool(packed),
         CLAMP=FMT_CLAMP[fmt], MAX=FMT_MAX[fmt], NUM_CHUNKS=num_chunks, CHUNKS_PER_PROG=cpp, FAST=fast,
         PREFETCH=prefetch, PAIRS=pairs, FINITE=finite, WIDE=wide, WIDE_VEC=wide_vec if wide else 16,
-        INT_SF=int_sf, WORDS=words, KFAST=kfast, num_warps=warps, **extra, **pdl_args(xv.device),
+        INT_SF=int_sf, WORDS=words, KFAST=kfast, HW_DECODE=hw_decode and in_kind == IN_E4M3, num_warps=warps, **extra,
+        **pdl_args(xv.device),
     )
     return out, sf
 
