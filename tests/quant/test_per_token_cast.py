@@ -303,13 +303,13 @@ def _with_specials(x):
 def test_per_token_cast_tune_candidates(fmt, in_dtype, device):
     """Every launch-config candidate of the benchmark sweep (``python -m tritile tune``), and the old code
     paths (FAST=False), give the reference bits, non-finite inputs included."""
-    from tritile.quant._bench_cast import _PER_TOKEN_TUNE
+    from tritile.quant._bench_cast import _PER_TOKEN_E2M1_PLAIN_TUNE, _PER_TOKEN_TUNE
     from tritile.runtime import override_config
 
     m, k, cfg = 5, pick(cpu=1024, gpu=7168), CONFIGS[1]
     x = _with_specials(torch.randn(m, k, device=device)).to(in_dtype)
     ref = _ref(x, fmt, 128, cfg)
-    for cand in [{}] + _PER_TOKEN_TUNE:
+    for cand in [{}] + _PER_TOKEN_TUNE + (_PER_TOKEN_E2M1_PLAIN_TUNE if fmt == "e2m1" else []):
         with override_config("per_token_cast", **cand):
             out, sf = per_token_cast(x, fmt, 128, None, *cfg)
         _check(out, sf, *ref, k, 128)
