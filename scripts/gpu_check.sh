@@ -9,6 +9,7 @@
 #   STAGES=memcheck PART=1/4 bash scripts/gpu_check.sh         # a quarter of the memcheck run
 #   STAGES=memcheck MEMCHECK_JOBS=14 bash scripts/gpu_check.sh # 14 sanitizer processes at once, a file each
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
+#   STAGES=grid GRID_OPS="quant:per_channel_cast quant:cast_back" bash scripts/gpu_check.sh  # grids, JSON an op
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
 # n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n files at once.
@@ -111,6 +112,23 @@ if has compile; then
     | tee "$OUT/compile.log" | tail -n 15
   rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
   echo "compile rc=$rc"
+fi
+
+if has grid; then
+  # TileKernels' benchmark grid, one op at a time (GRID_OPS: "module:op ..."), CUPTI timer only, a JSON each, until
+  # GRID_DEADLINE seconds have passed: a grid cut by the deadline leaves the finished ops' JSON (packed in grids.tgz)
+  echo "== benchmark grids: ${GRID_OPS:-none given}"
+  mkdir -p "$OUT/grids"
+  t0=$(date +%s)
+  for mo in ${GRID_OPS:-}; do
+    left=$(( ${GRID_DEADLINE:-540} - ($(date +%s) - t0) ))
+    [ "$left" -lt 30 ] && { echo "grid: out of time before $mo"; break; }
+    timeout $((left - 10)) python3 -m tritile bench --module "${mo%%:*}" --op "${mo#*:}" --grid --cupti-only \
+      --json "$OUT/grids/${mo#*:}.json" > "$OUT/grids/${mo#*:}.md" 2>&1
+    rc=$?; [ "$rc" -ne 0 ] && status=1
+    echo "grid $mo rc=$rc $(( $(date +%s) - t0 )) s"
+    (cd "$OUT" && tar czf grids.tgz grids)
+  done
 fi
 
 if has bench; then
