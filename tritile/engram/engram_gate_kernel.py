@@ -261,7 +261,8 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
         n_chunks = ceil_div(T, chunk)
         _engram_gate_fwd_persist_kernel[(n_chunks * hc,)](
             *ptrs, T, hc, H, chunk, float(H), eps, clamp_value, _scale(H), *strides,
-            SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps, **maxnreg,
+            SAVE=bool(save_for_backward), BLOCK_H=block_h, PREFETCH=bool(cfg["PREFETCH"]), num_warps=num_warps,
+            **maxnreg,
             **pdl_args(hidden_states.device),
         )
     else:

@@ -132,8 +132,8 @@ _PER_TOKEN_FP8_IN_TUNE = [
 # (H200, CUPTI, 2026-12-02, commit cb0e634), issue-bound.  sm_90 SASS, instructions an element: 33.6 (bf16) and 36.1
 # (fp32); PAIRS (the words loaded as the packed bytes' pairs, no relayout for the packing) 27.7 and 26.7; PAIRS with
 # FINITE 38.1 and 37.4.  Not yet timed:
-_PER_TOKEN_E2M1_PLAIN_TUNE = [dict(PAIRS=True), dict(PAIRS=True, PREFETCH=True), dict(PAIRS=True, BLOCK_M=2, num_warps=2),
-                              dict(PAIRS=True, BLOCK_M=8, num_warps=8)]
+_PER_TOKEN_E2M1_PLAIN_TUNE = [dict(PAIRS=True), dict(PAIRS=True, PREFETCH=True),
+                              dict(PAIRS=True, BLOCK_M=2, num_warps=2), dict(PAIRS=True, BLOCK_M=8, num_warps=8)]
 # 128x128 bf16 -> e4m3: one block per chunk.  Default (H200 @ 65d4724): CHUNKS_PER_PROG=2, 8 warps, FAST, FINITE, WORDS (the
 # raw bf16 words stay packed until a per-four-element PTX encode: unpack, multiply, two paired cvt, sign merge; no
 # float32 copy of the tile), INT_SF, PREFETCH, maxnreg=80: 46.59 us CUPTI (TileKernels 47.7).  sm_90a
@@ -221,7 +221,8 @@ _CAST_BACK_TUNE = [
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (in_dtype, fmt, npc, x_block_size) -> the tuning candidates of that anchor case (at the anchor shape)
-_PER_TOKEN_TUNES = {("bf16", "e4m3", 128, None): _PER_TOKEN_TUNE, ("e2m1", "e2m1", 128, (32, 32)): _PER_TOKEN_E2M1_TUNE,
+_PER_TOKEN_TUNES = {("bf16", "e4m3", 128, None): _PER_TOKEN_TUNE,
+                    ("e2m1", "e2m1", 128, (32, 32)): _PER_TOKEN_E2M1_TUNE,
                     **{("e4m3", fmt, 128, xbs): _PER_TOKEN_FP8_IN_TUNE for fmt in ("e4m3", "e2m1")
                        for xbs in ((128, 128), (32, 32))},
                     **{(d, "e2m1", 128, None): _PER_TOKEN_E2M1_PLAIN_TUNE for d in ("bf16", "fp32")}}

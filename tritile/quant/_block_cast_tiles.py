@@ -51,9 +51,10 @@ def _load_tile(x_ptr, xsf_ptr, rows, row_ok, col0, K, stride_xm, stride_xsf_m, s
     """float32 tile ``[BLOCK_M, BLOCK_K]`` of logical columns ``col0 ..``; 0 outside the tensor.
 
     IN_KIND 0/1: bf16/fp32 x.  IN_KIND 2/3: e4m3 / packed FP4 data dequantized as ``f32(q * sf)``
-    with sf blocks ``(XBM, XBK)`` (float32 or packed UE8M0).  HW_DECODE (speed only, same bits): e4m3 through the
-    hardware conversion (``e4m3_bits_to_f32_fast``), whose NaN codes give a NaN of unspecified sign; the scale
-    multiply that follows makes every NaN the canonical one on the GPU either way."""
+    with sf blocks ``(XBM, XBK)`` (float32 or packed UE8M0).  HW_DECODE (speed only): e4m3 through the hardware
+    conversion (``e4m3_bits_to_f32_fast``): the same value for every non-NaN code; a NaN code gives a NaN of
+    unspecified sign, and the scale multiply that follows returns NVIDIA's canonical NaN for either decode (a tune
+    candidate, its bits on the GPU checked by ``test_per_token_cast_fp8_input_tune_candidates``)."""
     if IN_KIND == 3:
         pc = col0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
         m = row_ok[:, None] & (pc < K // 2)[None, :]
