@@ -14,6 +14,7 @@ import torch
 from torch.types import Device
 
 __all__ = ["is_interpreter", "interpreter_configs", "tuned", "override_config", "checks_enabled", "override_key",
+           "regs_per_thread",
            "check_int", "kernel_device_ok", "check_device", "check_same_device", "set_poison_outputs", "poison_outputs", "poison_",
            "empty", "empty_strided", "dtype_name", "check_tensor", "check_shape", "check_inner_contiguous",
            "check_contiguous", "check_choice", "check_no_overlap", "custom_op"]
@@ -79,6 +80,12 @@ def override_key(name: str) -> Optional[Tuple[Tuple[str, Any], ...]]:
     ``(shape..., override_key(name))`` and still see a sweep's candidates."""
     o = _OVERRIDES.get(name)
     return None if o is None else tuple(sorted(o.items()))
+
+
+def regs_per_thread(warps_per_sm: int) -> int:
+    """The most registers a thread may take (``maxnreg``) for ``warps_per_sm`` warps to fit one SM's 65536 (every
+    NVIDIA GPU Triton targets; an SM runs at most 64 warps), in ptxas' allocation steps of 8, at most 255."""
+    return min(255, 65536 // (32 * min(64, warps_per_sm)) // 8 * 8)
 
 
 def kernel_device_ok(device: torch.device) -> bool:

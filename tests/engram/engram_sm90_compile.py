@@ -20,6 +20,7 @@ import tritile.engram.engram_fused_weight_kernel as fk  # noqa: E402
 import tritile.engram.engram_gate_kernel as gk  # noqa: E402
 import tritile.engram.engram_grad_w_reduce_kernel as rk  # noqa: E402
 import tritile.engram.engram_hash_kernel as hk  # noqa: E402
+from tritile.runtime import regs_per_thread  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -97,7 +98,7 @@ def main():
             for pf in (True, False):
                 ops = compile_kernel(gk._engram_gate_fwd_persist_kernel, FWDP,
                                      dict(SAVE=save, BLOCK_H=fcfg["BLOCK_H"], PREFETCH=pf), fcfg["WARPS"],
-                                     maxnreg=gk._regs_per_thread(fcfg["WAVES"] * fcfg["WARPS"]), no_spills=True)
+                                     maxnreg=regs_per_thread(fcfg["WAVES"] * fcfg["WARPS"]), no_spills=True)
                 assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, "the persistent fwd does not vectorise"
     hc_p2, tok, bd1, bd2, nw = gk._bwd_config(H, hc)
     ops = compile_kernel(gk._engram_gate_bwd_gamma_kernel, GAMMA, dict(HC_P2=hc_p2, TOK=tok, BLOCK_D=bd1), nw)

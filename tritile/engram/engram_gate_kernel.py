@@ -49,7 +49,7 @@ import triton.language as tl
 from ..config import get_num_sms
 from ..language import bf16_bits_to_f32, exp_f32, f32_to_bf16_bits
 from ..language.pdl import pdl_args, pdl_enter
-from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, tuned
+from ..runtime import check_contiguous, check_same_device, check_tensor, custom_op, empty, regs_per_thread, tuned
 from ..utils import ceil_div, next_power_of_two
 from . import _engram_bwd_gluon as onepass
 from ._engram_bwd_two_pass import (
@@ -216,12 +216,6 @@ def _fwd_launch_config(H: int) -> dict:
                                          WAVES=max(1, 16 // warps), PREFETCH=True, CAP_REGS=True))
 
 
-def _regs_per_thread(warps_per_sm: int) -> int:
-    """The most registers a thread may take for ``warps_per_sm`` warps to fit one SM's 65536 (every NVIDIA GPU
-    Triton targets; an SM runs at most 64 warps), in ptxas' allocation steps of 8, at most 255."""
-    return min(255, 65536 // (32 * min(64, warps_per_sm)) // 8 * 8)
-
-
 def _check_gate_inputs(hidden_states, k, v, weight_fused):
     check_tensor("hidden_states", hidden_states, dtypes=(torch.bfloat16,), ndim=3)
     T, hc, H = hidden_states.shape
@@ -254,7 +248,7 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
                weight_fused.stride(0), out.stride(0), out.stride(1))
     maxnreg = {}
     if cfg["PERSIST"] and cfg.get("CAP_REGS") and dev.type == "cuda":
-        maxnreg = dict(maxnreg=_regs_per_thread(int(cfg["WAVES"]) * int(num_warps)))
+        maxnreg = dict(maxnreg=regs_per_thread(int(cfg["WAVES"]) * int(num_warps)))
     if cfg["PERSIST"]:
         n_chunks = max(1, min(T, int(cfg["WAVES"]) * get_num_sms() // hc))
         chunk = ceil_div(T, n_chunks)
