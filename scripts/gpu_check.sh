@@ -10,6 +10,7 @@
 #   STAGES=memcheck MEMCHECK_JOBS=14 bash scripts/gpu_check.sh # 14 sanitizer processes at once, a file each
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
 #   STAGES=grid GRID_OPS="quant:per_channel_cast quant:cast_back" bash scripts/gpu_check.sh  # grids, JSON an op
+#   STAGES=tests PYTEST_ARGS="-n 12" RETRY_FAILED=2 bash scripts/gpu_check.sh  # failures run again on 2 workers
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
 # n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n files at once.
@@ -59,9 +60,25 @@ fi
 if has tests; then
   echo "== GPU tests: $TESTS"
   timeout "$TEST_TIMEOUT" python3 -m pytest -v -p no:cacheprovider $PYTEST_ARGS $TESTS > "$OUT/tests.log" 2>&1
-  rc=$?; [ "$rc" -ne 0 ] && status=1
+  rc=$?
   outcomes "$OUT/tests.log"
   echo "tests rc=$rc"
+  # the failed node ids, whole (a parametrize id may hold spaces), one a line
+  mapfile -t failed < <(python3 -c 'import re, sys
+ids = {m.group(2) for line in open(sys.argv[1], errors="replace")
+       for m in [re.search(r"(FAILED|ERROR) +(tests/\S.*?)(?: - .*)?\s*$", line)] if m}
+print("\n".join(sorted(ids)))' "$OUT/tests.log" | grep .)
+  if [ "$rc" -ne 0 ] && [ -n "${RETRY_FAILED:-}" ] && [ "${#failed[@]}" -gt 0 ] && [ "$rc" -ne 124 ]; then
+    # Many workers share one GPU's memory: a test that fails with OutOfMemoryError under -n N is run again with
+    # RETRY_FAILED workers; the run passes only if every failed test then passes.
+    echo "== ${#failed[@]} failed tests again with -n $RETRY_FAILED" \
+      "($(grep -ac 'OutOfMemoryError' "$OUT/tests.log") OutOfMemoryError lines in the first log)"
+    python3 -m pytest -v -p no:cacheprovider -n "$RETRY_FAILED" "${failed[@]}" > "$OUT/tests_retry.log" 2>&1
+    rc=$?
+    outcomes "$OUT/tests_retry.log"
+    echo "retry rc=$rc"
+  fi
+  [ "$rc" -ne 0 ] && status=1
 fi
 
 memcheck_file() {  # $1: one test file; its log under $OUT/memcheck/
