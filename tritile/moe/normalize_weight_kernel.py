@@ -55,12 +55,61 @@ def _recip_ok(w, d_ok):
 
 
 @triton.jit
+def _halves(x):
+    """``[R, N]`` -> its columns ``[0, N/2)`` and ``[N/2, N)`` as two ``[R, N/2]`` tensors."""
+    R: tl.constexpr = x.shape[0]
+    N: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, N // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _add4(acc, x4, BASE: tl.constexpr, K: tl.constexpr):
+    """``acc + x4[:, 0] + x4[:, 1] + ...`` left to right over the columns ``BASE + j < K`` of a ``[R, 4]`` tile."""
+    p, q = _halves(x4)
+    c0, c1 = tl.split(p)
+    c2, c3 = tl.split(q)
+    if BASE < K:
+        acc = acc + c0
+    if BASE + 1 < K:
+        acc = acc + c1
+    if BASE + 2 < K:
+        acc = acc + c2
+    if BASE + 3 < K:
+        acc = acc + c3
+    return acc
+
+
+@triton.jit
+def _row_sums_split(w, acc, K: tl.constexpr):
+    """The sequential row sums ``acc + w[:, 0] + ... + w[:, K-1]`` of a ``[R, BK]`` tile (BK in 4, 8, 16), the
+    columns taken apart by reshapes and splits (a relayout) instead of one lane reduction per column."""
+    BK: tl.constexpr = w.shape[1]
+    if BK == 4:
+        acc = _add4(acc, w, 0, K)
+    elif BK == 8:
+        a0, a1 = _halves(w)
+        acc = _add4(acc, a0, 0, K)
+        acc = _add4(acc, a1, 4, K)
+    else:
+        tl.static_assert(BK == 16)
+        a, b = _halves(w)
+        a0, a1 = _halves(a)
+        b0, b1 = _halves(b)
+        acc = _add4(acc, a0, 0, K)
+        acc = _add4(acc, a1, 4, K)
+        acc = _add4(acc, b0, 8, K)
+        acc = _add4(acc, b1, 12, K)
+    return acc
+
+
+@triton.jit
 def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
                              NUM_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PER_COL: tl.constexpr, RCP: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr):
+                             PER_COL: tl.constexpr, RCP: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr,
+                             SPLIT: tl.constexpr = False):
     """``PER_COL``: each column loaded as its own ``[BLOCK_T]`` vector (a row stays in one thread: the
     sequential sum needs no shuffles).  Otherwise one ``[BLOCK_T, BLOCK_K]`` tile, columns extracted by
-    select-sums (a row may span lanes).
+    select-sums (a row may span lanes), or with ``SPLIT`` by reshapes and splits (``_row_sums_split``).
     ``RCP`` (the tile path): one ``div_rn(1, d)`` per row and three multiply-adds per element
     instead of a full division per element (MUFU.RCP, Newton step, FCHK check and slow-path branch each), same
     bits; the block falls back to ``div_rn`` when any of its elements is outside ``_recip_ok``'s range (one
@@ -85,8 +134,11 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
         # Strictly sequential float32 sum, left to right (tl.sum's tree order is unspecified).  Each
         # column is extracted exactly: a sum of one value and zeros (the running sum is never -0.0).
         denom = tl.full([BLOCK_T], 1e-20, tl.float32)
-        for k in tl.static_range(NUM_TOPK):
-            denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
+        if SPLIT:
+            denom = _row_sums_split(w, denom, NUM_TOPK)
+        else:
+            for k in tl.static_range(NUM_TOPK):
+                denom = denom + tl.sum(tl.where(cols[None, :] == k, w, 0.0), axis=1)
         tl.store(denom_ptr + rows, denom, mask=row_ok)
         # the fast path's names exist only inside the constexpr RCP branch: the GPU compiler (unlike the
         # interpreter) does not let a later run-time `if` read a name a constexpr-false branch never defined
@@ -105,8 +157,10 @@ def _normalize_weight_kernel(w_ptr, denom_ptr, out_ptr, num_tokens,
 def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> dict:
     """Default launch config: ``[BLOCK_T, next_pow2(K)]`` tiles.  Launch configs go through
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
-    corrections; not with ``PER_COL``), ``num_warps``, ``PDL`` (programmatic dependent launch where supported;
-    default on).  A row-per-thread variant (two 16-byte halves, no
+    corrections; not with ``PER_COL``), ``SPLIT`` (the tile's columns taken apart by reshapes and splits for the
+    row sums, for 3 to 16 columns: at K = 9 the select-sums' lane reductions are 288 SHFL of a 1496-instruction
+    program on sm_90, SPLIT has none in 904; a tune candidate, not timed yet), ``num_warps``, ``PDL``
+    (programmatic dependent launch where supported; default on).  A row-per-thread variant (two 16-byte halves, no
     shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (H200 @ 694bd6c) and was removed."""
     # H200 (2026-11-30, T=21876, K=8, CUPTI with L2 flushed): RCP on [32, 8] tiles x 1 warp 2.02 us, RCP on
     # [128, 8] x 4 warps 2.10, the plain division on [128, 8] x 4 warps (the previous default) 2.32, the
@@ -115,10 +169,11 @@ def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> di
     # Rows a program: at most 256 elements of the tile (8 a lane), fewer when that leaves SMs idle: at least two
     # programs per SM where the rows allow (K = 2, T = 8037: [32, 2] tiles, 252 programs, where [128, 2] gave 63).
     if interpret:
-        return dict(BLOCK_T=max(16, 1024 // next_power_of_two(num_topk)), PER_COL=False, RCP=False, num_warps=1)
+        return dict(BLOCK_T=max(16, 1024 // next_power_of_two(num_topk)), PER_COL=False, RCP=False, SPLIT=False,
+                    num_warps=1)
     cap = max(4, 256 // next_power_of_two(num_topk))
     block_t = min(cap, max(4, next_power_of_two(ceil_div(num_tokens, 2 * max(num_sms, 1)))))
-    return dict(BLOCK_T=block_t, PER_COL=False, RCP=True, num_warps=1)
+    return dict(BLOCK_T=block_t, PER_COL=False, RCP=True, SPLIT=False, num_warps=1)
 
 
 def _normalize_weight_fake(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -154,5 +209,6 @@ def normalize_weight(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Te
         topk_weights, denom, out, num_tokens,
         NUM_TOPK=num_topk, BLOCK_T=cfg["BLOCK_T"], BLOCK_K=next_power_of_two(num_topk), PER_COL=bool(cfg["PER_COL"]),
         RCP=bool(cfg["RCP"]) and not cfg["PER_COL"], EMU=is_interpreter(),
+        SPLIT=bool(cfg["SPLIT"]) and not cfg["PER_COL"] and next_power_of_two(num_topk) in (4, 8, 16),
         num_warps=cfg["num_warps"], **pdl_args(dev, cfg.get("PDL", True)))
     return denom, out
