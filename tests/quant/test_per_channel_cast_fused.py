@@ -7,6 +7,7 @@ from _cast_utils import assert_bad_inputs
 from _moe_maps import MOE_CONFIGS, expand, generate_topk_idx, get_fused_mapping
 
 from tritile.quant import per_channel_cast_fused
+from tritile.quant._bench_channel import _TUNE_CAST_BACK
 from tritile.testing import assert_equal, generate_hidden_sizes, is_gpu_run, pick
 from tritile.torch.cast import cast
 from tritile.torch.per_channel_cast_fused import per_channel_cast_fused as ref_fused
@@ -149,6 +150,29 @@ def test_per_channel_cast_fused_launch_configs(config, device):
         ref_out, ref_sf = ref_fused((data, sf_in), 128, 128, False, pos)
         assert_equal(out, ref_out)
         assert_equal(sf, ref_sf)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf * 0
+@pytest.mark.parametrize("config", _TUNE_CAST_BACK, ids=str)
+def test_per_channel_cast_fused_cast_back_tune_candidates(config, device):
+    """Every tune candidate of a QuantTensor input (``_TUNE_CAST_BACK``; ``HW_DECODE``: the hardware e4m3 decode on
+    the GPU, the software one under the interpreter): the reference's bits, with
+    NaN codes of both signs, zeros of both signs and the largest codes in the data, gathered with padding rows."""
+    from tritile.quant.per_channel_cast_fused_kernel import _launch
+
+    x = torch.randn(200, 384, device=device)
+    pos = torch.randint(-1, 200, (256,), device=device, dtype=torch.int32)
+    for flags in ({}, dict(round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)):
+        data, sf_in = _to_fp8(x, **flags)
+        codes = data.view(torch.uint8)
+        codes[5, 7], codes[6, 130], codes[7, 300] = 0x7F, 0xFF, 0x80  # +NaN, -NaN, -0
+        codes[8, :128], codes[9, 3] = 0x7E, 0xFE  # +-448
+        pos[:10] = torch.arange(10, dtype=torch.int32)
+        for rnd in (False, True):
+            out, sf = _launch(data, sf_in, sf_in.dtype == torch.int32, pos, 256, rnd, config)
+            ref_out, ref_sf = ref_fused((data, sf_in), 128, 128, rnd, pos)
+            assert_equal(out, ref_out)
+            assert_equal(sf, ref_sf)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf * 0

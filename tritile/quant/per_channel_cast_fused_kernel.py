@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..language import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
-from ..language.cast import EMULATE
+from ..language.cast import EMULATE, e4m3_bits_to_f32_fast
 from ..language.grid import tile_grid
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
@@ -36,9 +36,12 @@ _IN_KIND = {torch.float32: _IN_F32, torch.bfloat16: _IN_BF16, torch.float8_e4m3f
 def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
                stride_xm, stride_xsm, stride_xsk, stride_pos,
                IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
-               HAS_MAP: tl.constexpr, BK: tl.constexpr, RAW: tl.constexpr = False):
+               HAS_MAP: tl.constexpr, BK: tl.constexpr, RAW: tl.constexpr = False, HW_DECODE: tl.constexpr = False):
     """float32 logical rows ``rows`` x columns ``cols`` (gathered, dequantized; 0 outside / on padding).
-    ``RAW`` (bf16 input without sf only): the int16 bf16 patterns instead (0 outside / on padding)."""
+    ``RAW`` (bf16 input without sf only): the int16 bf16 patterns instead (0 outside / on padding).
+    ``HW_DECODE`` (e4m3 input): the hardware conversion (``e4m3_bits_to_f32_fast``), the same value for every
+    non-NaN code; a NaN code's sign may differ, but the input-scale multiply that always follows returns the GPU's
+    canonical NaN for either decode (as in ``cast_back``, whose default it is)."""
     BM: tl.constexpr = rows.shape[0]
     out_row_ok = rows < num_rows_out
     col_ok = cols < hidden
@@ -58,6 +61,8 @@ def _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_row
         x = tl.load(ptrs, mask=mask, other=0.0)
     elif IN_KIND == 1:
         x = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    elif HW_DECODE:
+        x = e4m3_bits_to_f32_fast(tl.load(ptrs, mask=mask, other=0))
     else:
         x = e4m3_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
     if HAS_SF:
@@ -88,14 +93,14 @@ def _encode_pass(x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, 
                  num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om,
                  IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
                  HAS_MAP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-                 ALL_FINITE: tl.constexpr, SIGNED_ENC: tl.constexpr = False):
+                 ALL_FINITE: tl.constexpr, SIGNED_ENC: tl.constexpr = False, HW_DECODE: tl.constexpr = False):
     """Second pass of a streamed block: re-read each ``RB``-row chunk, encode it with ``sf_inv``, store."""
     col_ok = cols < hidden
     for r in tl.range(0, BM, RB):
         rows = pid_m * BM + r + tl.arange(0, RB)
         x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
                        num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC,
-                       HAS_MAP, BK)
+                       HAS_MAP, BK, False, HW_DECODE)
         if SIGNED_ENC:
             codes = per_channel_encode_signed(x, sf_inv, RB, x)
         else:
@@ -112,7 +117,7 @@ def _per_channel_cast_fused_kernel(
         IN_KIND: tl.constexpr, HAS_SF: tl.constexpr, SF_PACKED: tl.constexpr, NPC: tl.constexpr,
         HAS_MAP: tl.constexpr, ROUND_SF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
         FINITE_BRANCH: tl.constexpr, VEC: tl.constexpr = 0, SIGNED_ENC: tl.constexpr = 0,
-        INT_POW2: tl.constexpr = False, PDL: tl.constexpr = False):
+        INT_POW2: tl.constexpr = False, HW_DECODE: tl.constexpr = False, PDL: tl.constexpr = False):
     """One 128-row block x ``BK`` columns per program.  ``RB == BM``: the block is held in registers
     (one read).  ``RB < BM``: it is streamed in ``RB``-row chunks twice (amax, then encode; the second
     read mostly hits L2), which needs far fewer registers per thread.  ``FINITE_BRANCH`` (GPU): a
@@ -145,7 +150,8 @@ def _per_channel_cast_fused_kernel(
             codes, sf = per_channel_quant_tile_bf16(bits, BM, ROUND_SF, FINITE_BRANCH, SIGNED_ENC, INT_POW2)
         else:
             x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden, num_groups,
-                           stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK)
+                           stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BK,
+                           False, HW_DECODE)
             codes, sf = per_channel_quant_tile(x, BM, ROUND_SF, FINITE_BRANCH, SIGNED_ENC, INT_POW2)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes,
                  mask=(rows < num_rows_out)[:, None] & col_ok[None, :])
@@ -166,7 +172,7 @@ def _per_channel_cast_fused_kernel(
                 rows = pid_m * BM + r + tl.arange(0, RB)
                 x = _load_rows(x_ptr, x_sf_ptr, pos_ptr, rows, cols, pid_k, num_rows_in, num_rows_out, hidden,
                                num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, IN_KIND, HAS_SF, SF_PACKED,
-                               NPC, HAS_MAP, BK)
+                               NPC, HAS_MAP, BK, False, HW_DECODE)
                 # NaN-propagating max (one FMNMX.NAN per element on the GPU; numpy's maximum propagates NaN
                 # too); column_amax maps a NaN maximum to +inf
                 acc = tl.maximum(acc, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
@@ -174,14 +180,14 @@ def _per_channel_cast_fused_kernel(
         args = (x_ptr, x_sf_ptr, pos_ptr, out_ptr, sf_inv, cols, pid_m, pid_k, num_rows_in, num_rows_out, hidden,
                 num_groups, stride_xm, stride_xsm, stride_xsk, stride_pos, stride_om)
         if SIGNED_ENC:  # no NaN patch to drop
-            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False, True)
+            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False, True, HW_DECODE)
         elif FINITE_BRANCH:
             if all_finite(sf_inv):  # uniform: no group of the tile holds inf/NaN
-                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, True)
+                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, True, False, HW_DECODE)
             else:
-                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False)
+                _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False, False, HW_DECODE)
         else:
-            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False)
+            _encode_pass(*args, IN_KIND, HAS_SF, SF_PACKED, NPC, HAS_MAP, BM, BK, RB, False, False, HW_DECODE)
     tl.store(sf_ptr + pid_m * stride_sm + cols[None, :], sf, mask=col_ok[None, :])
 
 
@@ -340,7 +346,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
 
     ``WORDS`` (off by default; bf16 x without an input sf, gathered or not): ``_per_channel_cast_words_kernel``,
     the one-pass block held as int32 words of two bf16 (``BLOCK_K`` and ``VEC`` still count columns;
-    ``ROWS_PER_STEP``, ``FINITE_BRANCH``, ``SIGNED_ENC``, ``num_stages`` do not apply; ``INT_POW2`` does).  Same
+    ``ROWS_PER_STEP``, ``FINITE_BRANCH``, ``SIGNED_ENC``, ``num_stages`` do not apply; ``INT_POW2`` does).
+    ``HW_DECODE`` (e4m3 input; a tune candidate, not timed yet): the hardware e4m3 decode (see ``_load_rows``).  Same
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
     kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
@@ -386,7 +393,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
                      "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": words,
                      "HMUL_ENC": words, "STATIC_STRIDES": words, "FAST_DIV": words, "KFAST": words,
-                     **(config or {})})
+                     "HW_DECODE": False, **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise ValueError(f"bad per-channel launch config {c}: BLOCK_K a power of two >= 16 (a multiple of 128 "
@@ -406,7 +413,8 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
         IN_KIND=_IN_KIND[x.dtype], HAS_SF=has_sf, SF_PACKED=sf_packed, NPC=128,
         HAS_MAP=pos_to_token is not None, ROUND_SF=round_sf, BM=cfg.block_m, BK=bk, RB=rb,
         FINITE_BRANCH=bool(c["FINITE_BRANCH"]), VEC=int(c["VEC"]), SIGNED_ENC=int(c["SIGNED_ENC"]),
-        INT_POW2=bool(c["INT_POW2"]), num_warps=warps,
+        INT_POW2=bool(c["INT_POW2"]), HW_DECODE=bool(c["HW_DECODE"]) and x.dtype == torch.float8_e4m3fn,
+        num_warps=warps,
         num_stages=stages, **pdl_args(out.device))
     return out, sf
 
