@@ -11,6 +11,7 @@
 #   STAGES="racecheck synccheck compile" bash scripts/gpu_check.sh
 #   STAGES=grid GRID_OPS="quant:per_channel_cast quant:cast_back" bash scripts/gpu_check.sh  # grids, JSON an op
 #   STAGES=tests PYTEST_ARGS="-n 12" RETRY_FAILED=2 bash scripts/gpu_check.sh  # failures run again on 2 workers
+#   STAGES=tune TUNE_SPECS="normalize_weight|'num_topk': 9;aux_fi" bash scripts/gpu_check.sh  # CUPTI tune sweeps
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
 # n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n files at once.
@@ -145,6 +146,27 @@ if has grid; then
     rc=$?; [ "$rc" -ne 0 ] && status=1
     echo "grid $mo rc=$rc $(( $(date +%s) - t0 )) s"
     (cd "$OUT" && tar czf grids.tgz grids)
+  done
+fi
+
+if has tune; then
+  # launch-config sweeps, CUPTI-ranked, over the grid cases a text picks: TUNE_SPECS="op|case text;op|case text"
+  # (the case text as `tune --case` takes it; empty: every grid case of the op), a JSON and a log each, packed in
+  # tunes.tgz, until TUNE_DEADLINE seconds
+  echo "== tune sweeps: ${TUNE_SPECS:-none given}"
+  mkdir -p "$OUT/tunes"
+  t0=$(date +%s); i=0
+  IFS=';' read -ra specs <<< "${TUNE_SPECS:-}"
+  for spec in "${specs[@]}"; do
+    op=${spec%%|*}; text=${spec#*|}; [ "$text" = "$spec" ] && text=""
+    left=$(( ${TUNE_DEADLINE:-540} - ($(date +%s) - t0) ))
+    [ "$left" -lt 30 ] && { echo "tune: out of time before $spec"; break; }
+    i=$((i + 1))
+    timeout $((left - 10)) python3 -m tritile tune --op "$op" --grid --cupti ${text:+--case "$text"} \
+      --json "$OUT/tunes/$i-$op.json" > "$OUT/tunes/$i-$op.log" 2>&1
+    rc=$?; [ "$rc" -ne 0 ] && status=1
+    echo "tune $spec rc=$rc $(( $(date +%s) - t0 )) s"
+    (cd "$OUT" && tar czf tunes.tgz tunes)
   done
 fi
 
