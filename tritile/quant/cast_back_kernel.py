@@ -193,9 +193,13 @@ def _cast_back_impl(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xb
     xv = _data_view(data)
     outv = out.view(torch.int16) if fmt == "bf16" else out
     grid = (ceil_div(m, BLOCK_M), ceil_div(ceil_div(k, BLOCK_K), cpp))
+    # One scale block a row (npc = K, as per_token_cast_back(x, fmt, K) gives) and one chunk a row: a block as wide
+    # as the chunk names the same scale for every column, so the kernel takes its whole-block path (one scale a row,
+    # broadcast; the e4m3 prefetch loop) instead of a scale load per element.  Same values, same bits.
+    xbk_kernel = BLOCK_K if ceil_div(k, xbk) == 1 and k <= BLOCK_K else xbk
     _cast_back_kernel[grid](
         xv, sf, outv, m, k, ceil_div(k, xbk), xv.stride(0), sf.stride(0), sf.stride(1), outv.stride(0),
-        IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
+        IN_KIND=_IN_KIND[data.dtype], XBM=xbm, XBK=xbk_kernel, XSF_PACKED=sf.dtype == torch.int32, BLOCK_M=BLOCK_M,
         BLOCK_K=BLOCK_K, OUT_BF16=fmt == "bf16", CHUNKS_PER_PROG=cpp, HW_DECODE=bool(cfg["HW_DECODE"]),
         UNROLL=bool(cfg["UNROLL"]), VEC=int(cfg["VEC"]), PREFETCH=bool(cfg["PREFETCH"]),
         num_warps=int(cfg["num_warps"]), **pdl_args(outv.device),
