@@ -132,6 +132,20 @@ if has compile; then
   echo "compile rc=$rc"
 fi
 
+# One step of a stage bound by a deadline: $1 the stage's folder under $OUT (packed into $1.tgz after each step, so
+# a stage cut short keeps its finished steps), $2 the deadline in seconds from $3 (the stage's start), $4 a label,
+# $5 the step's log; the rest is the command, run under what is left of the deadline.  Returns 1 when too little is.
+deadline_step() {
+  local dir=$1 deadline=$2 t0=$3 label=$4 log=$5 left rc
+  shift 5
+  left=$(( deadline - ($(date +%s) - t0) ))
+  [ "$left" -lt 30 ] && { echo "$dir: out of time before $label"; return 1; }
+  timeout $((left - 10)) "$@" > "$log" 2>&1
+  rc=$?; [ "$rc" -ne 0 ] && status=1
+  echo "$dir $label rc=$rc $(( $(date +%s) - t0 )) s"
+  (cd "$OUT" && tar czf "$dir.tgz" "$dir")
+}
+
 if has grid; then
   # TileKernels' benchmark grid, one op at a time (GRID_OPS: "module:op ..."), CUPTI timer only, a JSON each, until
   # GRID_DEADLINE seconds have passed: a grid cut by the deadline leaves the finished ops' JSON (packed in grids.tgz)
@@ -139,13 +153,9 @@ if has grid; then
   mkdir -p "$OUT/grids"
   t0=$(date +%s)
   for mo in ${GRID_OPS:-}; do
-    left=$(( ${GRID_DEADLINE:-540} - ($(date +%s) - t0) ))
-    [ "$left" -lt 30 ] && { echo "grid: out of time before $mo"; break; }
-    timeout $((left - 10)) python3 -m tritile bench --module "${mo%%:*}" --op "${mo#*:}" --grid --cupti-only \
-      --json "$OUT/grids/${mo#*:}.json" > "$OUT/grids/${mo#*:}.md" 2>&1
-    rc=$?; [ "$rc" -ne 0 ] && status=1
-    echo "grid $mo rc=$rc $(( $(date +%s) - t0 )) s"
-    (cd "$OUT" && tar czf grids.tgz grids)
+    deadline_step grids "${GRID_DEADLINE:-540}" "$t0" "$mo" "$OUT/grids/${mo#*:}.md" \
+      python3 -m tritile bench --module "${mo%%:*}" --op "${mo#*:}" --grid --cupti-only \
+      --json "$OUT/grids/${mo#*:}.json" || break
   done
 fi
 
@@ -159,14 +169,10 @@ if has tune; then
   IFS=';' read -ra specs <<< "${TUNE_SPECS:-}"
   for spec in "${specs[@]}"; do
     op=${spec%%|*}; text=${spec#*|}; [ "$text" = "$spec" ] && text=""
-    left=$(( ${TUNE_DEADLINE:-540} - ($(date +%s) - t0) ))
-    [ "$left" -lt 30 ] && { echo "tune: out of time before $spec"; break; }
     i=$((i + 1))
-    timeout $((left - 10)) python3 -m tritile tune --op "$op" --grid --cupti ${text:+--case "$text"} \
-      --json "$OUT/tunes/$i-$op.json" > "$OUT/tunes/$i-$op.log" 2>&1
-    rc=$?; [ "$rc" -ne 0 ] && status=1
-    echo "tune $spec rc=$rc $(( $(date +%s) - t0 )) s"
-    (cd "$OUT" && tar czf tunes.tgz tunes)
+    deadline_step tunes "${TUNE_DEADLINE:-540}" "$t0" "$spec" "$OUT/tunes/$i-$op.log" \
+      python3 -m tritile tune --op "$op" --grid --cupti ${text:+--case "$text"} --json "$OUT/tunes/$i-$op.json" \
+      || break
   done
 fi
 
