@@ -218,6 +218,11 @@ _CAST_BACK_TUNE = [
     _CB_OLD, dict(_CB_OLD, VEC=0), dict(_CB_OLD, PREFETCH=False),
 ]
 
+# One scale a row (npc = hidden): the whole-block path with a chunk-wide scale block (cast_back_kernel's ROW_BLOCK).
+# Grid of 2026-12-02 (H200, commit a6f700b, 8001 x 7168) with a scale load per element: e4m3 -> bf16 63.13 us against
+# 43.15 at npc = 128; e2m1 -> bf16 89.97 us.
+_CAST_BACK_ROW_TUNE = [dict(ROW_BLOCK=True)]
+
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (in_dtype, fmt, npc, x_block_size) -> the tuning candidates of that anchor case (at the anchor shape)
@@ -350,7 +355,7 @@ def _cast_back_token_case(device, q, fmt, npc, out_dtype, config, m, k, anchored
                                out_dtype=out_dtype, **_grid.sf_flags(config)) if anchored else None,
                 tune=_tune(device, "cast_back", _CAST_BACK_TUNE)
                 if anchored and (m, k, fmt, npc, out_dtype, config) == (*_shape(device), "e4m3", 128, "bf16", _ROUND)
-                else None)
+                else _tune(device, "cast_back", _CAST_BACK_ROW_TUNE) if npc == k else None)
 
 
 def _cast_back_block_case(device, q, block, out_dtype, rnd, m, k, anchored=True):
