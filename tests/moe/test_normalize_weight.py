@@ -47,7 +47,8 @@ def test_normalize_weight_bad_input(device):
 @pytest.mark.parametrize("cfg", [dict(BLOCK_T=32, num_warps=1, RCP=False), dict(BLOCK_T=128, num_warps=4, RCP=False),
                                  dict(PER_COL=True, BLOCK_T=64, num_warps=2),
                                  dict(SPLIT=True, BLOCK_T=16, num_warps=1, RCP=False),
-                                 dict(SPLIT=True, BLOCK_T=32, num_warps=1, RCP=True)], ids=str)
+                                 dict(SPLIT=True, BLOCK_T=32, num_warps=1, RCP=True),
+                                 dict(SPLIT=False, BLOCK_T=32, num_warps=1, RCP=True)], ids=str)
 @pytest.mark.parametrize("num_tokens,num_topk", [(1, 1), (7, 3), (33, 4), (45, 5), (20, 6), (70, 8), (9, 9),
                                                  (17, 16)])
 def test_normalize_weight_configs(device, cfg, num_tokens, num_topk):

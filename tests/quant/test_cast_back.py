@@ -185,7 +185,8 @@ def test_cast_back_tune_candidates(device):
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 @pytest.mark.parametrize("k", [576, 1024])
 def test_cast_back_row_block_candidate(fmt, k, device):
-    """``ROW_BLOCK`` (one scale a row read through a chunk-wide scale block): the reference bits for per-row scales
+    """``ROW_BLOCK`` (one scale a row read through a chunk-wide scale block, the default) and the scale load per
+    element (its tune candidate): the reference bits for per-row scales
     (npc = K, float32 and packed UE8M0), and unchanged ones where a row holds several blocks (npc = 128)."""
     from tritile.quant._bench_cast import _CAST_BACK_ROW_TUNE
     from tritile.runtime import override_config
@@ -197,6 +198,6 @@ def test_cast_back_row_block_candidate(fmt, k, device):
             q = per_token_cast(x, fmt, npc, None, *flags)
             for out in ("bf16", "fp32"):
                 ref = cast_back_ref(q, out, (1, npc))
-                for cand in _CAST_BACK_ROW_TUNE:
+                for cand in [{}] + _CAST_BACK_ROW_TUNE:
                     with override_config("cast_back", **cand):
                         _assert_equal_nan(per_token_cast_back(q, out, npc), ref)

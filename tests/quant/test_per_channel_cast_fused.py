@@ -153,10 +153,10 @@ def test_per_channel_cast_fused_launch_configs(config, device):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf * 0
-@pytest.mark.parametrize("config", _TUNE_CAST_BACK, ids=str)
+@pytest.mark.parametrize("config", [{}] + _TUNE_CAST_BACK, ids=str)
 def test_per_channel_cast_fused_cast_back_tune_candidates(config, device):
-    """Every tune candidate of a QuantTensor input (``_TUNE_CAST_BACK``; ``HW_DECODE``: the hardware e4m3 decode on
-    the GPU, the software one under the interpreter): the reference's bits, with
+    """The default and every tune candidate of a QuantTensor input (``_TUNE_CAST_BACK``; the GPU default decodes with
+    the hardware e4m3 conversion, HW_DECODE=False and the interpreter in software): the reference's bits, with
     NaN codes of both signs, zeros of both signs and the largest codes in the data, gathered with padding rows."""
     from tritile.quant.per_channel_cast_fused_kernel import _launch
 

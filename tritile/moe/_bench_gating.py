@@ -145,8 +145,9 @@ _NORMALIZE_TUNE = [
     dict(RCP=True, BLOCK_T=256, num_warps=8), dict(RCP=True, BLOCK_T=64, num_warps=2), dict(BLOCK_T=64, num_warps=2),
     dict(RCP=True, BLOCK_T=512, num_warps=8), dict(BLOCK_T=512, num_warps=8),
     dict(RCP=True, BLOCK_T=16, num_warps=1), dict(RCP=True, BLOCK_T=64, num_warps=1),
-    # K = 6 and 9 (rows spanning 4 and 16 lanes): the columns by reshapes and splits instead of lane reductions
-    dict(SPLIT=True), dict(SPLIT=True, BLOCK_T=32), dict(SPLIT=True, BLOCK_T=64, num_warps=2),
+    # K = 6 and 9 (rows spanning 4 and 16 lanes): SPLIT (the columns by reshapes and splits, the default there)
+    # against the lane reductions
+    dict(SPLIT=False), dict(SPLIT=True, BLOCK_T=32), dict(SPLIT=True, BLOCK_T=64, num_warps=2),
     dict(RCP=True, BLOCK_T=8, num_warps=1), dict(RCP=True, BLOCK_T=128, num_warps=1),
     # the grid's K = 2 and 9: smaller tiles, and a row per thread
     dict(BLOCK_T=16), dict(BLOCK_T=64), dict(BLOCK_T=4), dict(PER_COL=True, BLOCK_T=32, num_warps=1),

@@ -159,7 +159,7 @@ def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> di
     ``tritile.runtime.tuned("normalize_weight", ...)``; keys ``BLOCK_T``, ``PER_COL``, ``RCP`` (reciprocal +
     corrections; not with ``PER_COL``), ``SPLIT`` (the tile's columns taken apart by reshapes and splits for the
     row sums, for 3 to 16 columns: at K = 9 the select-sums' lane reductions are 288 SHFL of a 1496-instruction
-    program on sm_90, SPLIT has none in 904; a tune candidate, not timed yet), ``num_warps``, ``PDL``
+    program on sm_90, SPLIT has none in 904; the GPU default where K is not a power of two), ``num_warps``, ``PDL``
     (programmatic dependent launch where supported; default on).  A row-per-thread variant (two 16-byte halves, no
     shuffles) measured 3.03-5.56 us graph against 2.66 us on the H200 (H200 @ 694bd6c) and was removed."""
     # H200 (2026-11-30, T=21876, K=8, CUPTI with L2 flushed): RCP on [32, 8] tiles x 1 warp 2.02 us, RCP on
@@ -173,7 +173,11 @@ def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> di
                     num_warps=1)
     cap = max(4, 256 // next_power_of_two(num_topk))
     block_t = min(cap, max(4, next_power_of_two(ceil_div(num_tokens, 2 * max(num_sms, 1)))))
-    return dict(BLOCK_T=block_t, PER_COL=False, RCP=True, SPLIT=False, num_warps=1)
+    # SPLIT where a row does not fill its tile row (K not a power of two).  H200, 2026-12-02, commit be9d783 (CUPTI
+    # with L2 flushed, same bits): K = 9 5.79 -> 3.01 us (T = 23381), 5.81 -> 3.08, 6.51 -> 3.60 (T = 36056); K = 6
+    # 2.14 -> 2.06 (T = 18663, TileKernels 1.88), 2.24 -> 2.18
+    split = num_topk & (num_topk - 1) != 0
+    return dict(BLOCK_T=block_t, PER_COL=False, RCP=True, SPLIT=split, num_warps=1)
 
 
 def _normalize_weight_fake(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

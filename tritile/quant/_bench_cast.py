@@ -120,13 +120,12 @@ _PER_TOKEN_E2M1_TUNE = [dict(FP4_REQUANT=False, **c) for c in [
     # 19.05, KFAST alone 19.33
     dict(KFAST=False, BLOCK_M=8, num_warps=1), dict(KFAST=True, BLOCK_M=8, num_warps=1),
     dict(KFAST=True, BLOCK_M=4, BLOCK_K=1024, num_warps=1), dict(KFAST=False)]
-# per-token with an FP8 QuantTensor input -> FP8 / FP4.  The default is the general kernel's [1, 1024] tile a program
-# at 2 warps with the software e4m3 decode: 44.77 us (e4m3 out) and 63.91 (e2m1 out) at 4001 x 7168, 128 x 128 input
-# blocks (H200, CUPTI, 2026-12-02, commit cb0e634: 30 % and 16 % of copy).  sm_90 SASS of that tile: 40.8 and 51.8
-# instructions an element; HW_DECODE (the hardware e4m3 -> f16x2 conversion) 22.9 and 36.8.  Not yet timed:
+# per-token with an FP8 QuantTensor input -> FP8 / FP4.  The default (H200, CUPTI, 2026-12-02, commit be9d783, 8001 x
+# 7168, 128 x 128 input blocks, packed sf): the hardware e4m3 decode (HW_DECODE) on [2, 1024] tiles at 2 warps, KFAST:
+# 39.55 us (e4m3 out, 69 % of copy) and 78.26 (e2m1 out); the software decode on [1, 1024] tiles took 87.47 and 125.70
 _PER_TOKEN_FP8_IN_TUNE = [
-    dict(HW_DECODE=True), dict(HW_DECODE=True, KFAST=True), dict(HW_DECODE=True, BLOCK_M=2, num_warps=2, KFAST=True),
-    dict(HW_DECODE=True, BLOCK_M=4, num_warps=4, KFAST=True), dict(BLOCK_M=4, num_warps=4, KFAST=True),
+    dict(HW_DECODE=True, BLOCK_M=4, num_warps=4), dict(HW_DECODE=True, BLOCK_M=1, KFAST=False),
+    dict(HW_DECODE=False), dict(BLOCK_M=2, num_warps=4),
 ]
 # per-token bf16 / fp32 -> FP4: the default [4, 1024] x 4 warps, KFAST: 42.92 us (bf16, 39 % of copy) at 4001 x 7168
 # (H200, CUPTI, 2026-12-02, commit cb0e634), issue-bound.  sm_90 SASS, instructions an element: 33.6 (bf16) and 36.1
@@ -218,10 +217,9 @@ _CAST_BACK_TUNE = [
     _CB_OLD, dict(_CB_OLD, VEC=0), dict(_CB_OLD, PREFETCH=False),
 ]
 
-# One scale a row (npc = hidden): the whole-block path with a chunk-wide scale block (cast_back_kernel's ROW_BLOCK).
-# Grid of 2026-12-02 (H200, commit a6f700b, 8001 x 7168) with a scale load per element: e4m3 -> bf16 63.13 us against
-# 43.15 at npc = 128; e2m1 -> bf16 89.97 us.
-_CAST_BACK_ROW_TUNE = [dict(ROW_BLOCK=True)]
+# One scale a row (npc = hidden): the default whole-block path with a chunk-wide scale block (cast_back_kernel's
+# ROW_BLOCK), against a scale load per element
+_CAST_BACK_ROW_TUNE = [dict(ROW_BLOCK=False)]
 
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -347,7 +347,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     ``WORDS`` (off by default; bf16 x without an input sf, gathered or not): ``_per_channel_cast_words_kernel``,
     the one-pass block held as int32 words of two bf16 (``BLOCK_K`` and ``VEC`` still count columns;
     ``ROWS_PER_STEP``, ``FINITE_BRANCH``, ``SIGNED_ENC``, ``num_stages`` do not apply; ``INT_POW2`` does).
-    ``HW_DECODE`` (e4m3 input; a tune candidate, not timed yet): the hardware e4m3 decode (see ``_load_rows``).  Same
+    ``HW_DECODE`` (e4m3 input; the GPU default there): the hardware e4m3 decode (see ``_load_rows``).  Same
     bits.  It needs an even K, an even row stride and a 4-byte aligned x (else the element kernel runs).
     ``HMUL_ENC`` (WORDS with round_sf): the power-of-two multiply on the bf16 pairs (exact: see the SwiGLU WORDS
     kernel).  ``maxnreg`` (WORDS only; None: no cap): ptxas' register cap.  ``STATIC_STRIDES`` / ``FAST_DIV`` (WORDS
@@ -389,11 +389,18 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     # column blocks, tritile.language.grid), two sweeps (CUPTI, round_sf off): per_channel_cast 23.89 / 24.03 us against
     # 25.03 / 24.91, round_sf on 23.74 against 24.60, per_channel_cast_fused 24.13 / 24.04 against 24.93 / 24.78
     words = gpu and not has_sf
+    # An e4m3 input with its sf (is_fused_cast_back): the hardware decode (HW_DECODE) in 64-row steps.  H200,
+    # 2026-12-02, commit be9d783 (plain 4096 rows, CUPTI with L2 flushed, round_sf off / on, same bits): hidden 2048
+    # 26.16 / 26.00 -> 10.07 / 9.66 us, 4096 48.91 / 48.23 -> 18.42 / 17.84, 7168 81.52 / 80.96 -> 32.44 / 31.29
+    # (15.6-17 % of copy -> 40-44 %); at 2560 the 32-row steps were faster (12.85 / 12.56 against 14.56 / 13.95)
+    hw = gpu and has_sf and x.dtype == torch.float8_e4m3fn
+    if hw:
+        cfg = cfg._replace(rows_per_step=64)
     c = tuned(name, {"BLOCK_K": cfg.block_k, "ROWS_PER_STEP": cfg.rows_per_step,
                      "num_warps": cfg.num_warps, "num_stages": 3, "FINITE_BRANCH": gpu and has_sf,
                      "VEC": 8 if gpu else 0, "SIGNED_ENC": 2, "INT_POW2": True, "WORDS": words,
                      "HMUL_ENC": words, "STATIC_STRIDES": words, "FAST_DIV": words, "KFAST": words,
-                     "HW_DECODE": False, **(config or {})})
+                     "HW_DECODE": hw, **(config or {})})
     bk, warps, rb, stages = c["BLOCK_K"], c["num_warps"], c["ROWS_PER_STEP"], c["num_stages"]
     if bk < 16 or bk & (bk - 1) or (has_sf and bk % 128) or rb not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise ValueError(f"bad per-channel launch config {c}: BLOCK_K a power of two >= 16 (a multiple of 128 "
