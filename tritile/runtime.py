@@ -177,6 +177,36 @@ def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtyp
     return out
 
 
+# Zeroed workspaces that their kernels leave zeroed, one per (name, device, stream), so that a kernel accumulating
+# into one needs no fill launch before it (about 0.8 us of kernel time on the H200 for a few words).
+_ZEROED: dict = {}
+
+
+def zeroed_workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of at least ``numel`` zeros of ``dtype`` on ``device`` for one launch on the current stream.
+
+    Contract: the kernel given it must leave every element it touched zero again before it ends (e.g. the program
+    that completes an accumulation reads the total, then stores 0).  The buffer is cached per (``name``, device,
+    current stream): launches on one stream run in order, so each finds it zeroed; launches on two streams get two
+    buffers.  While the stream captures a CUDA graph a fresh ``torch.zeros`` is returned instead (a graph must not
+    hold a buffer that eager calls share; the fill is then a node of the graph)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(numel, dtype=dtype, device=device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        stream = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+        key = (name, dtype, "cuda", index, stream)
+    else:
+        key = (name, dtype, str(device), 0, 0)
+    ws = _ZEROED.get(key)
+    if ws is None or ws.numel() < numel:
+        # A replaced buffer is freed to the caching allocator, which reuses it in this stream's order only.
+        ws = torch.zeros(max(numel, 256), dtype=dtype, device=device)
+        _ZEROED[key] = ws
+    return ws
+
+
 # ---------------------------------------------------------------------------------------------
 # Argument checks with uniform messages.
 # ---------------------------------------------------------------------------------------------

@@ -53,3 +53,55 @@ def test_group_count_bad_input(device, monkeypatch):
     monkeypatch.setenv("TRITILE_CHECKS", "1")
     with pytest.raises(ValueError, match="group_idx"):
         moe.group_count(bad, 8)
+
+
+def _count_workspaces(device):
+    from tritile import runtime
+
+    return [ws for key, ws in runtime._ZEROED.items() if key[0] == "moe_count" and ws.device == device]
+
+
+def test_count_workspace_left_zeroed(device):
+    """group_count and aux_fi past the one-program path accumulate in a cached workspace with no fill launch: each
+    launch must leave it zeroed, so calls in a row (different sizes, bins and both ops interleaved) stay exact."""
+    device = torch.device(device)
+    for num_groups, rows in ((9, 2049), (300, 1500), (4, 3000), (9, 2049)):
+        idx = torch.randint(-1, num_groups, (rows, 6), device=device)
+        assert_equal(moe.group_count(idx, num_groups), ref(idx, num_groups))
+        from tritile.torch import aux_fi as aux_ref
+
+        assert_equal(moe.aux_fi(idx, num_groups, 6), aux_ref(idx, num_groups, 6))
+        workspaces = _count_workspaces(device)
+        assert workspaces, "the multi-program path did not run"
+        for ws in workspaces:
+            assert int(ws.count_nonzero()) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams and CUDA graphs")
+def test_count_workspace_streams_and_graphs(device):
+    """Another stream gets a buffer of its own; a captured graph gets a fresh zeroed one (its fill a graph node),
+    and replays interleaved with eager calls stay exact."""
+    from tritile.torch import aux_fi as aux_ref
+
+    idx = torch.randint(-1, 72, (8001, 8), device=device)
+    expected, f_ref = ref(idx, 72), aux_ref(idx, 72, 8)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            got_side = moe.group_count(idx, 72)
+    assert_equal(moe.group_count(idx, 72), expected)
+    torch.cuda.current_stream().wait_stream(side)
+    assert_equal(got_side, expected)
+    assert len(_count_workspaces(torch.device(device))) >= 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_counts = moe.group_count(idx, 72)
+        g_f = moe.aux_fi(idx, 72, 8)
+    for _ in range(3):
+        graph.replay()
+        assert_equal(moe.group_count(idx, 72), expected)
+        assert_equal(g_counts, expected)
+        assert_equal(g_f, f_ref)
+    for ws in _count_workspaces(torch.device(device)):
+        assert int(ws.count_nonzero()) == 0

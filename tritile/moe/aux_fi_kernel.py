@@ -13,10 +13,11 @@ from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_int, check_tensor, empty, interpreter_configs,
-                             override_key, tuned)
+                             override_key, tuned, zeroed_workspace)
 from tritile.utils import ceil_div, next_power_of_two
 
-from .group_count_kernel import check_index_range, count_chunks, count_plan, grid_config, single_config
+from .group_count_kernel import (arrive_counts, check_index_range, count_chunks, count_plan, grid_config,
+                                 single_config)
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -38,19 +39,14 @@ def _aux_fi_single_kernel(idx_ptr, out_ptr, numel, num_experts, scale_num, denom
 @triton.jit
 def _aux_fi_kernel(idx_ptr, ws_ptr, out_ptr, numel, num_experts, scale_num, denom, nprog,
                    BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False):
-    """``ws`` = int64 ``[num_experts]`` zeros; word e accumulates ``arrivals << 32 | count_e``.  Every program
-    adds ``1 << 32 | its count`` to every expert's word in one relaxed atomic and gets the old word back; the
-    program whose add completes the arrivals (``nprog``) holds the final count and writes
-    f = float(count * E) / float(T * aux) (IEEE).  One atomic round trip, no ticket, no fence."""
+    """``ws`` = int64 ``[num_experts]`` zeros, left zeroed (``arrive_counts``: every program adds its counts in one
+    relaxed atomic round trip); the program whose add completes an expert's arrivals holds the final count and
+    writes f = float(count * E) / float(T * aux) (IEEE)."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     hist = count_chunks(idx_ptr, numel, num_experts, pid, nprog, BLOCK, BINS)
     bins = tl.arange(0, BINS)
-    in_range = bins < num_experts
-    add = hist.to(tl.int64) + 4294967296  # (1 << 32) | count
-    new = tl.atomic_add(ws_ptr + bins, add, mask=in_range, sem="relaxed") + add
-    last = in_range & ((new >> 32) == nprog)
-    counts = (new & 0xFFFFFFFF).to(tl.int32)
+    last, counts = arrive_counts(ws_ptr, hist, num_experts, nprog, BINS)
     f = tl.math.div_rn((counts * scale_num).to(tl.float32), tl.full([BINS], denom, tl.float32))
     tl.store(out_ptr + bins, f, mask=last)
 
@@ -103,7 +99,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         _aux_fi_single_kernel.run(topk_idx, out, numel, num_experts, num_experts, denom, block, bins, grid=(1,),
                                   warmup=False, num_warps=warps, **pdl_args(dev))
         return out
-    ws = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    ws = zeroed_workspace("moe_count", num_experts, torch.int64, dev)  # left zeroed by the kernel: no fill launch
     _aux_fi_kernel.run(topk_idx, ws, out, numel, num_experts, num_experts, denom, programs,
                        block, bins, grid=(programs,), warmup=False, num_warps=warps, **pdl_args(out.device))
     return out

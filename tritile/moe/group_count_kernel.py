@@ -13,7 +13,7 @@ from tritile import runtime as _rt
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_int, check_tensor, checks_enabled, empty,
-                             interpreter_configs, override_key, tuned)
+                             interpreter_configs, override_key, tuned, zeroed_workspace)
 from tritile.utils import ceil_div, next_power_of_two
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
@@ -40,10 +40,29 @@ def count_chunks(idx_ptr, numel, num_bins, pid, num_programs,
 
 
 @triton.jit
-def _group_count_kernel(idx_ptr, out_ptr, numel, num_groups, num_programs, BLOCK: tl.constexpr, BINS: tl.constexpr,
-                        SINGLE: tl.constexpr = False, PDL: tl.constexpr = False):
-    """``SINGLE``: one program counts everything (``BLOCK >= numel``) and stores the histogram (no zero-filled
-    accumulator, one launch).  Otherwise every program adds its chunks' histogram with integer atomics."""
+def arrive_counts(ws_ptr, hist, num_bins, num_programs, BINS: tl.constexpr):
+    """Add this program's histogram into ``ws`` (int64 ``[num_bins]``, zero before the launch: word b accumulates
+    ``arrivals << 32 | count_b``): every program adds ``1 << 32 | its count`` to every bin's word in one relaxed
+    atomic and gets the old word back.  -> ``(last, counts)``: ``last`` marks the bins whose add completed the
+    arrivals (``num_programs``), where ``counts`` (int32) is the final count; the arriving program stores 0 back
+    there, so ``ws`` ends zeroed (``tritile.runtime.zeroed_workspace``'s contract).  No ticket, no fence: every
+    other add to that word came before in its modification order."""
+    bins = tl.arange(0, BINS)
+    in_range = bins < num_bins
+    add = hist.to(tl.int64) + 4294967296  # (1 << 32) | count
+    new = tl.atomic_add(ws_ptr + bins, add, mask=in_range, sem="relaxed") + add
+    last = in_range & ((new >> 32) == num_programs)
+    tl.store(ws_ptr + bins, tl.zeros([BINS], tl.int64), mask=last)
+    return last, (new & 0xFFFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _group_count_kernel(idx_ptr, out_ptr, ws_ptr, numel, num_groups, num_programs, BLOCK: tl.constexpr,
+                        BINS: tl.constexpr, SINGLE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``SINGLE``: one program counts everything (``BLOCK >= numel``) and stores the histogram (one launch).
+    Otherwise every program adds its chunks' histogram into the zeroed workspace ``ws`` (``arrive_counts``:
+    integer atomics, so the sum depends neither on the order nor on the grid size); the program whose add completes
+    a bin stores its count and zeroes the word again (no fill launch before)."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     hist = count_chunks(idx_ptr, numel, num_groups, pid, num_programs, BLOCK, BINS)
@@ -51,8 +70,8 @@ def _group_count_kernel(idx_ptr, out_ptr, numel, num_groups, num_programs, BLOCK
     if SINGLE:
         tl.store(out_ptr + bins, hist, mask=bins < num_groups)
     else:
-        # Integer atomics: the sum does not depend on the order (nor on the grid size).
-        tl.atomic_add(out_ptr + bins, hist, mask=(bins < num_groups) & (hist != 0), sem="relaxed")
+        last, counts = arrive_counts(ws_ptr, hist, num_groups, num_programs, BINS)
+        tl.store(out_ptr + bins, counts, mask=last)
 
 
 def single_config(numel: int, interpret: bool) -> dict:
@@ -116,16 +135,13 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
         return torch.zeros(num_groups, dtype=torch.int32, device=group_idx.device)
     check_index_range("group_idx", group_idx, num_groups, "num_groups")
     single, programs, block, bins, warps = _plan(numel, num_groups, get_num_sms(), override_key("group_count"))
-    # one program writes every bin; else the atomic accumulator starts at zero
-    out = (empty if single else _zeros)((num_groups,), torch.int32, group_idx.device)
+    out = empty((num_groups,), torch.int32, group_idx.device)
+    # the grid accumulates in a workspace that it leaves zeroed (one launch, no fill)
+    ws = out if single else zeroed_workspace("moe_count", num_groups, torch.int64, group_idx.device)
     # ``.run`` is what ``kernel[grid](...)`` calls; constexprs positionally (fewer dicts on the launch path)
-    _group_count_kernel.run(group_idx, out, numel, num_groups, programs, block, bins, single, grid=(programs,),
+    _group_count_kernel.run(group_idx, out, ws, numel, num_groups, programs, block, bins, single, grid=(programs,),
                             warmup=False, num_warps=warps, **pdl_args(out.device))
     return out
-
-
-def _zeros(shape, dtype, device):
-    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _config(numel: int, num_groups: int, num_sms: int, interpret: bool) -> dict:
