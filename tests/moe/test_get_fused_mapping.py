@@ -79,6 +79,9 @@ _PATHS = {
     "three-launch-packed": dict(single_max=0, chunk=32, scan_tp=4, fuse_scan=0),
     # eight 8-bit counters a lane (E > 8)
     "two-launch-field8": dict(single_max=0, chunk=64, field_bits=8),
+    # the chunk ranked in sub-blocks (8-bit counters in each, the running base between them), and 16-bit ones
+    "two-launch-sub": dict(single_max=0, chunk=128, field_bits=8, sub=32),
+    "three-launch-sub16": dict(single_max=0, chunk=64, sub=16, fuse_scan=0),
 }
 
 
@@ -116,15 +119,17 @@ def test_get_fused_mapping_launch_configs(cfg, device):
             _assert_same(get_fused_mapping(topk_idx, e, n, 2000), ref_fused_mapping(topk_idx, e, n, 2000, sync=False))
 
 
+@pytest.mark.parametrize("cfg", [dict(chunk=256), dict(chunk=1024, sub=256)], ids=str)
 @pytest.mark.parametrize("num_experts", [16, 32])
-def test_get_fused_mapping_field8_full_chunk(num_experts, device):
-    """8-bit counters at their limit: 256-slot chunks whose slots all go to one expert (the inclusive count of the
-    last slot, 256, carries into the next field), next to chunks of mixed and missing ids."""
-    ids = torch.full((768,), num_experts - 2, dtype=torch.int64, device=device)  # chunks 0-2 all one expert
+def test_get_fused_mapping_field8_full_chunk(num_experts, cfg, device):
+    """8-bit counters at their limit: 256-slot chunks (or sub-blocks of a 1024-slot chunk) whose slots all go to one
+    expert (the inclusive count of the last slot, 256, carries into the next field), next to mixed and missing ids."""
+    ids = torch.full((1280,), num_experts - 2, dtype=torch.int64, device=device)  # blocks 0-2 all one expert
     ids[256:512] = num_experts - 1
     ids[600:700] = torch.randint(-1, num_experts, (100,), device=device)
-    topk_idx = ids.view(96, 8)
-    with override_config("get_fused_mapping", single_max=0, chunk=256, field_bits=8):
+    ids[1024:] = num_experts - 1
+    topk_idx = ids.view(160, 8)
+    with override_config("get_fused_mapping", single_max=0, field_bits=8, **cfg):
         for alignment in (1, 128):
             _assert_same(get_fused_mapping(topk_idx, num_experts, 0, alignment),
                          ref_fused_mapping(topk_idx, num_experts, 0, alignment))

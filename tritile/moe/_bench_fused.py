@@ -60,6 +60,12 @@ _MAPPING_TUNE = [
     dict(single_max=2048, single_warps=8), dict(single_max=4096, single_warps=8),
     dict(single_max=4096, single_warps=16), dict(single_max=8192, single_warps=16),
     dict(single_max=16384, single_warps=32),
+    # 9-32 experts past the 8-bit rule's table bound: large chunks ranked in 128- / 256-slot sub-blocks of 8-bit
+    # counters (sm_90 one-hot cumsums of [256, 4] int64 at E = 32 instead of [512, 8])
+    dict(field_bits=8, sub=256, chunk=512), dict(field_bits=8, sub=256, chunk=1024),
+    dict(field_bits=8, sub=128, chunk=512), dict(field_bits=8, sub=128, chunk=1024),
+    dict(field_bits=8, sub=256, chunk=2048), dict(field_bits=8, sub=256, chunk=1024, num_warps=8),
+    dict(field_bits=8, sub=256, chunk=512, num_warps=2),
 ]
 
 

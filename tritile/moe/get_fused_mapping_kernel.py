@@ -118,12 +118,28 @@ def _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos
 
 
 @triton.jit
+def _lane_ranks(eg, valid, N: tl.constexpr, LANES: tl.constexpr, FIELD: tl.constexpr):
+    """int32 ``[N]``: each valid slot's rank among the earlier valid slots of its expert ``eg`` (int32 ``[N]``), from
+    an exclusive cumsum of int64 one-hots in ``LANES`` lanes of ``64 // FIELD`` FIELD-bit counters (experts
+    ``FPL*l .. FPL*l + FPL-1`` in lane ``l``).  An exclusive count must fit its field (N <= 2**FIELD); an inclusive
+    one may carry into the next field, which the subtraction of ``one`` undoes exactly (mod 2**64)."""
+    FPL: tl.constexpr = 64 // FIELD
+    sh = (eg % FPL).to(tl.int64) * FIELD
+    l_ar = tl.arange(0, LANES)
+    in_lane = valid[:, None] & ((eg // FPL)[:, None] == l_ar[None, :])
+    one = tl.where(in_lane, tl.full([N, LANES], 1, tl.int64) << sh[:, None], 0)
+    excl = tl.sum(tl.where(in_lane, tl.cumsum(one, axis=0) - one, 0), axis=1)
+    return ((excl >> sh) & ((1 << FIELD) - 1)).to(tl.int32)
+
+
+@triton.jit
 def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_expanded, alignment,
                                   NUM_TOPK: tl.constexpr, SINGLE: tl.constexpr, TABLE_ROWS: tl.constexpr,
                                   PACKED: tl.constexpr, FILL_TAIL: tl.constexpr, CHUNK: tl.constexpr,
                                   SB: tl.constexpr, HIST_BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
                                   PAD_ITERS: tl.constexpr, PAD_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                                  LANES: tl.constexpr = 1, FIELD: tl.constexpr = 16, PDL: tl.constexpr = False):
+                                  LANES: tl.constexpr = 1, FIELD: tl.constexpr = 16, SUB: tl.constexpr = 0,
+                                  PDL: tl.constexpr = False):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -148,7 +164,7 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
     token_topk_to_pos_ptr = num_per_expert_ptr + e_words
     e_ar = tl.arange(0, BLOCK_E)
     c_start = pid.to(tl.int64) * CHUNK
-    if PACKED:  # the chunk's ids first, so that their load overlaps the count table's
+    if PACKED and (SUB == 0 or LANES == 1):  # the chunk's ids first, so that their load overlaps the count table's
         offs = c_start + tl.arange(0, CHUNK)
         m = offs < numel
         e = tl.load(topk_ptr + offs, mask=m, other=-1)
@@ -200,24 +216,32 @@ def _fused_mapping_scatter_kernel(topk_ptr, buf_ptr, numel, num_experts, num_exp
             pos += tl.where(e32 == ej, tl.sum(tl.where(e_ar == ej, base, 0), axis=0), 0)
         _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
                      valid, pos, e32, num_expanded, NUM_TOPK)
-    elif PACKED:
+    elif PACKED and SUB == 0:
         # BLOCK_E = (64 / FIELD) * LANES: the same in LANES int64 lanes of FIELD-bit counters (experts
         # FPL*l .. FPL*l + FPL-1 in lane l), one [CHUNK, LANES] cumsum along the chunk instead of CHUNK / SB
         # dependent steps; the base is gathered.  8-bit fields (CHUNK <= 256: an exclusive count is at most 255;
         # an inclusive one may carry into the next field, which the subtraction of ``one`` undoes exactly, mod
         # 2**64) halve the lanes of 16-bit ones.
-        FPL: tl.constexpr = 64 // FIELD
         valid = m & (e >= 0) & (e < num_experts)
         eg = tl.where(valid, e, 0).to(tl.int32)
-        sh = (eg % FPL).to(tl.int64) * FIELD
-        l_ar = tl.arange(0, LANES)
-        in_lane = valid[:, None] & ((eg // FPL)[:, None] == l_ar[None, :])
-        one = tl.where(in_lane, tl.full([CHUNK, LANES], 1, tl.int64) << sh[:, None], 0)
-        excl = tl.sum(tl.where(in_lane, tl.cumsum(one, axis=0) - one, 0), axis=1)
-        e32 = tl.where(valid, eg, -1)
-        pos = ((excl >> sh) & ((1 << FIELD) - 1)).to(tl.int32) + tl.gather(base, eg, axis=0)
+        pos = _lane_ranks(eg, valid, CHUNK, LANES, FIELD) + tl.gather(base, eg, axis=0)
         _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, offs, m,
-                     valid, pos, e32, num_expanded, NUM_TOPK)
+                     valid, pos, tl.where(valid, eg, -1), num_expanded, NUM_TOPK)
+    elif PACKED:
+        # The chunk in CHUNK / SUB sub-blocks, one after another: the lane ranks inside a sub-block (SUB <= 256
+        # with 8-bit fields) plus the expert's running base, which the sub-block's histogram then advances.  Large
+        # chunks (few count-table rows for each program to sum) with narrow counters: [SUB, LANES] cumsums of
+        # 8-bit fields instead of one [CHUNK, 2 * LANES] cumsum of 16-bit ones.
+        for it in range(CHUNK // SUB):
+            s_offs = c_start + it * SUB + tl.arange(0, SUB)
+            s_m = s_offs < numel
+            s_e = tl.load(topk_ptr + s_offs, mask=s_m, other=-1)
+            valid = s_m & (s_e >= 0) & (s_e < num_experts)
+            eg = tl.where(valid, s_e, 0).to(tl.int32)
+            pos = _lane_ranks(eg, valid, SUB, LANES, FIELD) + tl.gather(base, eg, axis=0)
+            base += tl.histogram(eg, BLOCK_E, mask=valid)
+            _store_slots(token_topk_to_pos_ptr, pos_to_expert_ptr, pos_to_token_ptr, pos_to_token_topk_ptr, s_offs,
+                         s_m, valid, pos, tl.where(valid, eg, -1), num_expanded, NUM_TOPK)
     else:
         # ---- this program's chunk in ascending flat order, SB slots at a time ----
         i_ar = tl.arange(0, SB)
@@ -330,7 +354,7 @@ def _default_config(num_experts: int, numel: int, num_sms: int, interp: bool) ->
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: int, sb: int, single_max: int,
           num_warps: int, scan_tp: int, scan_eb: int, packed: bool, fuse_scan: int, lanes_max: int = 8,
-          single_warps: int = 4, field_bits: int = 16) -> dict:
+          single_warps: int = 4, field_bits: int = 16, sub: int = 0) -> dict:
     """Block sizes and chunking.  Constexprs are rounded to powers of two so that a GPU compiles few variants
     while T varies.  Cached: the host path is latency-critical."""
     block_e = max(2, next_power_of_two(num_experts))
@@ -347,9 +371,14 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
     # packed: int64s of four 16-bit counters per slot (LANES of them: E <= 4 * lanes_max) instead of the [SB, SB]
     # rank comparison; the count kernel packs only at E <= 4 (else tl.histogram).
     # field_bits = 8: eight 8-bit counters a lane, for BLOCK_E >= 16 (lanes of several experts) and CHUNK <= 256
-    field = 8 if field_bits == 8 and block_e >= 16 and chunk <= 256 else 16
+    # sub > 0: the scatter ranks its chunk in sub-blocks of ``sub`` slots (a power of two below the chunk; 8-bit
+    # fields need sub <= 256), each advancing the experts' running base by its histogram
+    sub = next_power_of_two(sub) if 0 < sub < chunk else 0
+    field = 8 if field_bits == 8 and block_e >= 16 and (sub or chunk) <= 256 else 16
     lanes = max(1, block_e // (64 // field))
     packed_scatter = bool(packed) and lanes <= max(1, lanes_max) and chunk < 2**16
+    if lanes == 1:
+        sub = 0  # E <= 4: the whole chunk in one int64 lane
     packed = bool(packed) and block_e <= 4 and chunk < 2**16
     if packed_scatter:
         sb = 64  # unused: keep one variant
@@ -366,7 +395,7 @@ def _plan(numel: int, num_topk: int, num_experts: int, alignment: int, chunk: in
                              CHUNK=chunk, SB=sb, HIST_BLOCK=min(chunk, 2048), BLOCK_E=block_e,
                              PAD_ITERS=ceil_div(alignment - 1, pad_block) if alignment > 1 else 0,
                              PAD_BLOCK=pad_block, TAIL_BLOCK=1024, LANES=lanes if packed_scatter else 1,
-                             FIELD=field if packed_scatter else 16))
+                             FIELD=field if packed_scatter else 16, SUB=sub if packed_scatter else 0))
 
 
 @functools.lru_cache(maxsize=256)
@@ -385,7 +414,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
     c = tuned("get_fused_mapping", _default_config(num_experts, numel, get_num_sms(), interpreter_configs()))
     cfg = _plan(numel, num_topk, num_experts, alignment, c["chunk"], c["sb"], c["single_max"], c["num_warps"],
                 c["scan_tp"], c["scan_eb"], c["packed"], c["fuse_scan"], c.get("lanes_max", 8),
-                c.get("single_warps", c["num_warps"]), c.get("field_bits", 16))
+                c.get("single_warps", c["num_warps"]), c.get("field_bits", 16), c.get("sub", 0))
     num_chunks = cfg["num_chunks"]
     table = 0 if cfg["single"] or numel == 0 else (num_chunks + 1) * cfg["block_e"]
     num_view = 0 if sync_mode else num_expanded  # the synchronising mode's length comes from the data
@@ -408,7 +437,7 @@ def _host_plan(num_tokens: int, num_topk: int, num_experts: int, alignment: int,
         # The synchronising mode cuts the outputs at the segments' end, so it needs no tail fill.
         k = dict(cfg["scatter"], FILL_TAIL=not sync_mode)
         names = ("NUM_TOPK", "SINGLE", "TABLE_ROWS", "PACKED", "FILL_TAIL", "CHUNK", "SB", "HIST_BLOCK", "BLOCK_E",
-                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK", "LANES", "FIELD")
+                 "PAD_ITERS", "PAD_BLOCK", "TAIL_BLOCK", "LANES", "FIELD", "SUB")
         launches.append((_fused_mapping_scatter_kernel, (num_chunks,), (numel, num_experts, num_expanded, alignment),
                          tuple(k[n] for n in names), cfg["num_warps"]))
     fixed_views = None if sync_mode and numel > 0 else (num_view, na, ea)
