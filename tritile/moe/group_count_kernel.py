@@ -77,10 +77,11 @@ def _group_count_kernel(idx_ptr, out_ptr, ws_ptr, numel, num_groups, num_program
 def single_config(numel: int, interpret: bool) -> dict:
     """Default of the one-program path shared by ``group_count`` and ``aux_fi``: ``T*K <= SINGLE_MAX`` is counted
     by one program of ``SINGLE_WARPS`` warps holding every entry at once (at least 2 a thread), which stores the
-    result itself: one launch instead of a zero fill and a counting launch.
+    result itself (no atomics, no workspace).
     Tuning keys ``SINGLE_MAX`` (0: off) and ``SINGLE_WARPS``."""
-    # H200 (2026-12-02, CUPTI, K = 2, E = 9): the one program wins up to 2048 entries (group_count 1.83 us on 32
-    # warps against 2.24 on the grid; aux_fi 2.13 against 2.68) and loses from 4096 (2.62 against 2.35; at 16074
+    # H200 (2026-12-02, CUPTI, K = 2, E = 9, when the grid still took a 0.8 us zero-fill launch before it): the one
+    # program wins up to 2048 entries (group_count 1.83 us on 32 warps against 2.24 on the grid; aux_fi 2.13 against
+    # 2.68) and loses from 4096 (2.62 against 2.35; at 16074
     # entries 6.16 against 2.51): one SM's histogram throughput, not the loads, bounds it.  More warps are better
     # up to 2 entries a thread (2048 entries: 32 warps 1.83, 16 1.84, 8 1.92, 4 about 2.2).
     if interpret:
