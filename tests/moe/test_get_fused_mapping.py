@@ -135,13 +135,18 @@ def test_get_fused_mapping_field8_full_chunk(num_experts, cfg, device):
                          ref_fused_mapping(topk_idx, num_experts, 0, alignment))
 
 
-@pytest.mark.parametrize("num_experts,num_tokens,num_topk", [(9, 700, 2), (16, 300, 8), (32, 330, 6), (32, 1500, 9)])
-def test_get_fused_mapping_gpu_rule(num_experts, num_tokens, num_topk, device):
-    """The GPU's default config for the shape (8-bit counters on 128- / 256-slot chunks, or the 16-bit rules past
-    their table bound), run in the interpreter too."""
+@pytest.mark.parametrize("num_experts,num_tokens,num_topk,rule_numel", [
+    (9, 700, 2, None), (16, 300, 8, None), (32, 330, 6, None), (32, 1500, 9, None),
+    (32, 1500, 9, 112266), (32, 700, 6, 207846), (9, 700, 8, 175480), (16, 40, 9, 360)])
+def test_get_fused_mapping_gpu_rule(num_experts, num_tokens, num_topk, rule_numel, device):
+    """The GPU's default config for the shape (8-bit counters on 128- / 256-slot chunks; past their table bound,
+    512- / 1024-slot chunks ranked in 256-slot sub-blocks; the one-program path), run in the interpreter too.
+    ``rule_numel``: take the config the GPU picks for that many slots (the grid's large shapes), on smaller data."""
     from tritile.moe.get_fused_mapping_kernel import _default_config
 
-    cfg = _default_config(num_experts, num_tokens * num_topk, 132, False)
+    cfg = _default_config(num_experts, rule_numel or num_tokens * num_topk, 132, False)
+    if rule_numel and rule_numel > 65536:
+        assert cfg.get("sub") == 256 and cfg.get("field_bits") == 8, cfg
     topk_idx = torch.randint(-1, num_experts, (num_tokens, num_topk), device=device)
     with override_config("get_fused_mapping", **cfg):
         for alignment in (1, 128):

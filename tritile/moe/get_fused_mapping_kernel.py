@@ -323,23 +323,27 @@ def _default_config(num_experts: int, numel: int, num_sms: int, interp: bool) ->
         # chunk that each program sums stays within 8192 words (32 KB of L2 reads a program).  H200 (2026-12-02,
         # CUPTI, sync mode, results bit-identical): E = 9, T*K = 15804: 3.71 us at 128 slots against 6.66 (16-bit
         # counters on 512); T*K = 110934: 6.35 at 256 against 8.04 (at 128 slots, 867 chunks: 10.73); E = 32,
-        # T*K = 17934: 4.83 at 128 against 6.15.  Past the table bound the 16-bit rules below (E = 9, T*K = 210429:
-        # 13.58 at 256 slots against 13.23 on 512).
+        # T*K = 17934: 4.83 at 128 against 6.15.  Past the table bound, the sub-block rule below.
         for chunk in (128, 256):
             if next_power_of_two(ceil_div(numel, chunk)) * block_e <= 8192:
                 return dict(chunk=chunk, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
                             fuse_scan=8192, lanes_max=8, single_warps=8, field_bits=8)
-    if 16 < num_experts <= 32:
-        # Eight lanes ([CHUNK, 8] int64 one-hots): the chunk grows with T*K so that there are about two programs
-        # per SM (clamped to [256, 1024] slots), and the count table stays fused into the scatter up to 512
-        # chunks (16384 words).  H200 (2026-12-02, E = 32, CUPTI, sync mode): T*K = 112266: 11.6 us at 512 slots
-        # against 19.3 at 256; 174280: 19.2 at 512 (28.7 at 256); 207846: 20.0 at 1024 (32.3 at 256); 17934:
-        # 6.2 at 256 (larger chunks slower).  4 warps throughout (8 and 16 lost at every size).
-        chunk = max(256, min(1024, next_power_of_two(ceil_div(max(numel, 1), 2 * max(num_sms, 1)))))
+    if 8 < num_experts <= 32:
+        # Past that bound (T*K <= 1024 takes the one-program path, with 16-bit counters): 512- or 1024-slot chunks (few table rows), ranked in 256-slot sub-blocks of 8-bit
+        # counters (SUB: [256, BLOCK_E / 8] cumsums, the running base advanced by each sub-block's histogram).  H200
+        # (2026-12-02, commit f3eaa87, CUPTI, no-sync mode, results bit-identical), against the 16-bit rules before
+        # ([CHUNK, 8] one-hots at E = 32, [CHUNK, 4] at E = 9): E = 32, T*K = 112266 (TileKernels 8.73 us) 11.56 ->
+        # 9.19 us; 174280 19.92 -> 14.39 (1024-slot chunks; 512: 14.94); 207846 19.90 -> 14.65; E = 9, T*K =
+        # 175480 9.57 -> 8.20 (512; 1024: 10.99), 210429 10.75 -> 9.38.  Chunks of 2048 slots 14.3-23.8 us.  At E = 32
+        # the chunk keeps about two programs an SM; at E <= 16 512 slots won everywhere.
+        chunk = 512
+        if num_experts > 16:
+            chunk = max(512, min(1024, next_power_of_two(ceil_div(numel, 2 * max(num_sms, 1)))))
+        big = numel > 1024
         return dict(chunk=chunk, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
-                    fuse_scan=16384, lanes_max=8, single_warps=8)
+                    fuse_scan=16384, lanes_max=8, single_warps=8, field_bits=8 if big else 16, sub=256 if big else 0)
     if num_experts <= 16:
-        # The packed ranks in BLOCK_E / 4 lanes, the whole chunk in one step (before: CHUNK / SB dependent [SB, SB]
+        # 5-8 experts: the packed ranks in BLOCK_E / 4 lanes, the whole chunk in one step (before: [SB, SB]
         # rank steps, 16.9 us at T*K = 15804, E = 9 against TileKernels' 6.68).  [CHUNK, LANES] int64 one-hots of
         # 2048 entries on 4 warps (ptxas, sm_90: 124 registers at [512, 4], 209 at [512, 8], no spills); the
         # one-program path on 8 warps (128 registers at [1024, 4]; 236 on 4 warps).
