@@ -200,8 +200,7 @@ def _group_count_cases(device, quick, grid=False):
 
 
 # Candidates shared by group_count and aux_fi (both count with ``count_chunks``).  SINGLE_MAX: the largest T*K
-# counted by one program that writes the result itself (no atomics, no workspace); 0 turns that path off (the grid
-# has taken no zero-fill launch since commit f7a8284, so the threshold is due to be timed again).
+# counted by one program that writes the result itself (no atomics, no workspace); 0 turns that path off.
 _GROUP_COUNT_TUNE = [
     dict(SINGLE_MAX=0), dict(SINGLE_MAX=8192), dict(SINGLE_MAX=32768), dict(SINGLE_MAX=65536),
     dict(SINGLE_WARPS=8), dict(SINGLE_WARPS=32), dict(SINGLE_MAX=32768, SINGLE_WARPS=32),

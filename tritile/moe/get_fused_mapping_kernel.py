@@ -329,8 +329,9 @@ def _default_config(num_experts: int, numel: int, num_sms: int, interp: bool) ->
                 return dict(chunk=chunk, sb=64, single_max=1024, num_warps=4, scan_tp=32, scan_eb=32, packed=True,
                             fuse_scan=8192, lanes_max=8, single_warps=8, field_bits=8)
     if 8 < num_experts <= 32:
-        # Past that bound (T*K <= 1024 takes the one-program path, with 16-bit counters): 512- or 1024-slot chunks (few table rows), ranked in 256-slot sub-blocks of 8-bit
-        # counters (SUB: [256, BLOCK_E / 8] cumsums, the running base advanced by each sub-block's histogram).  H200
+        # Past that bound: 512- or 1024-slot chunks (few table rows), ranked in 256-slot sub-blocks of 8-bit counters
+        # (SUB: [256, BLOCK_E / 8] cumsums, the running base advanced by each sub-block's histogram; T*K <= 1024 takes
+        # the one-program path, with 16-bit counters).  H200
         # (2026-12-02, commit f3eaa87, CUPTI, no-sync mode, results bit-identical), against the 16-bit rules before
         # ([CHUNK, 8] one-hots at E = 32, [CHUNK, 4] at E = 9): E = 32, T*K = 112266 (TileKernels 8.73 us) 11.56 ->
         # 9.19 us; 174280 19.92 -> 14.39 (1024-slot chunks; 512: 14.94); 207846 19.90 -> 14.65; E = 9, T*K =

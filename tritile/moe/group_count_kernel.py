@@ -81,9 +81,11 @@ def single_config(numel: int, interpret: bool) -> dict:
     Tuning keys ``SINGLE_MAX`` (0: off) and ``SINGLE_WARPS``."""
     # H200 (2026-12-02, CUPTI, K = 2, E = 9, when the grid still took a 0.8 us zero-fill launch before it): the one
     # program wins up to 2048 entries (group_count 1.83 us on 32 warps against 2.24 on the grid; aux_fi 2.13 against
-    # 2.68) and loses from 4096 (2.62 against 2.35; at 16074
-    # entries 6.16 against 2.51): one SM's histogram throughput, not the loads, bounds it.  More warps are better
-    # up to 2 entries a thread (2048 entries: 32 warps 1.83, 16 1.84, 8 1.92, 4 about 2.2).
+    # 2.68) and loses from 4096 (2.62 against 2.35; at 16074 entries 6.16 against 2.51): one SM's histogram
+    # throughput, not the loads, bounds it.  More warps are better up to 2 entries a thread (2048 entries: 32 warps
+    # 1.83, 16 1.84, 8 1.92, 4 about 2.2).  Without the fill (commit f3eaa87, random ids): 1024 entries, one program
+    # 1.53 us against 1.84 on the grid (aux_fi 1.77 / 2.05); 2048 1.85-1.88 against 1.82-1.90 (a tie); 4096 1.89
+    # against 1.94, so the threshold stays.
     if interpret:
         return dict(SINGLE_MAX=256, SINGLE_WARPS=4)
     return dict(SINGLE_MAX=2048, SINGLE_WARPS=max(4, min(32, next_power_of_two(ceil_div(numel, 64)))))
