@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tritile.mhc import mhc_post_bwd, mhc_post_fwd
-from tritile.mhc._bench import post_data as _data
+from tritile.bench.cases.mhc import post_data as _data
 from tritile.modeling.mhc.ops.post import mhc_post
 from tritile.testing import pick
 from tritile.torch.mhc import mhc_post_ref

@@ -9,7 +9,7 @@ import torch
 
 from tritile.bench import load_all
 from tritile.bench.runner import make_cases, print_grid_tables
-from tritile.moe import _bench_grid as grid
+from tritile.bench.cases import _grid as grid
 
 
 def test_grid_points():

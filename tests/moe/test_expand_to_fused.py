@@ -190,7 +190,7 @@ def test_expand_to_fused_with_per_token_cast(layout, device):
     assert_equal(out_sf, ref_sf)
 
 
-# Launch-config candidates of the tune lists (tritile/moe/_bench_fused.py) at small tiles, so that several
+# Launch-config candidates of the tune lists (tritile/bench/cases/moe.py) at small tiles, so that several
 # token tiles, column blocks and padding programs run: COMPACT (one [BT, KP] index load, a store per valid
 # slot rank) and PAD_FIRST (padding programs on the low program ids), each on and off.
 _CANDIDATES = [dict(), dict(COMPACT=False, PAD_FIRST=False), dict(COMPACT=True, PAD_FIRST=False),

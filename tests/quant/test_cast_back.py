@@ -163,7 +163,7 @@ def test_cast_back_torch_library(device):
 def test_cast_back_tune_candidates(device):
     """Every launch-config candidate of the benchmark sweep (and the software e4m3 decode, HW_DECODE=False)
     gives the reference bits; NaN codes and a non-finite scale included."""
-    from tritile.quant._bench_cast import _CAST_BACK_TUNE
+    from tritile.bench.cases.quant import _CAST_BACK_TUNE
     from tritile.runtime import override_config
 
     m, k = pick(cpu=(5, 1024), gpu=(8001, 7168))
@@ -188,7 +188,7 @@ def test_cast_back_row_block_candidate(fmt, k, device):
     """``ROW_BLOCK`` (one scale a row read through a chunk-wide scale block, the default) and the scale load per
     element (its tune candidate): the reference bits for per-row scales
     (npc = K, float32 and packed UE8M0), and unchanged ones where a row holds several blocks (npc = 128)."""
-    from tritile.quant._bench_cast import _CAST_BACK_ROW_TUNE
+    from tritile.bench.cases.quant import _CAST_BACK_ROW_TUNE
     from tritile.runtime import override_config
 
     x = torch.randn(37, k, device=device)

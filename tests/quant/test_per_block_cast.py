@@ -161,7 +161,7 @@ def test_per_block_cast_bad_input(device):
 def test_per_block_cast_tune_candidates(case, device):
     """Every launch-config candidate of the benchmark sweep, and the old code paths (FAST=False), give the
     reference bits, non-finite inputs included."""
-    from tritile.quant._bench_cast import _PER_BLOCK_128_TUNE, _PER_BLOCK_32_TUNE
+    from tritile.bench.cases.quant import _PER_BLOCK_128_TUNE, _PER_BLOCK_32_TUNE
     from tritile.runtime import override_config
 
     if case.startswith("b128"):
@@ -411,7 +411,7 @@ def test_per_block_cast_words(shape, device):
     saturation) with ragged M and K (odd K included) and from a row-strided view at an odd offset; so do the
     benchmark's WORDS candidates and FINITE=False / FAST=False (the plain path) in the anchor's layout; fp32 input and
     e2m1 output ignore the flag (the default path)."""
-    from tritile.quant._bench_cast import _PER_BLOCK_128_TUNE
+    from tritile.bench.cases.quant import _PER_BLOCK_128_TUNE
     from tritile.runtime import override_config
 
     m, k = shape

@@ -303,7 +303,7 @@ def _with_specials(x):
 def test_per_token_cast_tune_candidates(fmt, in_dtype, device):
     """Every launch-config candidate of the benchmark sweep (``python -m tritile tune``), and the old code
     paths (FAST=False), give the reference bits, non-finite inputs included."""
-    from tritile.quant._bench_cast import _PER_TOKEN_E2M1_PLAIN_TUNE, _PER_TOKEN_TUNE
+    from tritile.bench.cases.quant import _PER_TOKEN_E2M1_PLAIN_TUNE, _PER_TOKEN_TUNE
     from tritile.runtime import override_config
 
     m, k, cfg = 5, pick(cpu=1024, gpu=7168), CONFIGS[1]
@@ -325,7 +325,7 @@ def test_per_token_cast_tune_candidates(fmt, in_dtype, device):
 def test_per_token_cast_fp8_input_tune_candidates(fmt, device):
     """The FP8-input candidates (HW_DECODE: the hardware e4m3 decode; taller tiles) give the reference bits, NaN
     codes (0x7F, 0xFF) in the input included."""
-    from tritile.quant._bench_cast import _PER_TOKEN_FP8_IN_TUNE
+    from tritile.bench.cases.quant import _PER_TOKEN_FP8_IN_TUNE
     from tritile.runtime import override_config
 
     m, k, cfg = 6, pick(cpu=512, gpu=7168), CONFIGS[1]

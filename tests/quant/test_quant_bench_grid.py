@@ -12,7 +12,7 @@ import torch
 
 from tritile.bench import load_all
 from tritile.bench.runner import make_cases
-from tritile.quant import _bench_grid as grid
+from tritile.bench.cases import _quant_grid as grid
 
 _OPS = {b.op: b for b in load_all(["quant"])}
 #: Cases of each op's grid: TileKernels' count on the GPU, and that of the CPU pass (same flags, fewer shapes: 1 token
@@ -55,7 +55,7 @@ def test_grid_sizes_are_tilekernels():
 
 def _units(device, op):
     """How many shapes (routing points x hidden sizes for the MoE ops) the op's grid spans on ``device``."""
-    from tritile.moe._bench_grid import GRID
+    from tritile.bench.cases._grid import GRID
 
     points = len(GRID) if device.type == "cuda" else 1  # the CPU pass keeps one routing point
     if op == "per_channel_cast_fused":  # a plain input, then the points of num_topk 6

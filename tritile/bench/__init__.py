@@ -1,4 +1,4 @@
-"""Benchmark registry.  Each module registers its ops in ``tritile/<module>/_bench.py``:
+"""Benchmark registry.  Each module registers its ops in ``tritile/bench/cases/<module>.py``:
 
     from tritile.bench import Case, register
 
@@ -57,13 +57,15 @@ def register(module: str, op: str):
 
 
 def load_all(modules: Iterable[str] = MODULES) -> List[BenchOp]:
-    """Import every module's ``_bench`` (missing ones are skipped) and return their registered ops (only those
-    modules', whatever else an earlier import registered)."""
+    """Import every module's cases (``tritile.bench.cases.<module>``, else ``tritile.<module>._bench``; missing ones
+    are skipped) and return their registered ops (only those modules', whatever else an earlier import registered)."""
     modules = list(modules)
     for m in modules:
-        try:
-            importlib.import_module(f"tritile.{m}._bench")
-        except ModuleNotFoundError as e:
-            if e.name not in (f"tritile.{m}", f"tritile.{m}._bench"):
-                raise
+        for name in (f"tritile.bench.cases.{m}", f"tritile.{m}._bench"):
+            try:
+                importlib.import_module(name)
+                break
+            except ModuleNotFoundError as e:
+                if e.name not in (name, name.rsplit(".", 1)[0]):
+                    raise
     return [b for b in _REGISTRY if b.module in modules]

@@ -1,5 +1,5 @@
 """Benchmark registrations of the MoE gating ops (TileKernels' anchor shapes on the GPU, small on the CPU; with
-``grid=True`` TileKernels' whole benchmark grid, ``_bench_grid``).
+``grid=True`` TileKernels' whole benchmark grid, ``_grid``).
 
 Every case is latency-bound (a few µs): the harness also times CUDA-graph replay and host overhead."""
 
@@ -10,10 +10,10 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from . import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight,
+from tritile.moe import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight,
                top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
-from . import _bench_grid as _grid
-from .scoring import ScoringFunc
+from . import _grid
+from tritile.moe.scoring import ScoringFunc
 
 _M = "moe"
 

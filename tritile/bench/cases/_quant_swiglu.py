@@ -1,7 +1,7 @@
 """Benchmark registrations of the fused SwiGLU casts: swiglu_forward_and_per_token_cast,
 swiglu_backward_and_per_token_cast, swiglu_forward_and_per_channel_cast_and_transpose.
 
-GPU: TileKernels' anchor shapes, or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU: small
+GPU: TileKernels' anchor shapes, or with ``grid=True`` its whole benchmark grid (``_quant_grid``); CPU: small
 shapes (a correctness pass only).  Bytes as TileKernels counts them: every input read once (a QuantTensor
 counts data + sf), every output written once.
 
@@ -18,18 +18,18 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from . import _bench_grid as _grid
-from .swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
-from .swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
+from . import _quant_grid as _grid
+from tritile.quant.swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
+from tritile.quant.swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
     swiglu_forward_and_per_channel_cast_and_transpose
-from .swiglu_forward_and_per_token_cast_kernel import swiglu_forward_and_per_token_cast
+from tritile.quant.swiglu_forward_and_per_token_cast_kernel import swiglu_forward_and_per_token_cast
 
 _M = "quant"
 
 
 def _moe(device, num_tokens, num_topk, num_experts, num_ep_ranks, hidden, alignment):
     """``(x (rows, 2 * hidden) bf16, pos_to_expert, pos_to_token_topk, token_topk_to_pos)`` of a routing point, the
-    map aligned to ``alignment`` (:func:`tritile.quant._bench_grid.moe_inputs`)."""
+    map aligned to ``alignment`` (:func:`tritile.bench.cases._quant_grid.moe_inputs`)."""
     x, p2e, _, p2tk, tk2p = _grid.moe_inputs(device, num_tokens, num_topk, num_experts, num_ep_ranks, 2 * hidden,
                                              alignment)
     return x, p2e, p2tk, tk2p

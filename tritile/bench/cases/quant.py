@@ -1,6 +1,6 @@
 """Benchmark registrations: per_token_cast, per_block_cast, cast_back (per-token and block).
 
-GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU:
+GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_quant_grid``); CPU:
 small shapes (a correctness pass only).
 Bytes as TileKernels counts them: every input read once (a QuantTensor counts data + sf), every output
 written once, sf by its logical elements.
@@ -13,10 +13,10 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from . import _bench_grid as _grid
-from .cast_back_kernel import cast_back, per_token_cast_back
-from .per_block_cast_kernel import per_block_cast
-from .per_token_cast_kernel import per_token_cast
+from . import _quant_grid as _grid
+from tritile.quant.cast_back_kernel import cast_back, per_token_cast_back
+from tritile.quant.per_block_cast_kernel import per_block_cast
+from tritile.quant.per_token_cast_kernel import per_token_cast
 
 _M = "quant"
 _PACKED = (True, True, True)  # (col_major, round_sf, packed)
@@ -413,3 +413,6 @@ def _cast_back_grid(device):
                 for block in ((128, 1), (128, 128)):
                     q = cast(xs[out_dtype], "e4m3", block, round_sf=rnd)
                     yield _cast_back_block_case(device, q, block, out_dtype, rnd, m, k)
+
+
+from . import _quant_channel, _quant_e5m6, _quant_swiglu  # noqa: E402,F401  (register their cases)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import Case, register
-from ..config import get_num_sms
-from ..testing import assert_equal, calc_diff, count_bytes
-from ..torch.engram import engram_gate_ref, engram_hash_ref, make_offsets
-from . import engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight, grad_w_reduce
+from tritile.bench import Case, register
+from tritile.config import get_num_sms
+from tritile.testing import assert_equal, calc_diff, count_bytes
+from tritile.torch.engram import engram_gate_ref, engram_hash_ref, make_offsets
+from tritile.engram import engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight, grad_w_reduce
 
 EPS, CLAMP = 1e-20, 1e-6
 

@@ -2,10 +2,10 @@
 
 import torch
 
-from ..bench import Case, register
-from ..testing import assert_equal, count_bytes
-from ..torch.transpose import batched_transpose_ref, transpose_ref
-from . import batched_transpose, transpose
+from tritile.bench import Case, register
+from tritile.testing import assert_equal, count_bytes
+from tritile.torch.transpose import batched_transpose_ref, transpose_ref
+from tritile.transpose import batched_transpose, transpose
 
 _DT = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32}
 

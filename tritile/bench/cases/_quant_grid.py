@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from tritile.moe import _bench_grid as _moe_grid
+from . import _grid as _moe_grid
 from tritile.testing.generator import generate_topk_idx_rows
 from tritile.utils import align
 
@@ -66,7 +66,7 @@ def moe_points(device: torch.device, kernel: str, topk: Optional[Tuple[int, ...]
                ) -> Iterator[Tuple[int, int, int, int]]:
     """``(num_tokens, num_topk, num_experts (local), num_ep_ranks)`` of ``generate_moe_params(is_benchmark=True)``
     (``topk``: only these ``num_topk``).  The token count is that of TileKernels' record of ``kernel`` at the point
-    where there is one, else of one seeded draw of its routing (:mod:`tritile.moe._bench_grid`).  The CPU pass keeps
+    where there is one, else of one seeded draw of its routing (:mod:`tritile.bench.cases._grid`).  The CPU pass keeps
     the last point alone (9 senders per rank): the fused kernels' interpreted calls take seconds each."""
     points = [(k, e_total // ep, ep) for k, e_total, ep in _moe_grid.GRID if topk is None or k in topk]
     for k, e, ep in points if device.type == "cuda" else points[-1:]:

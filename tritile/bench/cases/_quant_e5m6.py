@@ -1,6 +1,6 @@
 """Benchmark registrations: E5M6 cast / cast back and the lossless FP4 -> FP8 re-quantization.
 
-GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU:
+GPU: TileKernels' anchor shapes (8001 x 7168), or with ``grid=True`` its whole benchmark grid (``_quant_grid``); CPU:
 small shapes (a correctness pass only)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes, generate_rand_float
 
-from . import _bench_grid as _grid
-from .cast_back_e5m6_kernel import cast_back_e5m6
-from .per_block_cast_lossless_kernel import per_block_cast_lossless
-from .per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
+from . import _quant_grid as _grid
+from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
+from tritile.quant.per_block_cast_lossless_kernel import per_block_cast_lossless
+from tritile.quant.per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
 
 _M = "quant"
 _CONFIGS = [(False, True, False), (True, True, True)]  # (col_major, round_sf, packed)

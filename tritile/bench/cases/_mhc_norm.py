@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import Case, register
-from ..torch.mhc import (mhc_pre_apply_mix_ref, mhc_pre_norm_fn_ref, mhc_pre_split_mixes_ref,
+from tritile.bench import Case, register
+from tritile.torch.mhc import (mhc_pre_apply_mix_ref, mhc_pre_norm_fn_ref, mhc_pre_split_mixes_ref,
                          sinkhorn_normalize_ref)
 
 _M = "mhc"
@@ -74,7 +74,7 @@ def _close(atol, rtol):
 
 def _liger():
     """Liger-Kernel's mHC ops with its fused GEMM + RMS (``mhc_mm_norm_fwd``), else None."""
-    from ._bench import _liger as liger_ops
+    from .mhc import _liger as liger_ops
 
     liger_mhc = liger_ops()
     return liger_mhc if hasattr(liger_mhc, "mhc_mm_norm_fwd") else None
@@ -82,7 +82,7 @@ def _liger():
 
 @register(_M, "mhc_pre_norm_fn")
 def _norm_fn_cases(device, quick):
-    from ..modeling.mhc.ops import mhc_pre_norm_fn
+    from tritile.modeling.mhc.ops import mhc_pre_norm_fn
 
     for n0, n1, H in _shapes(device, quick):
         T, D = n0 * n1, N * H
@@ -149,7 +149,7 @@ def _chain_ref(residual, fn, scale, base, w=None):
 
 @register(_M, "mhc_pre_big_fuse")
 def _big_fuse_cases(device, quick):
-    from ..modeling.mhc.ops import mhc_pre_big_fuse
+    from tritile.modeling.mhc.ops import mhc_pre_big_fuse
 
     for n0, n1, H in _shapes(device, quick):
         T, D = n0 * n1, N * H
@@ -164,7 +164,7 @@ def _big_fuse_cases(device, quick):
 
 @register(_M, "mhc_pre")
 def _mhc_pre_cases(device, quick):
-    from ..modeling.mhc import mhc_pre
+    from tritile.modeling.mhc import mhc_pre
 
     for n0, n1, H in _shapes(device, quick):
         T, D = n0 * n1, N * H

@@ -29,22 +29,22 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import Case, register
-from ..modeling.mhc.ops.expand import expand_to_mhc
-from ..modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
-from ..modeling.mhc.ops.post import mhc_post
-from ..modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
-from ..modeling.mhc.ops.pre_split_mixes import mhc_pre_split_mixes
-from ..modeling.mhc.ops.sinkhorn import sinkhorn_normalize
-from ..torch.mhc import (expand_to_mhc_ref, mhc_head_compute_mix_ref, mhc_post_ref, mhc_pre_apply_mix_ref,
+from tritile.bench import Case, register
+from tritile.modeling.mhc.ops.expand import expand_to_mhc
+from tritile.modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
+from tritile.modeling.mhc.ops.post import mhc_post
+from tritile.modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
+from tritile.modeling.mhc.ops.pre_split_mixes import mhc_pre_split_mixes
+from tritile.modeling.mhc.ops.sinkhorn import sinkhorn_normalize
+from tritile.torch.mhc import (expand_to_mhc_ref, mhc_head_compute_mix_ref, mhc_post_ref, mhc_pre_apply_mix_ref,
                          mhc_pre_split_mixes_ref, sinkhorn_normalize_ref)
-from .multilayer_recompute_kernel import mhc_multilayer_recompute
-from .post_kernel import mhc_post_fwd
+from tritile.mhc.multilayer_recompute_kernel import mhc_multilayer_recompute
+from tritile.mhc.post_kernel import mhc_post_fwd
 
 try:  # the norm_fn / big_fuse / mhc_pre cases live in their own file
-    from . import _bench_norm  # noqa: F401  (registers its cases)
+    from . import _mhc_norm  # noqa: F401  (registers its cases)
 except ModuleNotFoundError as _e:
-    if _e.name != f"{__package__}._bench_norm":
+    if _e.name != f"{__package__}._mhc_norm":
         raise
 
 _M = "mhc"

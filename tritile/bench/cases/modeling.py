@@ -2,7 +2,7 @@
 shapes: tokens/s of the forward and of forward + backward at 4096 and 16384 tokens per rank, the stage split
 and the share of time outside the GEMMs.
 
-``python -m tritile.modeling._bench_moe [--tokens 4096 16384] [--ranks N] [--fp8] [--json FILE]`` (GPU), or
+``python -m tritile.bench.cases.modeling [--tokens 4096 16384] [--ranks N] [--fp8] [--json FILE]`` (GPU), or
 ``run_benchmark(...)`` from Python.  Each token count is one ``python -m tritile demo moe`` run (the demo does the
 timing); the table at the end adds the pass/fail of the targets: at 16384 tokens the layer beats the plain one
 and its non-GEMM stages take under 25 % of its time.
@@ -15,9 +15,9 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._demo_moe import _parser as _demo_parser
-from ._demo_moe import print_report
-from ._demo_moe import run as _demo_run
+from tritile.modeling._demo_moe import _parser as _demo_parser
+from tritile.modeling._demo_moe import print_report
+from tritile.modeling._demo_moe import run as _demo_run
 
 __all__ = ["run_benchmark", "targets"]
 
@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         # no GPU: Triton's interpreter must be chosen before tritile's kernels are defined, so start again
         env = dict(os.environ, TRITON_INTERPRET="1")
-        os.execve(sys.executable, [sys.executable, "-m", "tritile.modeling._bench_moe",
+        os.execve(sys.executable, [sys.executable, "-m", "tritile.bench.cases.modeling",
                                    *(argv if argv is not None else sys.argv[1:])], env)
-    p = argparse.ArgumentParser(prog="python -m tritile.modeling._bench_moe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tritile.bench.cases.modeling", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384], help="tokens per rank")
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--fp8", action="store_true")

@@ -1,6 +1,6 @@
 """Benchmark registrations of the fused-layout MoE ops: get_fused_mapping, expand_to_fused(_with_sf),
 reduce_fused.  GPU: TileKernels' anchor shapes (tritile/data/tilekernels-h200.json), or with ``grid=True`` its
-whole benchmark grid (``_bench_grid``); CPU: small shapes, checked once.  Bytes are counted as TileKernels'
+whole benchmark grid (``_grid``); CPU: small shapes, checked once.  Bytes are counted as TileKernels'
 benchmarks count them (spec/moe.md)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from ..utils import ceil_div
-from . import _bench_grid as _grid
-from .expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
-from .get_fused_mapping_kernel import get_fused_mapping
-from .reduce_fused_kernel import reduce_fused
+from tritile.utils import ceil_div
+from . import _grid
+from tritile.moe.expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
+from tritile.moe.get_fused_mapping_kernel import get_fused_mapping
+from tritile.moe.reduce_fused_kernel import reduce_fused
 
 _M = "moe"
 
@@ -254,3 +254,6 @@ _REDUCE_TUNE = [
     dict(BT=2), dict(BT=4), dict(BT=2, num_warps=8), dict(BT=4, num_warps=8), dict(BH=512, COL_ITERS=5, num_warps=2),
     dict(BT=2, BH=512, COL_ITERS=5, num_warps=4), dict(BT=2, BH=512, COL_ITERS=4, num_warps=4),
 ]
+
+
+from . import _moe_gating  # noqa: E402,F401  (registers its cases)

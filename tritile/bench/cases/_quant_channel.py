@@ -2,7 +2,7 @@
 per_channel_cast_and_transpose.
 
 GPU: TileKernels' anchor shapes (plus a gathered and an FP8-input case of the fused cast, without an
-anchor), or with ``grid=True`` its whole benchmark grid (``_bench_grid``); CPU: small shapes (a correctness
+anchor), or with ``grid=True`` its whole benchmark grid (``_quant_grid``); CPU: small shapes (a correctness
 pass only).  Bytes as TileKernels counts them: every input read once (a QuantTensor counts data + sf), every
 output written once.
 """
@@ -14,10 +14,10 @@ import torch
 from tritile.bench import Case, register
 from tritile.testing import assert_equal, count_bytes
 
-from . import _bench_grid as _grid
-from .per_channel_cast_and_transpose_kernel import per_channel_cast_and_transpose
-from .per_channel_cast_fused_kernel import per_channel_cast_fused
-from .per_channel_cast_kernel import per_channel_cast
+from . import _quant_grid as _grid
+from tritile.quant.per_channel_cast_and_transpose_kernel import per_channel_cast_and_transpose
+from tritile.quant.per_channel_cast_fused_kernel import per_channel_cast_fused
+from tritile.quant.per_channel_cast_kernel import per_channel_cast
 
 _M = "quant"
 

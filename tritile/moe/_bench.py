@@ -1,3 +1,0 @@
-"""Benchmark registrations of tritile.moe."""
-
-from . import _bench_fused, _bench_gating  # noqa: F401
