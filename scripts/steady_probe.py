@@ -12,7 +12,7 @@ import torch
 from copy_ceiling import neg_copy_us
 from tritile.quant import (per_block_cast, per_channel_cast, per_channel_cast_and_transpose, per_token_cast,
                            swiglu_backward_and_per_token_cast)
-from tritile.bench.cases._quant_swiglu import _moe
+from tritile.bench.cases.quant import _moe
 from tritile.testing import count_bytes
 from tritile.testing.bench import copy_bandwidth_gbs, time_kernels
 from tritile.torch import cast

@@ -168,7 +168,7 @@ def test_lossless_flags_other_blocks(in_block, ob, device):
 @pytest.mark.parametrize("ob", [(1, 128), (32, 32), (128, 128)])
 def test_lossless_flags_exhaustive_gpu(ob, device):
     """All 16 codes x all multiplier offsets (and E saturated at 0) x every candidate and tile of the tune list."""
-    from tritile.bench.cases._quant_e5m6 import _TUNE_LOSSLESS
+    from tritile.bench.cases.quant import _TUNE_LOSSLESS
 
     m, k = 1031, 7168
     e = _exponents(m, k // 32, ob[0], ob[1] // 32, 140)

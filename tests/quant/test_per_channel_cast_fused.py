@@ -7,7 +7,7 @@ from _cast_utils import assert_bad_inputs
 from _moe_maps import MOE_CONFIGS, expand, generate_topk_idx, get_fused_mapping
 
 from tritile.quant import per_channel_cast_fused
-from tritile.bench.cases._quant_channel import _TUNE_CAST_BACK
+from tritile.bench.cases.quant import _TUNE_CAST_BACK
 from tritile.testing import assert_equal, generate_hidden_sizes, is_gpu_run, pick
 from tritile.torch.cast import cast
 from tritile.torch.per_channel_cast_fused import per_channel_cast_fused as ref_fused

@@ -12,7 +12,7 @@ import torch
 
 from tritile.bench import load_all
 from tritile.bench.runner import make_cases
-from tritile.bench.cases import _quant_grid as grid
+from tritile.bench.cases import _grid as grid
 
 _OPS = {b.op: b for b in load_all(["quant"])}
 #: Cases of each op's grid: TileKernels' count on the GPU, and that of the CPU pass (same flags, fewer shapes: 1 token
@@ -37,8 +37,8 @@ def test_every_quant_op_has_a_grid():
 
 def test_grid_sizes_are_tilekernels():
     cuda = torch.device("cuda")  # only selects TileKernels' sizes; nothing is allocated
-    assert grid.num_tokens(cuda) == [4001, 8001]
-    assert grid.num_tokens(cuda, 128) == [4096, 8064]
+    assert grid.token_counts(cuda) == [4001, 8001]
+    assert grid.token_counts(cuda, 128) == [4096, 8064]
     assert grid.hidden_sizes(cuda) == [576, 2048, 2560, 3072, 4096, 6144, 7168]
     assert grid.hidden_sizes(cuda, 128) == [2048, 2560, 3072, 4096, 6144, 7168]
     assert grid.hidden_sizes(cuda, 256, cpu=(512,)) == grid.hidden_sizes(cuda, 256)
@@ -55,7 +55,7 @@ def test_grid_sizes_are_tilekernels():
 
 def _units(device, op):
     """How many shapes (routing points x hidden sizes for the MoE ops) the op's grid spans on ``device``."""
-    from tritile.bench.cases._grid import GRID
+    GRID = grid.GRID
 
     points = len(GRID) if device.type == "cuda" else 1  # the CPU pass keeps one routing point
     if op == "per_channel_cast_fused":  # a plain input, then the points of num_topk 6

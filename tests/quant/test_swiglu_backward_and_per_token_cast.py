@@ -252,7 +252,7 @@ def test_bad_launch_config(device, cfg, match):
         swiglu_backward_and_per_token_cast(x, g, torch.zeros((1, 1), device=device), ptt, ttp, npc)
 
 
-# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/bench/cases/_quant_swiglu.py's _BWD_TUNE).
+# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/bench/cases/quant.py's _BWD_TUNE).
 # Under the interpreter FUSED_BWD runs its element-wise stand-in (inline PTX cannot run there; XORSIGN_CLAMP is part
 # of the PTX) and INT_SCALE itself; on the GPU the same tests run the PTX.
 _ALL_CANDIDATES = dict(FUSED_BWD=4, XORSIGN_CLAMP=True, INT_SCALE=True)

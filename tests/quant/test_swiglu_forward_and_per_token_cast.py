@@ -408,7 +408,7 @@ def test_odd_row_stride(device):
     assert_equal(counts, ref_counts)
 
 
-# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/bench/cases/_quant_swiglu.py's _FWD_TUNE).
+# Same-bits instruction-count candidates (config keys; sm_90a counts in tritile/bench/cases/quant.py's _FWD_TUNE).
 # Under the interpreter FUSED_SILU and XORSIGN_CLAMP run their element-wise stand-ins (inline PTX cannot run there),
 # INT_COUNT its emulated mask sums and INT_SCALE itself; on the GPU the same tests run the PTX.
 _ALL_CANDIDATES = dict(FUSED_SILU=4, INT_COUNT=True, XORSIGN_CLAMP=True, INT_SCALE=True)
