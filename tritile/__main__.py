@@ -1,7 +1,9 @@
 """Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick | --grid] [--json F] [--plot F.png]``
 and ``python -m tritile tune [--module M] [--op NAME]`` (GPU launch-config sweeps);
 ``python -m tritile bench --module ep --ranks 2`` starts the ranks of the expert-parallel benchmark (tritile.ep.bench);
-``python -m tritile demo moe [--tokens N] [--ranks N] [--fp8] [--json F] [--plot F.png]`` runs the MoE layer demo."""
+``python -m tritile demo moe [--tokens N] [--ranks N] [--fp8] [--json F] [--plot F.png]`` runs the MoE layer demo;
+``python -m tritile demo hf [--model deepseek_v3|qwen3_moe] [--layers N] [--fp8] [--json F]`` a transformers model
+trained with and without ``tritile.hf.patch``."""
 
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ def main(argv=None) -> int:
                    help="only the candidates that set this config key, e.g. PIPE (repeatable: any), and the default")
     t.add_argument("--cupti", action="store_true",
                    help="rank by CUPTI kernel time with L2 flushed (TileKernels' timer), not CUDA-graph replay")
-    d = sub.add_parser("demo", help="run a showcase: `demo moe` (the DeepSeek-V3 MoE layer; `demo moe -h`)")
-    d.add_argument("name", choices=["moe"])
+    d = sub.add_parser("demo", help="run a showcase: `demo moe` (the DeepSeek-V3 MoE layer; `demo moe -h`), `demo hf` "
+                                    "(a transformers model with and without tritile.hf.patch; `demo hf -h`)")
+    d.add_argument("name", choices=["moe", "hf"])
     d.add_argument("demo_args", nargs=argparse.REMAINDER, help="the demo's own options")
     args = p.parse_args(argv)
     if args.cmd == "tune":
@@ -68,6 +71,10 @@ def main(argv=None) -> int:
         # has already imported the package: start again with it set.
         env = dict(os.environ, TRITON_INTERPRET="1")
         os.execve(sys.executable, [sys.executable, "-m", "tritile", *(argv if argv is not None else sys.argv[1:])], env)
+    if args.cmd == "demo" and args.name == "hf":
+        from .hf._demo import main as demo_hf
+
+        return demo_hf(args.demo_args)
     if args.cmd == "demo":
         from .modeling._demo_moe import main as demo_moe
 
