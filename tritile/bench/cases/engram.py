@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from tritile.bench import Case, register
+from tritile.bench import TRITILE, Case, op, register
 from tritile.config import get_num_sms
+from tritile.engram import engram_gate_fwd, engram_hash, fused_weight
 from tritile.testing import assert_equal, calc_diff, count_bytes
 from tritile.torch.engram import engram_gate_ref, engram_hash_ref, make_offsets
-from tritile.engram import engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight, grad_w_reduce
 
 EPS, CLAMP = 1e-20, 1e-6
 
@@ -121,7 +121,8 @@ def _check_diffs(tol):
 def _fused_weight(device, hc, H):
     wh, we = _weights(device, hc, H)
     out = fused_weight(wh, we)
-    yield Case(params=dict(hc=hc, hidden=H), fn=lambda: fused_weight(wh, we), ref=lambda: wh.float() * we.float(),
+    yield Case(params=dict(hc=hc, hidden=H), impl=op("engram.fused_weight", wh, we),
+               ref=lambda: wh.float() * we.float(),
                check=assert_equal, nbytes=count_bytes(wh, we, out), latency_bound=True,
                anchor=("fused_weight", dict(hc=hc, hidden=H)) if _gpu(device) else None,
                tune=("fused_weight", _FUSED_WEIGHT_TUNE) if _gpu(device) else None)
@@ -142,7 +143,7 @@ def _gate_fwd_cases(device, quick, T, hc, H):
         ref_fn = (lambda: engram_gate_ref(x, k, v, wh, we, CLAMP, EPS, save_for_backward=True)) if save else \
             (lambda: (engram_gate_ref(x, k, v, wh, we, CLAMP, EPS),))
         yield Case(params=dict(hc=hc, hidden=H, num_tokens=T, save=save),
-                   fn=(lambda s=save: engram_gate_fwd(x, k, v, wf, EPS, CLAMP, s)),
+                   impl=op("engram.engram_gate_fwd", x, k, v, wf, EPS, CLAMP, save),
                    ref=ref_fn, check=_check_diffs(2e-10), nbytes=nbytes, label=f"save={save}",
                    anchor=("engram_gate_fwd", dict(hc=hc, hidden=H, num_tokens=T, save=save)) if _gpu(device) else None,
                    tune=("engram_gate_fwd", _GATE_FWD_TUNE) if _gpu(device) else None)
@@ -161,8 +162,8 @@ def _gate_bwd_cases(device, T, hc, H):
     with torch.no_grad():
         _, dot, gate, rx, rk = engram_gate_ref(x, k, v, wh, we, CLAMP, EPS, save_for_backward=True)
 
-    def fn():
-        return engram_gate_bwd(go, x, k, v, wf, dot, gate, rx, rk, CLAMP)
+    impl = op("engram.engram_gate_bwd", go, x, k, v, wf, dot, gate, rx, rk, CLAMP)
+    fn = impl(TRITILE)
 
     def run():
         gx, gk, gv, gwp = fn()
@@ -178,7 +179,7 @@ def _gate_bwd_cases(device, T, hc, H):
     outs = run()
     nbytes = count_bytes(go, x, k, v, wf, dot, gate, rx, rk, outs)
     del outs
-    case = Case(params=dict(hc=hc, hidden=H, num_tokens=T), fn=fn, ref=ref, nbytes=nbytes,
+    case = Case(params=dict(hc=hc, hidden=H, num_tokens=T), fn=fn, impl=impl, ref=ref, nbytes=nbytes,
                 anchor=("engram_gate_bwd", dict(hc=hc, hidden=H, num_tokens=T)) if _gpu(device) else None,
                 tune=("engram_gate_bwd", _GATE_BWD_TUNE) if _gpu(device) else None)
     # the check needs grad_w summed over its partial rows: run() wraps fn for the correctness pass
@@ -195,9 +196,15 @@ def _grad_w_reduce(device, hc, H):
     gwh = torch.zeros(hc, H, device=device)
     gwe = torch.zeros(hc, H, device=device)
 
-    def fn():
-        grad_w_reduce(partial, wh, we, gwh, gwe)  # accumulates: the check below starts from zero
-        return gwh, gwe
+    def impl(get):
+        reduce_ = get("engram.grad_w_reduce")
+
+        def call():
+            reduce_(partial, wh, we, gwh, gwe)  # accumulates: the check below starts from zero
+            return gwh, gwe
+        return call
+
+    fn = impl(TRITILE)
 
     def check(_out, want):
         gwh.zero_()
@@ -209,7 +216,7 @@ def _grad_w_reduce(device, hc, H):
         s = partial.sum(0)
         return s * we.float(), s * wh.float()
 
-    yield Case(params=dict(hidden=H), fn=fn, ref=ref, check=check, latency_bound=True,
+    yield Case(params=dict(hidden=H), fn=fn, impl=impl, ref=ref, check=check, latency_bound=True,
                nbytes=count_bytes(partial, wh, we, gwh, gwe),  # TileKernels: each tensor once
                anchor=("grad_w_reduce", dict(hidden=H)) if _gpu(device) else None,
                tune=("grad_w_reduce", _GWR_TUNE) if _gpu(device) else None)
@@ -252,7 +259,7 @@ def _engram_hash_case(device, T, N, L, E):
     offsets = make_offsets(vocab)
     out = engram_hash(ids, mult, vocab, offsets)
     yield Case(params=dict(layers=L, ngram=N, num_tokens=T, tables=E),
-               fn=lambda: engram_hash(ids, mult, vocab, offsets),
+               impl=op("engram.engram_hash", ids, mult, vocab, offsets),
                ref=lambda: engram_hash_ref(ids, mult, vocab, offsets), check=assert_equal,
                nbytes=count_bytes(ids, mult, vocab, offsets, out), latency_bound=True,
                anchor=("engram_hash", dict(layers=L, ngram=N, num_tokens=T, tables=E)) if _gpu(device) else None,

@@ -46,21 +46,16 @@ on the same data (label ``liger``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from tritile.bench import Case, register
-from tritile.modeling.mhc import mhc_pre
-from tritile.modeling.mhc.ops import mhc_pre_big_fuse, mhc_pre_norm_fn
-from tritile.modeling.mhc.ops.expand import expand_to_mhc
-from tritile.modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
+from tritile.bench import Case, op, register
+from tritile.mhc.post_kernel import mhc_post_fwd
 from tritile.modeling.mhc.ops.post import mhc_post
 from tritile.modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
-from tritile.modeling.mhc.ops.pre_split_mixes import mhc_pre_split_mixes
-from tritile.modeling.mhc.ops.sinkhorn import sinkhorn_normalize
 from tritile.torch.mhc import (expand_to_mhc_ref, mhc_head_compute_mix_ref, mhc_post_ref, mhc_pre_apply_mix_ref,
                                mhc_pre_norm_fn_ref, mhc_pre_split_mixes_ref, sinkhorn_normalize_ref)
-from tritile.mhc.multilayer_recompute_kernel import mhc_multilayer_recompute
-from tritile.mhc.post_kernel import mhc_post_fwd
 
 _M = "mhc"
 N = 4
@@ -96,6 +91,16 @@ def _close(tol=None):
                 continue
             torch.testing.assert_close(a, b, **(tol or {}))
     return check
+
+
+def _fwd_bwd_impl(path, inputs, grads, *extra, attach_zero_buffer=None):
+    """The ``impl`` of a forward + backward case: :func:`_fwd_bwd` of the op at ``path`` called as
+    ``op(*leaves, *extra)``."""
+    def impl(get):
+        f = get(path)
+        fwd = (lambda *leaves: f(*leaves, *extra)) if extra else f
+        return functools.partial(_fwd_bwd, fwd, inputs, grads, attach_zero_buffer)
+    return impl
 
 
 def _fwd_bwd(impl, inputs, grads, attach_zero_buffer=None):
@@ -176,7 +181,7 @@ def _norm_fn_cases(device, quick):
         residual, fn, *_ = _inputs(n0, n1, H, device)
         fwd_bytes = T * D * 2 + N3 * D * 4 + T * N3 * 4
         yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H), label="fwd",
-                   fn=lambda r=residual, f=fn: mhc_pre_norm_fn(r, f, None, EPS),
+                   impl=op("modeling.mhc.ops.mhc_pre_norm_fn", residual, fn, None, EPS),
                    ref=lambda r=residual, f=fn: mhc_pre_norm_fn_ref(r, f, None, EPS),
                    check=_close_f32(1e-3, 1e-3), nbytes=fwd_bytes,
                    tune=("mhc_norm_fn_gemm", _GEMM_TUNE) if device.type == "cuda" else None)
@@ -186,12 +191,16 @@ def _norm_fn_cases(device, quick):
         g = torch.randn(n0, n1, N3, device=device)
         buf = torch.zeros_like(residual)
 
-        def fwd_bwd(r=r, f=f, g=g, buf=buf):
-            out = mhc_pre_norm_fn(r, f, None, EPS)
-            r.untyped_storage().grad_from_mhc_post = buf
-            f.grad = None
-            out.backward(g)
-            return out, f.grad
+        def fwd_bwd(get, r=r, f=f, g=g, buf=buf):
+            norm_fn = get("modeling.mhc.ops.mhc_pre_norm_fn")
+
+            def call():
+                out = norm_fn(r, f, None, EPS)
+                r.untyped_storage().grad_from_mhc_post = buf
+                f.grad = None
+                out.backward(g)
+                return out, f.grad
+            return call
 
         def ref_fwd_bwd(r=r, f=f, g=g):
             rr, ff = r.detach().clone().requires_grad_(), f.detach().clone().requires_grad_()
@@ -205,7 +214,7 @@ def _norm_fn_cases(device, quick):
             return out, ff.grad
 
         bwd_bytes = T * D * 2 + 2 * T * D * 2 + 2 * N3 * D * 4 + 2 * T * N3 * 4
-        yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H), label="fwd+bwd", fn=fwd_bwd, ref=ref_fwd_bwd,
+        yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H), label="fwd+bwd", impl=fwd_bwd, ref=ref_fwd_bwd,
                    check=_close_f32(3e-2, 1e-3), nbytes=fwd_bytes + bwd_bytes,
                    tune=("mhc_norm_fn_bwd", _NORM_BWD_TUNE) if device.type == "cuda" else None)
 
@@ -216,6 +225,7 @@ def _norm_fn_cases(device, quick):
             x2, phi = residual.view(T, D), fn.t().contiguous()
             yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H), label="liger fwd",
                        fn=lambda x2=x2, phi=phi: liger.mhc_mm_norm_fwd(x2, phi, EPS)[0],
+                       no_tk="Liger-Kernel's op",
                        ref=lambda r=residual, f=fn: mhc_pre_norm_fn_ref(r, f, None, EPS).view(T, N3),
                        check=_close_f32(1e-3, 1e-3), nbytes=fwd_bytes)
 
@@ -224,6 +234,7 @@ def _norm_fn_cases(device, quick):
                 return liger.mhc_mm_norm_bwd(x2, phi, mix, invr, g)
 
             yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H), label="liger fwd+bwd", fn=liger_fwd_bwd,
+                       no_tk="Liger-Kernel's op",
                        nbytes=fwd_bytes + bwd_bytes - T * D * 2)  # no accumulation buffer to read
 
 
@@ -241,7 +252,7 @@ def _big_fuse_cases(device, quick):
         residual, fn, scale, base, _ = _inputs(n0, n1, H, device)
         nbytes = 2 * T * D * 2 + N3 * D * 4 + 2 * T * (N3 + 1) * 4 + T * (N + N * N) * 4 + T * H * 2
         yield Case(params=dict(n0=n0, n1=n1, mhc_mult=N, hidden=H),
-                   fn=lambda r=residual, f=fn, s=scale, b=base: mhc_pre_big_fuse(r, f, s, b, EPS, EPS, EPS, 1.0, 10),
+                   impl=op("modeling.mhc.ops.mhc_pre_big_fuse", residual, fn, scale, base, EPS, EPS, EPS, 1.0, 10),
                    ref=lambda r=residual, f=fn, s=scale, b=base: _chain_ref(r, f, s, b),
                    check=_close_f32(2e-2, 1e-2), nbytes=nbytes,
                    tune=("mhc_pre_big_fuse", _FUSE_TUNE) if device.type == "cuda" else None)
@@ -254,13 +265,17 @@ def _mhc_pre_cases(device, quick):
         residual, fn, scale, base, w = _inputs(n0, n1, H, device, normw=True)
         params = dict(n0=n0, n1=n1, mhc_mult=N, hidden=H, norm_weight=True)
 
-        def no_grad(residual=residual, fn=fn, scale=scale, base=base, w=w):
-            with torch.no_grad():
-                li, (post, comb) = mhc_pre(residual, fn, scale, base, norm_weight=w)
-            return post, comb, li
+        def no_grad(get, residual=residual, fn=fn, scale=scale, base=base, w=w):
+            pre = get("modeling.mhc.mhc_pre")
+
+            def call():
+                with torch.no_grad():
+                    li, (post, comb) = pre(residual, fn, scale, base, norm_weight=w)
+                return post, comb, li
+            return call
 
         nbytes = 2 * T * D * 2 + N3 * D * 4 + 2 * T * (N3 + 1) * 4 + T * (N + N * N) * 4 + T * H * 2
-        yield Case(params=params, label="no_grad", fn=no_grad,
+        yield Case(params=params, label="no_grad", impl=no_grad,
                    ref=lambda r=residual, f=fn, s=scale, b=base, w=w: _chain_ref(r, f, s, b, w),
                    check=_close_f32(2e-2, 1e-2), nbytes=nbytes)
 
@@ -268,16 +283,20 @@ def _mhc_pre_cases(device, quick):
         r = residual.clone().requires_grad_()
         g = torch.randn(n0, n1, H, device=device).bfloat16()
 
-        def train(r=r, leaves=leaves, g=g):
-            f, s, b, nw = leaves
-            for t in (r, *leaves):
-                t.grad = None
-            li, _ = mhc_pre(r, f, s, b, norm_weight=nw)
-            li.backward(g)
-            return li
+        def train(get, r=r, leaves=leaves, g=g):
+            pre = get("modeling.mhc.mhc_pre")
+
+            def call():
+                f, s, b, nw = leaves
+                for t in (r, *leaves):
+                    t.grad = None
+                li, _ = pre(r, f, s, b, norm_weight=nw)
+                li.backward(g)
+                return li
+            return call
 
         train_bytes = T * (2 * D * 2 + H * 2) + T * (H * 2 + 2 * D * 2 + 3 * D * 2) + 3 * N3 * D * 4 + 3 * D * 4
-        yield Case(params=params, label="train fwd+bwd", fn=train, nbytes=train_bytes)
+        yield Case(params=params, label="train fwd+bwd", impl=train, nbytes=train_bytes)
 
 
 # ---------------------------------------------------------------------------------------------------- stream ops
@@ -288,10 +307,10 @@ def _expand_cases(device, quick):
         x = torch.randn(n0, n1, h, dtype=torch.bfloat16, device=device)
         g = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
         nb = t * h * 2 + t * N * h * 2
-        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), fn=lambda x=x: expand_to_mhc(x, N),
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), impl=op("modeling.mhc.ops.expand_to_mhc", x, N),
                    ref=lambda x=x: expand_to_mhc_ref(x, N), check=_close(dict(atol=0, rtol=0)), nbytes=nb)
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
-                   fn=lambda x=x, g=g: _fwd_bwd(lambda a: expand_to_mhc(a, N), [x], [g]),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.expand_to_mhc", [x], [g], N),
                    ref=lambda x=x, g=g: _fwd_bwd(lambda a: expand_to_mhc_ref(a, N), [x], [g]),
                    check=_close(), nbytes=2 * nb)
 
@@ -306,13 +325,9 @@ def _split_cases(device, quick):
         grads = [torch.randn(n0, n1, N, 1, device=device), torch.randn(n0, n1, N, 1, device=device),
                  torch.randn(n0, n1, N, N, device=device)]
         nb = t * n3 * 4 + 2 * t * N * 4 + t * N * N * 4
-
-        def impl(f):
-            return lambda m, s, b: f(m, s, b, N, 2.0, 1e-2)
-
         yield Case(params=dict(n0=n0, n1=n1, op="fwd+bwd"),
-                   fn=lambda: _fwd_bwd(impl(mhc_pre_split_mixes), args, grads),
-                   ref=lambda: _fwd_bwd(impl(mhc_pre_split_mixes_ref), args, grads),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_pre_split_mixes", args, grads, N, 2.0, 1e-2),
+                   ref=lambda: _fwd_bwd(lambda m, s, b: mhc_pre_split_mixes_ref(m, s, b, N, 2.0, 1e-2), args, grads),
                    check=_close(dict(rtol=1e-5, atol=2e-5)), nbytes=2 * nb, latency_bound=True)
 
 
@@ -322,11 +337,12 @@ def _sinkhorn_cases(device, quick):
         t = n0 * n1
         x = torch.randn(n0, n1, N, N, device=device)
         g = torch.randn(n0, n1, N, N, device=device)
-        yield Case(params=dict(n0=n0, n1=n1, mhc=N, op="fwd"), fn=lambda: sinkhorn_normalize(x, 10, 1e-6),
+        yield Case(params=dict(n0=n0, n1=n1, mhc=N, op="fwd"),
+                   impl=op("modeling.mhc.ops.sinkhorn_normalize", x, 10, 1e-6),
                    ref=lambda: sinkhorn_normalize_ref(x, 10, 1e-6), check=_close(), nbytes=2 * t * N * N * 4,
                    latency_bound=True, tune=("mhc_sinkhorn_fwd", _SK_TUNE))
         yield Case(params=dict(n0=n0, n1=n1, mhc=N, op="fwd+bwd"),
-                   fn=lambda: _fwd_bwd(lambda a: sinkhorn_normalize(a, 10, 1e-6), [x], [g]),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.sinkhorn_normalize", [x], [g], 10, 1e-6),
                    ref=lambda: _fwd_bwd(lambda a: sinkhorn_normalize_ref(a, 10, 1e-6), [x], [g]),
                    check=_close(), nbytes=5 * t * N * N * 4, latency_bound=True,
                    anchor=("sinkhorn/fwd+bwd", dict(n0=n0, n1=n1, mhc=N)), tune=("mhc_sinkhorn_bwd", _SK_TUNE))
@@ -347,11 +363,11 @@ def _apply_cases(device, quick):
         x, mix, g = _apply_data(n0, n1, h, device)
         fwd_b = t * N * h * 2 + t * N * 4 + t * h * 2
         bwd_b = t * h * 2 + t * N * h * 2 + 2 * t * N * h * 2 + 2 * t * N * 4
-        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), fn=lambda x=x, m=mix: mhc_pre_apply_mix(x, m),
+        yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), impl=op("modeling.mhc.ops.mhc_pre_apply_mix", x, mix),
                    ref=lambda x=x, m=mix: mhc_pre_apply_mix_ref(x, m), check=_close(tol), nbytes=fwd_b,
                    tune=("mhc_pre_apply_mix_fwd", _TILE_TUNE))
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
-                   fn=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix, [x, m], [g], attach_zero_buffer=0),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_pre_apply_mix", [x, mix], [g], attach_zero_buffer=0),
                    ref=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix_ref, [x, m], [g], attach_zero_buffer=0),
                    check=_close(tol), nbytes=fwd_b + bwd_b,
                    anchor=("mhc_pre_apply_mix/fwd+bwd", dict(n0=n0, n1=n1, h=h)),
@@ -361,6 +377,7 @@ def _apply_cases(device, quick):
             pre_fn = liger.LigerMHCPreFunction.apply
             yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"), label="liger",
                        fn=lambda x=x, m=mix, g=g: _fwd_bwd(lambda a, b: pre_fn(a, b.squeeze(-1)), [x, m], [g]),
+                       no_tk="Liger-Kernel's op",
                        ref=lambda x=x, m=mix, g=g: _fwd_bwd(mhc_pre_apply_mix, [x, m], [g]),
                        check=_close(tol), nbytes=fwd_b + bwd_b)
 
@@ -394,11 +411,11 @@ def _post_cases(device, quick):
         bwd_b = t * (3 * N * h * 2 + 2 * h * 2 + 2 * N * N * 4 + 2 * N * 4)
         out = torch.empty_like(r)
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"),
-                   fn=lambda x=x, r=r, p=p, c=c, o=out: mhc_post_fwd(x, r, p, c, out=o),
+                   impl=op("mhc.post_kernel.mhc_post_fwd", x, r, p, c, out=out),
                    ref=lambda x=x, r=r, p=p, c=c: mhc_post_ref(x, r, p, c), check=_close(), nbytes=fwd_b,
                    anchor=("mhc_post/fwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_fwd", _TILE_TUNE))
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
-                   fn=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post, [x, r, p, c], [g]),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_post", [x, r, p, c], [g]),
                    ref=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post_ref, [x, r, p, c], [g]),
                    check=_post_tol, nbytes=fwd_b + bwd_b,
                    anchor=("mhc_post/fwd+bwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_bwd", _BWD_TUNE))
@@ -410,10 +427,11 @@ def _post_cases(device, quick):
                 return post_fn(rr, xx, pp.squeeze(-1), cc.transpose(-1, -2))
 
             yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), label="liger",
-                       fn=lambda x=x, r=r, p=p, c=c: lig(x, r, p, c),
+                       fn=lambda x=x, r=r, p=p, c=c: lig(x, r, p, c), no_tk="Liger-Kernel's op",
                        ref=lambda x=x, r=r, p=p, c=c: mhc_post_fwd(x, r, p, c), check=_close(), nbytes=fwd_b)
             yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"), label="liger",
                        fn=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(lig, [x, r, p, c], [g]),
+                       no_tk="Liger-Kernel's op",
                        ref=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post, [x, r, p, c], [g]),
                        check=_post_tol, nbytes=fwd_b + bwd_b)
 
@@ -425,7 +443,7 @@ def _head_cases(device, quick):
         args = [torch.randn(n0, n1, N, device=device), torch.randn(1, device=device), torch.randn(N, device=device)]
         g = [torch.randn(n0, n1, N, device=device)]
         yield Case(params=dict(n0=n0, n1=n1, op="fwd+bwd"),
-                   fn=lambda: _fwd_bwd(lambda a, s, b: mhc_head_compute_mix(a, s, b, 1e-2), args, g),
+                   impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_head_compute_mix", args, g, 1e-2),
                    ref=lambda: _fwd_bwd(lambda a, s, b: mhc_head_compute_mix_ref(a, s, b, 1e-2), args, g),
                    check=_close(dict(rtol=1e-4, atol=1e-5)), nbytes=4 * t * N * 4, latency_bound=True)
 
@@ -451,9 +469,13 @@ def _multilayer_cases(device, quick, grid: bool = False):
         io = t * N * h * 2 + num_layers * (t * N * 4 + t * h * 2) + num_post * (
             t * h * 2 + t * N * 4 + t * N * N * 4 + t * N * h * 2)
 
-        def fused(r0=r0, pre=pre, y=y, post=post, comb=comb, li=li, res=res):
-            mhc_multilayer_recompute(r0, pre, y, post, comb, li, res)
-            return li + res
+        def fused(get, r0=r0, pre=pre, y=y, post=post, comb=comb, li=li, res=res):
+            recompute = get("mhc.multilayer_recompute_kernel.mhc_multilayer_recompute")
+
+            def call():
+                recompute(r0, pre, y, post, comb, li, res)
+                return li + res
+            return call
 
         def chain(r0=r0, pre=pre, y=y, post=post, comb=comb):
             r, outs_li, outs_res = r0, [], []
@@ -465,7 +487,7 @@ def _multilayer_cases(device, quick, grid: bool = False):
             return outs_li + outs_res
 
         yield Case(params=dict(num_layers=num_layers, num_post=num_post, bs=1, seq=seq, mhc_mult=N, hidden=h),
-                   fn=fused, ref=chain, check=_close(dict(atol=0, rtol=0)), nbytes=io,
+                   impl=fused, ref=chain, check=_close(dict(atol=0, rtol=0)), nbytes=io,
                    anchor=("mhc_multilayer_recompute", dict(num_layers=num_layers, num_post=num_post, bs=1,
                                                             seq=seq, mhc_mult=N, hidden=h)),
                    tune=("mhc_multilayer_recompute", _TILE_TUNE))

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from tritile.bench import Case, register
-from tritile.moe import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight,
-                         top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
+from tritile.bench import Case, op, register
+from tritile.moe import mask_indices_by_tp, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
 from tritile.moe.expand_to_fused_kernel import expand_to_fused, expand_to_fused_with_sf
 from tritile.moe.get_fused_mapping_kernel import get_fused_mapping
 from tritile.moe.reduce_fused_kernel import reduce_fused
@@ -88,7 +87,7 @@ def _mapping_cases(device, quick, grid=False):
         params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, alignment=a)
         # The synchronising call (as TileKernels times it: kernels plus the host sync of the counts); its host µs
         # and event µs against the no-sync case's give the sync's cost.
-        yield Case(params=params, fn=lambda x=topk_idx, e=e: get_fused_mapping(x, e, 0, a),
+        yield Case(params=params, impl=op("moe.get_fused_mapping", topk_idx, e, 0, a),
                    ref=lambda x=topk_idx, e=e: _ref_mapping(x, e, a), check=_check_mapping,
                    nbytes=count_bytes(topk_idx, *res[:7]), anchor=anchor, latency_bound=True)
         # The capturable mode (a caller-sized buffer, no host sync): the kernels' own latency, which is what
@@ -96,7 +95,7 @@ def _mapping_cases(device, quick, grid=False):
         n = sum(res[7])
         res_fixed = get_fused_mapping(topk_idx, e, n, a)
         yield Case(params=dict(params, num_expanded_tokens=n),
-                   fn=lambda x=topk_idx, e=e, n=n: get_fused_mapping(x, e, n, a),
+                   impl=op("moe.get_fused_mapping", topk_idx, e, n, a),
                    ref=lambda x=topk_idx, e=e: _ref_mapping(x, e, a)[:7] + ([],), check=_check_mapping,
                    nbytes=count_bytes(topk_idx, *res_fixed[:7]), anchor=anchor, latency_bound=True, label="no-sync",
                    tune=("get_fused_mapping", _MAPPING_TUNE) if gpu else None)
@@ -126,7 +125,7 @@ def _expand_cases(device, quick, grid=False):
             x = torch.randn((t, h), dtype=torch.bfloat16, device=device)
             out = expand_to_fused(x, t2p, pos_to_expert)
             params = dict(num_tokens=t, num_topk=k, num_experts=e, num_ep_ranks=ep, hidden=h)
-            yield Case(params=params, fn=lambda a=(x, t2p, pos_to_expert): expand_to_fused(*a),
+            yield Case(params=params, impl=op("moe.expand_to_fused", x, t2p, pos_to_expert),
                        ref=lambda a=(x, t2p, pos_to_expert): ref_expand(*a),
                        check=assert_equal, nbytes=count_bytes(x, t2p, pos_to_expert, out),
                        anchor=("expand_to_fused", dict(hidden=h, num_ep_ranks=ep, num_experts=e, num_tokens=t,
@@ -200,7 +199,7 @@ def _expand_sf_cases(device, quick, grid=False):
         out = expand_to_fused_with_sf(*args)
         params = dict(hidden=h, num_ep_ranks=ep, num_experts=e, num_per_channels=npc, num_tokens=t, num_topk=k,
                       round_sf=True, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
-        yield Case(params=params, fn=lambda args=args: expand_to_fused_with_sf(*args),
+        yield Case(params=params, impl=op("moe.expand_to_fused_with_sf", *args),
                    ref=lambda args=args: ref_expand_sf(*args), check=_check_pair,
                    nbytes=count_bytes(x, x_sf, t2p, pos_to_expert, *out),
                    anchor=("expand_to_fused_with_sf", params),
@@ -238,7 +237,7 @@ def _reduce_cases(device, quick, grid=False):
         params = dict(hidden=h, in_dtype=in_dtype, num_ep_ranks=ep, num_experts=e, num_tokens=t, num_topk=k,
                       out_dtype=out_dtype, with_sf=with_sf, with_weights=True)
         args = (x_in, w, t2p, fmt, sf)
-        yield Case(params=params, fn=lambda args=args: reduce_fused(*args), ref=lambda args=args: ref_reduce(*args),
+        yield Case(params=params, impl=op("moe.reduce_fused", *args), ref=lambda args=args: ref_reduce(*args),
                    check=assert_equal, nbytes=nbytes, anchor=("reduce_fused", params),
                    tune=("reduce_fused", _REDUCE_TUNE) if gpu else None)
 
@@ -280,7 +279,7 @@ def _topk_gate_cases(device, quick, grid=False):
         scores = torch.randn(t, e, device=device)
         out = topk_gate(scores, k)
         yield Case(params=dict(num_tokens=t, num_experts=e, num_topk=k),
-                   fn=lambda scores=scores, k=k: topk_gate(scores, k),
+                   impl=op("moe.topk_gate", scores, k),
                    ref=lambda scores=scores, k=k: stable_topk(scores, k), check=assert_equal,
                    nbytes=count_bytes(scores, out), anchor=("topk_gate", dict(num_experts=e, num_tokens=t, num_topk=k)),
                    latency_bound=True, tune=("topk_gate", _TOPK_GATE_TUNE) if gpu and e == 256 else None)
@@ -335,7 +334,7 @@ def _top2_cases(device, quick):
             params = dict(num_groups=g, num_routed_experts=e, num_shared_experts=s, num_topk=k, num_topk_groups=gk,
                           scoring_func=str(func))
             yield Case(params=params,
-                       fn=lambda args=args, kw=kw, unm=unm: top2_sum_gate(*args, **kw, unmapped_topk_idx=unm),
+                       impl=op("moe.top2_sum_gate", *args, **kw, unmapped_topk_idx=unm),
                        ref=lambda args=args, kw=kw, u=unm_ref: ref_gate(*args, **kw, unmapped_topk_idx=u),
                        check=_check_gate, nbytes=count_bytes(logits, bias), anchor=("top2_sum_gate", params),
                        latency_bound=True)
@@ -352,7 +351,7 @@ def _topk_sum_cases(device, quick, grid=False):
         scores = torch.randn(t, g, e // g, device=device)
         out = topk_sum_and_topk_group_idx(scores, n, gk)
         params = dict(num_experts=e, num_group_sum_topk=n, num_groups=g, num_tokens=t, num_topk_groups=gk)
-        yield Case(params=params, fn=lambda s_=scores, n=n, gk=gk: topk_sum_and_topk_group_idx(s_, n, gk),
+        yield Case(params=params, impl=op("moe.topk_sum_and_topk_group_idx", scores, n, gk),
                    ref=lambda s_=scores, n=n, gk=gk: ref(s_, n, gk), check=assert_equal,
                    nbytes=count_bytes(scores, out), anchor=("topk_sum_and_topk_group_idx", params), latency_bound=True)
 
@@ -375,7 +374,7 @@ def _normalize_cases(device, quick, grid=False):
         w = torch.rand(t, k, device=device)
         d, nw = normalize_weight(w)
         params = _params(t, k, e, ep)
-        yield Case(params=params, fn=lambda w=w: normalize_weight(w), ref=lambda w=w: ref(w), check=check,
+        yield Case(params=params, impl=op("moe.normalize_weight", w), ref=lambda w=w: ref(w), check=check,
                    nbytes=count_bytes(w, d, nw), anchor=("normalize_weight", params), latency_bound=True,
                    tune=("normalize_weight", _NORMALIZE_TUNE) if gpu else None)
 
@@ -416,7 +415,7 @@ def _aux_fi_cases(device, quick, grid=False):
             t, _ = _grid.num_tokens(device, "aux_fi", k, e, ep, num_aux_topk=aux)
             idx = _grid.topk_idx(device, t, k, e, ep)
             params = _params(t, k, e, ep, num_aux_topk=aux)
-            yield Case(params=params, fn=lambda idx=idx, e=e, aux=aux: aux_fi(idx, e, aux),
+            yield Case(params=params, impl=op("moe.aux_fi", idx, e, aux),
                        ref=lambda idx=idx, e=e, aux=aux: ref(idx, e, aux), check=check, nbytes=count_bytes(idx),
                        anchor=("aux_fi", params), latency_bound=True,
                        tune=("aux_fi", _AUX_FI_TUNE) if gpu else None)
@@ -441,7 +440,8 @@ def _group_count_cases(device, quick, grid=False):
         t, _ = _grid.num_tokens(device, "group_count", k, e, ep)
         idx = _grid.topk_idx(device, t, k, e, ep)
         params = _params(t, k, e, ep)
-        yield Case(params=params, fn=lambda idx=idx, e=e: group_count(idx, e), ref=lambda idx=idx, e=e: ref(idx, e),
+        yield Case(params=params, impl=op("moe.group_count", idx, e),
+                   ref=lambda idx=idx, e=e: ref(idx, e),
                    check=assert_equal, nbytes=count_bytes(idx), anchor=("group_count", params), latency_bound=True,
                    tune=("group_count", _GROUP_COUNT_TUNE) if gpu else None)
 
@@ -468,7 +468,8 @@ def _mask_cases(device, quick, grid=False):
             out = mask_indices_by_tp(idx, e * ep, ep, tp_rank, num_tp)
             params = _params(t, k, e, ep, num_tp_ranks=num_tp, tp_rank=tp_rank)
             args = (idx, e * ep, ep, tp_rank, num_tp)
-            yield Case(params=params, fn=lambda args=args: mask_indices_by_tp(*args), ref=lambda args=args: ref(*args),
+            yield Case(params=params, impl=op("moe.mask_indices_by_tp", *args),
+                       ref=lambda args=args: ref(*args),
                        check=assert_equal, nbytes=count_bytes(idx, out), anchor=("mask_indices_by_tp", params),
                        latency_bound=True, tune=("mask_indices_by_tp", _MASK_TUNE) if gpu else None)
 
@@ -495,11 +496,15 @@ def _unique_cases(device, quick, grid=False):
             work = group.clone()  # deduplicated by the first call; later calls find nothing to change (as TileKernels)
             params = _params(t, k, e, ep, num_groups=ng)
 
-            def fn(work=work, ng=ng):
-                inplace_unique_group_indices(work, ng)
-                return work
+            def impl(get, work=work, ng=ng):
+                unique = get("moe.inplace_unique_group_indices")
 
-            yield Case(params=params, fn=fn, ref=lambda expected=expected: expected, check=assert_equal,
+                def call():
+                    unique(work, ng)
+                    return work
+                return call
+
+            yield Case(params=params, impl=impl, ref=lambda expected=expected: expected, check=assert_equal,
                        nbytes=group.numel() * 8 + changed * 4, anchor=("inplace_unique_group_indices", params),
                        latency_bound=True, tune=("inplace_unique_group_indices", _UNIQUE_TUNE) if gpu else None)
 

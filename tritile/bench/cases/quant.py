@@ -17,20 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from tritile.bench import Case, register
+from tritile.bench import TRITILE, Case, op, register
 from tritile.quant.cast_back_e5m6_kernel import cast_back_e5m6
 from tritile.quant.cast_back_kernel import cast_back, per_token_cast_back
 from tritile.quant.per_block_cast_kernel import per_block_cast
 from tritile.quant.per_block_cast_lossless_kernel import per_block_cast_lossless
-from tritile.quant.per_channel_cast_and_transpose_kernel import per_channel_cast_and_transpose
 from tritile.quant.per_channel_cast_fused_kernel import per_channel_cast_fused
-from tritile.quant.per_channel_cast_kernel import per_channel_cast
 from tritile.quant.per_token_cast_kernel import per_token_cast
 from tritile.quant.per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
-from tritile.quant.swiglu_backward_and_per_token_cast_kernel import swiglu_backward_and_per_token_cast
-from tritile.quant.swiglu_forward_and_per_channel_cast_and_transpose_kernel import \
-    swiglu_forward_and_per_channel_cast_and_transpose
-from tritile.quant.swiglu_forward_and_per_token_cast_kernel import swiglu_forward_and_per_token_cast
 from tritile.testing import assert_equal, count_bytes, generate_rand_float
 
 from . import _grid
@@ -263,7 +257,7 @@ def _per_token_case(device, x, in_dtype, fmt, npc, xbs, m, k, anchored=True):
     key = (in_dtype, fmt, npc, xbs)
     return Case(params=dict(num_tokens=m, hidden=k, in_dtype=in_dtype, fmt=fmt, npc=npc,
                             **({"x_block_size": xbs} if xbs else {}), packed=True),
-                fn=lambda a=(x, fmt, npc, xbs): per_token_cast(*a, col, rnd, packed),
+                impl=op("quant.per_token_cast", x, fmt, npc, xbs, col, rnd, packed),
                 ref=lambda a=(x, fmt, npc, xbs): cast(a[0], a[1], (1, a[2]), x_block_size=a[3], round_sf=rnd,
                                                       use_tma_aligned_col_major_sf=col, use_packed_ue8m0=packed),
                 check=_check_cast, nbytes=count_bytes(x, out),
@@ -328,7 +322,7 @@ def _per_block_case(device, x, dname, fmt, block, config, m, k):
     out = per_block_cast(x, fmt, block, col, rnd, packed)
     key = (block, fmt, dname, config)
     return Case(params=dict(num_tokens=m, hidden=k, in_dtype=dname, fmt=fmt, block=block, packed=packed),
-                fn=lambda a=(x, fmt, block, col, rnd, packed): per_block_cast(*a),
+                impl=op("quant.per_block_cast", x, fmt, block, col, rnd, packed),
                 ref=lambda a=(x, fmt, block): cast(*a, round_sf=rnd, use_tma_aligned_col_major_sf=col,
                                                    use_packed_ue8m0=packed),
                 check=_check_cast, nbytes=count_bytes(x, out),
@@ -365,7 +359,7 @@ def _cast_back_token_case(device, q, fmt, npc, out_dtype, config, m, k, anchored
     back = per_token_cast_back(q, out_dtype, npc)
     return Case(params=dict(num_tokens=m, hidden=k, fmt=fmt, npc=npc, out=out_dtype,
                             **({"packed": True} if config[2] else {})),
-                fn=lambda a=(q, out_dtype, npc): per_token_cast_back(*a),
+                impl=op("quant.per_token_cast_back", q, out_dtype, npc),
                 ref=lambda a=(q, out_dtype, (1, npc)): cast_back_ref(*a),
                 check=assert_equal, nbytes=count_bytes(back, q),
                 anchor=_anchor(device, "cast_back_per_token", fmt=fmt, hidden=k, num_per_channels=npc, num_tokens=m,
@@ -382,7 +376,7 @@ def _cast_back_block_case(device, q, block, out_dtype, rnd, m, k, anchored=True)
     back = cast_back(q, out_dtype, block)
     return Case(params=dict(num_tokens=m, hidden=k, fmt="e4m3", block=block, out=out_dtype,
                             **({"round_sf": True} if rnd else {})),
-                fn=lambda a=(q, out_dtype, block): cast_back(*a), ref=lambda a=(q, out_dtype, block): cast_back_ref(*a),
+                impl=op("quant.cast_back", q, out_dtype, block), ref=lambda a=(q, out_dtype, block): cast_back_ref(*a),
                 check=assert_equal, nbytes=count_bytes(back, q),
                 anchor=_anchor(device, "cast_back", fmt="e4m3", hidden=k, num_per_channels=block[1],
                                num_per_tokens=block[0], num_tokens=m, out_dtype=out_dtype, round_sf=rnd)
@@ -534,11 +528,11 @@ def _check_dense_pair(out, ref):
 _E5M6_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _e5m6_case(device, kernel, m, k, config, dtype, fn, ref, check, nbytes, tune):
+def _e5m6_case(device, kernel, m, k, config, dtype, impl, ref, check, nbytes, tune):
     """A case of an E5M6 op (one group per row) in sf ``config``; ``dtype``: ``{"in_dtype" | "out_dtype": name}``."""
     col, rnd, packed = config
     return Case(params=dict(num_tokens=m, hidden=k, **dtype, col=col, round_sf=rnd, packed=packed),
-                fn=fn, ref=ref, check=check, nbytes=nbytes,
+                impl=impl, ref=ref, check=check, nbytes=nbytes,
                 anchor=(kernel, dict(hidden=k, num_per_channels=k, num_tokens=m, **dtype, **_grid.sf_flags(config))),
                 tune=(kernel, tune) if tune is not None and device.type == "cuda" and (m, k) == _shape(device)
                 else None)
@@ -559,7 +553,7 @@ def _e5m6_cases(device, quick, grid=False):
         for config in configs:
             out = per_token_cast_to_e5m6(x, k, *config)
             yield _e5m6_case(device, "per_token_cast_to_e5m6", m, k, config, {"in_dtype": dname},
-                             fn=lambda c=config, x=x, k=k: per_token_cast_to_e5m6(x, k, *c),
+                             impl=op("quant.per_token_cast", x, "e5m6", k, None, *config),
                              ref=lambda c=config, x=x, k=k: cast_to_e5m6(x, k, *c), check=_check_dense_pair,
                              nbytes=count_bytes(x, out), tune=_TUNE_E5M6 if dname == "bf16" else None)
 
@@ -583,7 +577,7 @@ def _cast_back_e5m6_cases(device, quick, grid=False):
                 q = cast_to_e5m6(xs[fmt], k, *config)
                 back = cast_back_e5m6(q, fmt, (1, k))
                 yield _e5m6_case(device, "cast_back_e5m6", m, k, config, {"out_dtype": fmt},
-                                 fn=lambda q=q, fmt=fmt, k=k: cast_back_e5m6(q, fmt, (1, k)),
+                                 impl=op("quant.cast_back", q, fmt, (1, k), x_special_fmt="e5m6"),
                                  ref=lambda q=q, fmt=fmt, k=k: cast_back_from_e5m6(q, fmt, (1, k)),
                                  check=assert_equal,
                                  nbytes=count_bytes(q, back), tune=_TUNE_CAST_BACK_E5M6)
@@ -622,7 +616,7 @@ def _lossless_shape(device, m, k, combos):
 
         yield Case(
             params=dict(num_tokens=m, hidden=k, in_flags=in_flags, out_flags=out_flags, out_block=ob),
-            fn=lambda x_fp4=x_fp4, ob=ob, f=out_flags: per_block_cast_lossless(x_fp4, "e4m3", in_block, ob, *f),
+            impl=op("quant.per_block_cast_lossless", x_fp4, "e4m3", in_block, ob, *out_flags),
             # the reference is the dequantized input (its time is a dequant, not a re-quantization)
             ref=lambda x_fp4=x_fp4: cast_back(x_fp4, "fp32", in_block),
             check=check, nbytes=count_bytes(x_fp4, out),
@@ -723,18 +717,20 @@ def _ref_fused(x, round_sf, npc=None, pos=None):
     return ref(x, 128, npc, round_sf, pos)
 
 
-def _plain_shape(device, m, k, kernel, npts, rnds, call, ref, npt_key, show_npt, tunes):
-    """One bf16 ``(m, k)`` input's cases of a plain per-channel cast, one per ``(npt, round_sf)``: ``call(x, npt, rnd)``
-    and ``ref(x, npt, rnd)``; TileKernels names npt ``npt_key`` in the kernel's record; ``tunes`` maps
-    ``(m, k, npt)`` to the tuning candidates there."""
+def _plain_shape(device, m, k, kernel, npts, rnds, ref, npt_key, show_npt, tunes):
+    """One bf16 ``(m, k)`` input's cases of a plain per-channel cast, one per ``(npt, round_sf)``: the public op
+    ``kernel(x, 'e4m3', npt, rnd)`` and ``ref(x, npt, rnd)``; TileKernels names npt ``npt_key`` in the kernel's
+    record; ``tunes`` maps ``(m, k, npt)`` to the tuning candidates there."""
     gpu = device.type == "cuda"
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     for npt in npts:
         for rnd in rnds:
-            out = call(x, npt, rnd)
+            impl = op(f"quant.{kernel}", x, "e4m3", npt, rnd)
+            fn = impl(TRITILE)
+            out = fn()
             params = dict(num_tokens=m, hidden=k, dtype="bf16", **({"num_per_tokens": npt} if show_npt else {}),
                           round_sf=rnd)
-            yield Case(params=params, fn=lambda a=(x, npt, rnd): call(*a), ref=lambda a=(x, npt, rnd): ref(*a),
+            yield Case(params=params, fn=fn, impl=impl, ref=lambda a=(x, npt, rnd): ref(*a),
                        check=_check_pair, nbytes=count_bytes(x, out),
                        anchor=(kernel, {"dtype": "bf16", "hidden": k, npt_key: npt, "num_tokens": m, "round_sf": rnd})
                        if gpu else None,
@@ -754,7 +750,6 @@ def _per_channel_cast_cases(device, quick, grid=False):
     for m, k in _plain_shapes(device, quick, grid, ((4096, 7168), (256, 576))):
         yield from _plain_shape(device, m, k, "per_channel_cast", npts=(128,),
                                 rnds=(False,) if quick else (False, True),
-                                call=lambda x, npt, rnd: per_channel_cast(x, "e4m3", npt, rnd),
                                 ref=lambda x, npt, rnd: _ref_fused(x, rnd), npt_key="num_per_tokens", show_npt=False,
                                 tunes={(4096, 7168, 128): _TUNE_CHANNEL})
 
@@ -777,7 +772,7 @@ _TUNE_CAST_BACK = [
 def _fused_case(inp, rnd, npc, pos, params, anchor=None, tune=None):
     """A case of ``per_channel_cast_fused(inp, 'e4m3', 128, rnd, npc, pos)`` against the reference."""
     out = per_channel_cast_fused(inp, "e4m3", 128, rnd, npc, pos)
-    case = Case(params=params, fn=lambda a=(inp, rnd, npc, pos): per_channel_cast_fused(a[0], "e4m3", 128, *a[1:]),
+    case = Case(params=params, impl=op("quant.per_channel_cast_fused", inp, "e4m3", 128, rnd, npc, pos),
                 ref=lambda a=(inp, rnd, npc, pos): _ref_fused(*a), check=_check_pair, nbytes=count_bytes(inp, pos, out),
                 anchor=anchor, tune=tune)
     del out
@@ -858,7 +853,7 @@ def _per_channel_cast_and_transpose_cases(device, quick, grid=False):
     for m, k in _plain_shapes(device, quick, grid, ((8064, 7168), (256, 576))):
         yield from _plain_shape(device, m, k, "per_channel_cast_and_transpose", npts=(128,) if quick else (128, 32),
                                 rnds=(False,) if quick else (False, True),
-                                call=lambda x, npt, rnd: per_channel_cast_and_transpose(x, "e4m3", npt, rnd), ref=ref,
+                                ref=ref,
                                 npt_key="num_per_channels", show_npt=True,
                                 tunes={(8064, 7168, npt): _TUNE_TRANSPOSE[npt] for npt in (128, 32)})
 
@@ -901,9 +896,9 @@ def _fwd_point(device, T, K, E, ep, hiddens, variants):
         for enable_p2e, clamp in variants:
             counts = None if clamp is None else torch.zeros(3, dtype=torch.int64, device=device)
 
-            def fn(x=x, p2e=p2e if enable_p2e else None, clamp=clamp, counts=counts):
-                return swiglu_forward_and_per_token_cast(x, "e4m3", 128, pos_to_expert=p2e, clamped_count=counts,
-                                                         swiglu_clamp_value=clamp, **kw)
+            impl = op("quant.swiglu_forward_and_per_token_cast", x, "e4m3", 128,
+                      pos_to_expert=p2e if enable_p2e else None, clamped_count=counts, swiglu_clamp_value=clamp, **kw)
+            fn = impl(TRITILE)
 
             def ref(x=x, clamp=clamp):  # padding rows are zero: the reference's rows there are the kernel's
                 return cast(swiglu_forward(x, swiglu_clamp_value=clamp), "e4m3", (1, 128), **kw)
@@ -912,7 +907,7 @@ def _fwd_point(device, T, K, E, ep, hiddens, variants):
             params = dict(enable_pos_to_expert=enable_p2e, hidden=H, num_ep_ranks=ep, num_experts=E,
                           num_per_channels=128, num_tokens=T, num_topk=K, round_sf=True, swiglu_clamp_value=clamp,
                           use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True, with_weights=False)
-            yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, ref=ref, check=_check_pair,
+            yield Case(params=dict(params, num_rows=x.shape[0]), fn=fn, impl=impl, ref=ref, check=_check_pair,
                        nbytes=count_bytes(x, out),
                        anchor=("swiglu_forward_and_per_token_cast", params) if gpu else None,
                        tune=("swiglu_forward_and_per_token_cast", _FWD_TUNE)
@@ -986,8 +981,8 @@ def _bwd_point(device, T, K, E, ep, hiddens, npcs, clamps):
             g = torch.randn((xq[0].shape[0], H), dtype=torch.bfloat16, device=device)
             args = (xq, g, w, p2tk, tk2p, npc)
             for clamp in clamps:
-                def fn(args=args, clamp=clamp):
-                    return swiglu_backward_and_per_token_cast(*args, round_sf=True, swiglu_clamp_value=clamp)
+                impl = op("quant.swiglu_backward_and_per_token_cast", *args, round_sf=True, swiglu_clamp_value=clamp)
+                fn = impl(TRITILE)
 
                 def ref(args=args, clamp=clamp):
                     out, xg, wg = swiglu_backward(*args, swiglu_clamp_value=clamp)
@@ -996,7 +991,7 @@ def _bwd_point(device, T, K, E, ep, hiddens, npcs, clamps):
                 res = fn()
                 params = dict(hidden=H, num_ep_ranks=ep, num_experts=E, num_per_channels=npc, num_tokens=T,
                               num_topk=K, round_sf=True, swiglu_clamp_value=clamp)
-                yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, ref=ref, check=_check_bwd,
+                yield Case(params=dict(params, num_rows=xq[0].shape[0]), fn=fn, impl=impl, ref=ref, check=_check_bwd,
                            nbytes=count_bytes(xq, g, w, p2tk, tk2p, res),
                            anchor=("swiglu_backward_and_per_token_cast", params) if gpu else None,
                            tune=("swiglu_backward_and_per_token_cast", _BWD_TUNE)
@@ -1143,9 +1138,9 @@ def _channel_shape(device, M, H, variants, anchor_transposed):
     gpu = device.type == "cuda"
     x = torch.randn((M, 2 * H), dtype=torch.bfloat16, device=device)
     for npt, wt, rnd, clamp in variants:
-        def fn(a=(npt, rnd, wt, clamp)):
-            return swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", a[0], round_sf=a[1],
-                                                                     without_transpose=a[2], swiglu_clamp_value=a[3])
+        impl = op("quant.swiglu_forward_and_per_channel_cast_and_transpose", x, "e4m3", npt, round_sf=rnd,
+                  without_transpose=wt, swiglu_clamp_value=clamp)
+        fn = impl(TRITILE)
 
         def ref(a=(npt, rnd, wt, clamp)):
             out, sf = cast(swiglu_forward(x, swiglu_clamp_value=a[3]).bfloat16(), "e4m3", (a[0], 1), round_sf=a[1])
@@ -1155,7 +1150,7 @@ def _channel_shape(device, M, H, variants, anchor_transposed):
         params = dict(hidden=H, num_per_tokens=npt, num_tokens=M, round_sf=rnd, swiglu_clamp_value=clamp,
                       without_transpose=wt)
         at_anchor = dict(params, without_transpose=True) == _CHANNEL_ANCHOR
-        yield Case(params=params, fn=fn, ref=ref, check=_check_pair, nbytes=count_bytes(x, out),
+        yield Case(params=params, fn=fn, impl=impl, ref=ref, check=_check_pair, nbytes=count_bytes(x, out),
                    label=f"without_transpose={wt}",
                    anchor=("swiglu_forward_and_per_channel_cast_and_transpose", params)
                    if gpu and (wt or anchor_transposed) else None,

@@ -2,7 +2,7 @@
 
 import torch
 
-from tritile.bench import Case, register
+from tritile.bench import Case, op, register
 from tritile.testing import assert_equal, count_bytes
 from tritile.torch.transpose import batched_transpose_ref, transpose_ref
 from tritile.transpose import batched_transpose, transpose
@@ -71,7 +71,7 @@ def _batched(device, quick, grid=False):
             x = _x((b, m, n), dt, device)
             out = batched_transpose(x)
             anchor = ("batched_transpose", dict(dtype=dt, hidden=n, num_experts=b, num_tokens=m)) if gpu else None
-            yield Case(params=dict(dtype=dt, B=b, M=m, N=n), fn=lambda x=x: batched_transpose(x),
+            yield Case(params=dict(dtype=dt, B=b, M=m, N=n), impl=op("transpose.batched_transpose", x),
                        ref=lambda x=x: batched_transpose_ref(x), check=assert_equal, nbytes=count_bytes(x, out),
                        anchor=anchor, tune=("transpose", _tune(dt, True)) if gpu else None)
             del out
@@ -89,7 +89,8 @@ def _plain(device, quick, grid=False):
         for m, n in shapes:
             x = _x((m, n), dt, device)
             out = transpose(x)
-            yield Case(params=dict(dtype=dt, M=m, N=n), fn=lambda x=x: transpose(x), ref=lambda x=x: transpose_ref(x),
+            yield Case(params=dict(dtype=dt, M=m, N=n), impl=op("transpose.transpose", x),
+                       ref=lambda x=x: transpose_ref(x),
                        check=assert_equal, nbytes=count_bytes(x, out),
                        anchor=("transpose", dict(dtype=dt, hidden=n, num_tokens=m)) if gpu else None,
                        tune=("transpose", _tune(dt, False)) if gpu and m == 8064 and n == 7168 else None)
