@@ -1,4 +1,5 @@
-"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick | --grid] [--json F] [--plot F.png]``
+"""Command-line entry point: ``python -m tritile bench [--module M] [--op NAME] [--quick | --grid] [--eager]
+[--against tilekernels] [--json F] [--plot F.png]``
 and ``python -m tritile tune [--module M] [--op NAME]`` (GPU launch-config sweeps);
 ``python -m tritile bench --module ep --ranks 2`` starts the ranks of the expert-parallel benchmark (tritile.ep.bench);
 ``python -m tritile demo moe [--tokens N] [--ranks N] [--fp8] [--json F] [--plot F.png]`` runs the MoE layer demo;
@@ -10,6 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+
+def _shard(p, text: str):
+    """``--shard I/N`` as ``(I, N)``, with 0 <= I < N."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        p.error(f"--shard must be I/N (two integers), got {text!r}")
+    if not 0 <= i < n:
+        p.error(f"--shard I/N needs 0 <= I < N, got {text!r}")
+    return i, n
 
 
 def main(argv=None) -> int:
@@ -24,6 +36,19 @@ def main(argv=None) -> int:
     b.add_argument("--cupti-only", action="store_true",
                    help="time each case with the CUPTI timer alone (L2 flushed; the timer behind × TK), for the large "
                         "grids (no graph, event or host µs)")
+    b.add_argument("--eager", action="store_true",
+                   help="also the eager time per call (100 back-to-back calls, fewer for long ops, one synchronize at "
+                        "the end, best of 5) and the host cost (eager µs - kernel µs)")
+    b.add_argument("--against", choices=["tilekernels"],
+                   help="run TileKernels' op on each case's inputs with the same timers (× TK kernel and eager), "
+                        "when tile_kernels is importable (not the shim); else its recorded figures")
+    b.add_argument("--warm-procs", type=int, default=0, metavar="N",
+                   help="first run every selected case once in N parallel processes (TileLang's and Triton's "
+                        "compile caches on disk), untimed")
+    b.add_argument("--tk-commit", help="TileKernels' commit, for the results (default: $TILEKERNELS_COMMIT, else the "
+                                       "git HEAD of its checkout)")
+    b.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    b.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="draw GB/s per op against the copy bandwidth (PNG)")
     b.add_argument("--ranks", type=int,
@@ -53,7 +78,7 @@ def main(argv=None) -> int:
     if args.cmd == "tune":
         from .bench.tune import run as tune
 
-        i, n = (int(v) for v in args.shard.split("/"))
+        i, n = _shard(p, args.shard)
         tune(modules=args.module, ops=args.op, top=args.top, json_path=args.json, compile_only=args.compile_only,
              shard=(i, n), cupti=args.cupti, quick=args.quick, cases=args.case, keys=args.key, grid=args.grid)
         return 0
@@ -80,7 +105,7 @@ def main(argv=None) -> int:
 
         return demo_moe(args.demo_args)
     if args.ranks is not None and args.ranks > 1:
-        if args.module != ["ep"] or args.op or args.grid or args.plot:
+        if args.module != ["ep"] or args.op or args.grid or args.plot or args.eager or args.against:
             p.error("--ranks > 1 goes with --module ep alone (plus --quick / --json)")
         from .ep.bench import main as ep_bench
 
@@ -88,8 +113,10 @@ def main(argv=None) -> int:
                         + (["--json", args.json] if args.json else []))
     from .bench.runner import run
 
+    i, n = _shard(p, args.shard)
     rows = run(modules=args.module, ops=args.op, quick=args.quick, json_path=args.json, plot_path=args.plot,
-               grid=args.grid, cupti_only=args.cupti_only)
+               grid=args.grid, cupti_only=args.cupti_only, eager=args.eager, against=args.against,
+               warm_procs=args.warm_procs, warm_only=args.warm_only, shard=(i, n), tk_commit=args.tk_commit)
     bad = [r for r in rows if str(r.get("status", "")).startswith(("FAIL", "ERROR"))]
     return 1 if bad else 0
 
