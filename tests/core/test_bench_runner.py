@@ -280,6 +280,45 @@ def test_warm_only_runs_one_shard(monkeypatch, _fake_op, _clean_resolve):
         run(modules=["fake"], warm_only=True, shard=(2, 2), out=out)
 
 
+_FAKE_WARM = """
+import sys
+i = sys.argv[sys.argv.index("--shard") + 1].split("/")[0]
+assert sys.argv[1:6] == ["bench", "--module", "transpose", "--quick", "--against"], sys.argv
+print("TileLang chatter")
+print(f"warm: op{i} a={i}: warmed")
+if i == "1":
+    print("warm: op1 b=1: ERROR: RuntimeError: boom")
+    sys.exit(1)
+"""
+
+
+def test_warm_in_parallel_reports_each_process():
+    """``--warm-procs``: one ``bench ... --warm-only --shard i/n`` process per shard; the cases that failed there are
+    listed, and a process that breaks (exit status other than 0 / 1) is reported with its output's tail."""
+    from tritile.bench.runner import warm_in_parallel
+
+    out = io.StringIO()
+    n = warm_in_parallel(3, modules=["transpose"], quick=True, against="tilekernels", out=out,
+                         command=[sys.executable, "-c", _FAKE_WARM])
+    text = out.getvalue()
+    assert n == 1 and "# warm-up: op1 b=1: ERROR: RuntimeError: boom" in text
+    assert "# warm-up: 4 cases run once in 3 processes" in text and "1 failed" in text
+    out = io.StringIO()
+    assert warm_in_parallel(1, modules=["transpose"], quick=True, against="tilekernels", out=out,
+                            command=[sys.executable, "-c", "import sys; print('broken'); sys.exit(3)"]) == 1
+    assert "# warm-up process 0/1 ended with 3: broken" in out.getvalue()
+
+
+def test_cli_warm_only_shard(_fake_op, _clean_resolve, capsys):
+    from tritile.__main__ import main
+
+    assert main(["bench", "--module", "fake", "--warm-only", "--shard", "1/2"]) == 0
+    assert capsys.readouterr().out.strip() == "warm: fake_op kind=missing: warmed"
+    for bad in ("2/2", "x/2", "1"):
+        with pytest.raises(SystemExit):
+            main(["bench", "--module", "fake", "--warm-only", "--shard", bad])
+
+
 # ---------------------------------------------------------------------------------------------- summaries, results
 _ROWS = [dict(module="quant", op="a", params="h=1", cupti_us=1.0, tk_us=2.0, vs_tk=2.0, eager_us=4.0, tk_eager_us=2.0,
               vs_tk_eager=0.5, host_cost_us=3.0, status="ok", tk_source="live"),

@@ -148,29 +148,48 @@ def _selection_args(modules, ops, quick, grid, against) -> List[str]:
 
 
 def warm_in_parallel(procs: int, modules=None, ops=None, quick=False, grid=False, against=None,
-                     out=sys.stdout) -> int:
+                     out=None, command: Optional[List[str]] = None) -> int:
     """Run every selected case once, tritile's call and TileKernels' (with ``against``), in ``procs`` processes
     (``bench --warm-only --shard i/procs``), untimed: TileLang compiles each kernel on its first call (~5 s) and
     Triton each variant, both into caches on disk (``~/.tilelang/cache``, ``~/.triton/cache``) that the timing process
-    then finds.  Returns the number of processes that failed."""
+    then finds.  Prints the cases that failed there (the timing run calls them again and reports them); returns their
+    number, plus the processes that ended without finishing.  ``command``: the program before ``bench``'s arguments
+    (default ``python -m tritile``)."""
     import subprocess
+    import tempfile
 
+    out = out or sys.stdout
     t0 = time.time()
-    base = [sys.executable, "-m", "tritile", "bench", *_selection_args(modules, ops, quick, grid, against),
-            "--warm-only"]
-    children = [subprocess.Popen(base + ["--shard", f"{i}/{procs}"], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True) for i in range(procs)]
-    failed = 0
-    for i, c in enumerate(children):
-        _, err = c.communicate()
-        if c.returncode != 0:
+    base = [*(command or [sys.executable, "-m", "tritile"]), "bench",
+            *_selection_args(modules, ops, quick, grid, against), "--warm-only"]
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(procs)]
+    children = [subprocess.Popen(base + ["--shard", f"{i}/{procs}"], stdout=log, stderr=subprocess.STDOUT, text=True)
+                for i, log in enumerate(logs)]
+    failed, cases = 0, 0
+    for i, (c, log) in enumerate(zip(children, logs)):
+        c.wait()
+        log.seek(0)
+        text = log.read()
+        log.close()
+        done = [line for line in text.splitlines() if line.startswith(_WARM_MARK)]
+        cases += len(done)
+        for line in done:
+            if ": ERROR: " in line:
+                failed += 1
+                print(f"# warm-up: {line[len(_WARM_MARK):][:240]}", file=out)
+        if c.returncode not in (0, 1):  # 1: some case failed (listed above); anything else: the process broke
             failed += 1
-            print(f"# warm-up process {i}/{procs} failed ({c.returncode}): {err.strip()[-400:]}", file=out)
-    print(f"# warm-up: every case run once in {procs} processes, {time.time() - t0:.0f} s", file=out, flush=True)
+            print(f"# warm-up process {i}/{procs} ended with {c.returncode}: {text.strip()[-400:]}", file=out)
+    print(f"# warm-up: {cases} cases run once in {procs} processes, {time.time() - t0:.0f} s, {failed} failed",
+          file=out, flush=True)
     return failed
 
 
-def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=sys.stdout,
+#: The start of each case's line in a ``--warm-only`` process's output.
+_WARM_MARK = "warm: "
+
+
+def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out=None,
         grid: bool = False, cupti_only: bool = False, eager: bool = False, against: Optional[str] = None,
         warm_procs: int = 0, warm_only: bool = False, shard=(0, 1), timers=None,
         tk_commit: Optional[str] = None) -> List[Dict]:
@@ -188,6 +207,8 @@ def run(modules=None, ops=None, quick=False, json_path=None, plot_path=None, out
     timers are given)."""
     from ..testing.generator import get_device
     from .tk import find_tilekernels, tritile_commit
+
+    out = out or sys.stdout
 
     if against not in (None, "tilekernels"):
         raise ValueError(f"against must be None or 'tilekernels', got {against!r}")
@@ -333,7 +354,7 @@ def _warm_only(registry, device, quick: bool, grid: bool, shard, tk_get, sync, o
             except Exception as e:  # the timing run reports it
                 row["status"] = f"ERROR: {type(e).__name__}: {str(e)[:120]}"
             rows.append(row)
-            print(f"{row['op']} {row['params']}: {row['status']}", file=out, flush=True)
+            print(f"{_WARM_MARK}{row['op']} {row['params']}: {row['status']}", file=out, flush=True)
     return rows
 
 
@@ -444,9 +465,10 @@ def print_tk_summary(rows, out=sys.stdout) -> None:
 def print_grid_tables(rows, out=sys.stdout) -> None:
     """One Markdown table per op (``benchmarks/RESULTS.md``'s grid tables): the shape, TileKernels' µs where there is
     a figure (run live, or recorded), ours (CUPTI with L2 flushed when available, else graph), × TK, with eager
-    timings TileKernels' and ours per call and × TK eager, % of copy, and the single call's event and host µs (launch
-    cost; a synchronising op's host sync shows in its event µs against its no-sync case's); then a summary line with
-    the op's worst shape and the geometric mean of × TK (and of × TK eager)."""
+    timings TileKernels' and ours per call, × TK eager and the host cost, % of copy, and the single call's event and
+    host µs (launch cost; a synchronising op's host sync shows in its event µs against its no-sync case's; these three
+    where the run has them); then a summary line with the op's worst shape and the geometric mean of × TK (and of
+    × TK eager)."""
     ops: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         ops.setdefault(r["op"], []).append(r)
@@ -455,7 +477,10 @@ def print_grid_tables(rows, out=sys.stdout) -> None:
         heads = ["shape", "TK µs", "tritile µs", "× TK"]
         if eager:
             heads += ["TK eager µs", "eager µs", "× TK eager", "host cost µs"]
-        heads += ["% copy", "event µs", "host µs"]
+        # the single-call columns where the run has them (a --cupti-only run has none)
+        extra = [(k, h) for k, h in (("pct_copy", "% copy"), ("event_us", "event µs"), ("host_us", "host µs"))
+                 if any(r.get(k) is not None for r in rows)]
+        heads += [h for _, h in extra]
         print(f"\n#### {op}\n\n| " + " | ".join(heads) + " |\n|" + "---|" * len(heads), file=out)
         ratios, eratios = [], []
         for r in rs:
@@ -470,7 +495,7 @@ def print_grid_tables(rows, out=sys.stdout) -> None:
             if eager:
                 cells += [r.get("tk_eager_us", ""), r.get("eager_us", ""), "" if eratio is None else f"{eratio:.2f}",
                           r.get("host_cost_us", "")]
-            cells += [r.get("pct_copy", ""), r.get("event_us", ""), r.get("host_us", "")]
+            cells += [r.get(k, "") for k, _ in extra]
             if str(r.get("status", "")).startswith(("FAIL", "ERROR")):
                 cells[2] = r["status"][:60]
             print("| " + " | ".join("" if c is None else str(c) for c in cells) + " |", file=out)
