@@ -29,7 +29,7 @@ CONFIGS = {"deepseek_v3": dict(n_routed_experts=4, n_group=2, topk_group=1, num_
 @pytest.mark.parametrize("model_type,fp8_scale", [("deepseek_v3", "fp32"), ("qwen3_moe", "ue8m0")])
 def test_fp8_accuracy(model_type, fp8_scale):
     model = build(model_type, **CONFIGS[model_type])
-    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), device=model.device)
     ref = step(model, ids, capture=True)
     with torch.no_grad():
         ref_idx, _ = hf_selection(moe_blocks(model)[0], ref[2][0])

@@ -34,13 +34,15 @@ import torch
 
 MODELS = ("deepseek_v3", "qwen3_moe")
 # calc_diff bounds of the check (tests/hf/test_hf_patch.py and test_hf_fp8.py give the measured values they cover)
-TOL = {False: (3e-4, 3e-4), True: (5e-3, 1.5e-2)}  # fp8 -> (logits, gradients)
+# (on the GPU FP8 also quantizes the weights for the FP8 GEMMs, which the CPU does not run: the logits' bound is wider)
+TOL = {False: (5e-4, 5e-4), True: (3e-3, 1e-2)}  # fp8 -> (logits, gradients)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tritile demo hf", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek_v3", choices=MODELS, help="architecture (default deepseek_v3)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers, all MoE (default: 2 on a GPU, 1 on the CPU)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers, all MoE (default: 2 on a GPU, 1 on the CPU)")
     p.add_argument("--tokens", type=int, default=None, help="tokens a step (default: 4096 on a GPU, 32 on the CPU)")
     p.add_argument("--experts", type=int, default=None, help="routed experts a layer (default: the model's, halved "
                    "until the weights and gradients fit)")
