@@ -373,7 +373,7 @@ def _launch(x: torch.Tensor, x_sf: Optional[torch.Tensor], sf_packed: bool, pos_
     # against 49.2 us for [128, 128] streamed in 16-row steps with FINITE_BRANCH (the SASS-count favourite: ~11.4
     # instructions per element, but two dependent passes), 36.2 us for 32-row steps, 35.9 us for the one-pass tile with
     # FINITE_BRANCH, and 41.8 us for the first version.  With an input sf (BLOCK_K a multiple of 128): 32-row steps of
-    # [128, 128].  Candidates: _bench_channel._TUNE_CHANNEL. Sweep of 2026-11-30 (H200, commit 694bd6c; same shape):
+    # [128, 128].  Candidates: bench/cases/quant.py's _TUNE_CHANNEL. Sweep of 2026-11-30 (H200, commit 694bd6c; same shape):
     # SIGNED_ENC=2 (the NaN patch as a sign-byte merge) 24.9 us, with INT_POW2 (round_sf) 24.8 us, against 30.1-30.8 us
     # without (TileKernels 25.1 / 25.0). H200, 2026-11-30, commit 694bd6c (CUPTI, L2 flushed): [128, 128] x 4 warps
     # 26.3-26.5 us against 27.0-27.1 us for [128, 64].

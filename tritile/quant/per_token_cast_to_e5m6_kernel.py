@@ -15,7 +15,7 @@ Instruction cuts of the quad kernel (same bits; on by default on GPUs, off in th
 (round_sf: the power-of-two scales from the amax bits, no division), ``AMAX16`` (amax by ``max.u16x2`` on the bf16
 pair words) and ``PAIR_ENC`` (round_sf: the E5M6 codes of a bf16 pair per ``cvt.rz.f16x2.f32``, rounded on both
 halves at once, for tiles whose rows all have ``sf_inv >= 1``); figures in ``_TUNE_E5M6``
-(tritile/quant/_bench_e5m6.py).
+(tritile/bench/cases/quant.py).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _swiglu_backward_and_per_token_cast_kernel(
     reduce each 128-group in the layout [1, 1, 16] per thread x [1, 4, 8] lanes, and the 2-warp kernel's two warp
     partials meet in one (commutative) add.
 
-    Same-bits instruction cuts (GPUs; sm_90a counts in _bench_swiglu.py's _BWD_TUNE): FUSED_BWD=4 (with FAST_DIV,
+    Same-bits instruction cuts (GPUs; sm_90a counts in bench/cases/quant.py's _BWD_TUNE): FUSED_BWD=4 (with FAST_DIV,
     FAST_ENC, MASK_FLAGS and, with a clamp, MINMAX_CLAMP) the per-element backward in one PTX block per four elements
     (``_bwd_fused_ptx``: expf / division rewrites of the forward's FUSED_SILU, flags as ``set`` masks, grad_out
     widened in the block); XORSIGN_CLAMP (with FUSED_BWD) yf clamped by one ``min.NaN.xorsign.abs.f32``; INT_SCALE
