@@ -44,6 +44,9 @@ def get_num_sms() -> int:
 def set_num_sms(num_sms: int) -> None:
     """Limit persistent grids to ``num_sms`` programs (launch-only: results do not change)."""
     global _num_sms
+    from .runtime.plan import clear_plans  # plans hold grids sized by the SM count
+
+    clear_plans()
     if num_sms is None:
         _num_sms = None
         return

@@ -45,7 +45,10 @@ def set_pdl(enabled: bool) -> bool:
     """Turn programmatic dependent launch on or off for later launches (initially off when ``TRITILE_PDL=0``);
     returns the previous setting.  Kernels already compiled both ways are reused."""
     global _ENABLED
+    from ..runtime.plan import clear_plans  # plans hold their launches' PDL flags
+
     old, _ENABLED = _ENABLED, bool(enabled)
+    clear_plans()
     return old
 
 

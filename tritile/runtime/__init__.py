@@ -58,8 +58,11 @@ def tuned(name: str, cfg: dict) -> dict:
 @contextmanager
 def override_config(name: str, **overrides: Any) -> Iterator[None]:
     """Within the block, :func:`tuned` calls for ``name`` see ``overrides`` (a tuning sweep's candidate)."""
+    from .plan import clear_plans  # plans hold launch configs: a sweep's candidate must not meet a stale one
+
     old = _OVERRIDES.get(name)
     _OVERRIDES[name] = {**(old or {}), **overrides}
+    clear_plans()
     try:
         yield
     finally:
@@ -67,10 +70,18 @@ def override_config(name: str, **overrides: Any) -> Iterator[None]:
             _OVERRIDES.pop(name, None)
         else:
             _OVERRIDES[name] = old
+        clear_plans()
+
+
+_ENV_DATA = getattr(os.environ, "_data", None)  # os.environ's own bytes dict on POSIX (kept in step with it)
 
 
 def checks_enabled() -> bool:
-    """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host)."""
+    """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host).  Read on every
+    call (tests set it per test); one dict look-up where the platform allows."""
+    if _ENV_DATA is not None and os.name == "posix":
+        v = _ENV_DATA.get(b"TRITILE_CHECKS")
+        return v is not None and v.decode().lower() in _TRUE
     return os.environ.get("TRITILE_CHECKS", "0").lower() in _TRUE
 
 
@@ -161,6 +172,8 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device: Device) -> torch.Tensor:
+    if _rec() is not None:
+        return _recorded_alloc(lambda: empty(shape, dtype, device))
     out = torch.empty(tuple(shape), dtype=dtype, device=device)
     if _poison:
         poison_(out)
@@ -169,6 +182,8 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: Device) -> torch.Ten
 
 def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: Device) -> torch.Tensor:
     """``torch.empty_strided`` whose whole storage (padding included) is poisoned in tests."""
+    if _rec() is not None:
+        return _recorded_alloc(lambda: empty_strided(shape, stride, dtype, device))
     out = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
     if _poison and out.numel() > 0:
         flat = torch.empty(0, dtype=dtype, device=device)
@@ -190,6 +205,18 @@ def zeroed_workspace(name: str, numel: int, dtype: torch.dtype, device: torch.de
     current stream): launches on one stream run in order, so each finds it zeroed; launches on two streams get two
     buffers.  While the stream captures a CUDA graph a fresh ``torch.zeros`` is returned instead (a graph must not
     hold a buffer that eager calls share; the fill is then a node of the graph)."""
+    rec = _rec()
+    if rec is not None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        _plan_mod._REC.r = None
+        try:
+            with _disable_current_modes():
+                ws = zeroed_workspace(name, numel, dtype, device)
+        finally:
+            _plan_mod._REC.r = rec
+        rec.add_workspace(ws, name, numel, dtype, device)
+        return ws
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return torch.zeros(numel, dtype=dtype, device=device)
@@ -314,6 +341,17 @@ def check_no_overlap(outputs: dict, inputs: Optional[dict] = None) -> None:
     few attribute reads; interleaved views of one buffer (e.g. the two column halves of a matrix) are compared run
     by run.  ValueError naming both arguments.
     """
+    rec = _rec()
+    if rec is not None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        rec.add_overlap_check(outputs, inputs)
+        with _disable_current_modes():
+            _plan_mod._REC.r = None
+            try:
+                return check_no_overlap(outputs, inputs)
+            finally:
+                _plan_mod._REC.r = rec
     outs = [(n, t, _byte_range(t)) for n, t in outputs.items() if t is not None]
     ins = [(n, t, _byte_range(t)) for n, t in (inputs or {}).items() if t is not None]
     for i, (name, t, r) in enumerate(outs):
@@ -354,3 +392,28 @@ def custom_op(name: str, *, mutates_args: Sequence[str] = (),
         return call
 
     return deco
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan recording (tritile.runtime.plan): allocations and checks report to the active recorder.
+# ---------------------------------------------------------------------------------------------
+from . import plan as _plan_mod  # noqa: E402  (plan imports names defined above)
+
+
+def _rec():
+    return getattr(_plan_mod._REC, "r", None)
+
+
+def _recorded_alloc(alloc: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Run ``alloc`` with the recorder paused (its poison fill is no op of the plan) and report the tensor."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    rec = _plan_mod._REC.r
+    _plan_mod._REC.r = None
+    try:
+        with _disable_current_modes():
+            t = alloc()
+    finally:
+        _plan_mod._REC.r = rec
+    rec.add_alloc(t, "empty")
+    return t
