@@ -1,0 +1,193 @@
+"""The plan cache (tritile.runtime.plan): a replayed call gives the bits of an unplanned one, whatever changes
+between calls of the same shape (strides, storage offset, alignment, dtype, flags, group width, top-k, token count,
+stream, CUDA graphs), and a bad call after a good one of the same shape still raises."""
+
+import pytest
+import torch
+
+import tritile.engram as engram
+import tritile.moe as moe
+import tritile.quant as quant
+from tritile.runtime import plan as P
+from tritile.testing import assert_equal, pick
+
+
+def _bits(t):
+    if isinstance(t, (tuple, list)):
+        return [_bits(e) for e in t]
+    if t is None or not isinstance(t, torch.Tensor):
+        return t
+    return (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).clone(), t.shape, t.stride()
+
+
+def _same(a, b):
+    if isinstance(a, list):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _same(u, v)
+        return
+    if isinstance(a, tuple) and a and isinstance(a[0], torch.Tensor):
+        assert a[1] == b[1] and a[2] == b[2], (a[1:], b[1:])
+        assert_equal(a[0], b[0])
+        return
+    assert a == b
+
+
+def _unplanned(fn, *args, **kwargs):
+    old = P.set_plan_cache(False)
+    try:
+        return _bits(fn(*args, **kwargs))
+    finally:
+        P.set_plan_cache(old)
+
+
+def _replayed(fn, *args, **kwargs):
+    """The second of two calls: the first records the plan, the second replays it."""
+    fn(*args, **kwargs)
+    return _bits(fn(*args, **kwargs))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    P.clear_plans()
+    yield
+    P.clear_plans()
+
+
+def _check(fn, *args, **kwargs):
+    _same(_replayed(fn, *args, **kwargs), _unplanned(fn, *args, **kwargs))
+
+
+def test_per_token_cast_interleaved_metadata(device):
+    m, k = pick(cpu=(33, 256), gpu=(4001, 7168))
+    base = torch.randn(m + 1, k + 64, device=device)
+    variants = [
+        base[:m, :k].bfloat16().contiguous(),                  # dense bf16
+        base[:m, :k],                                          # strided rows, float32
+        base[1:, :k].bfloat16(),                               # another copy, dense
+        base.bfloat16()[1:, 8:8 + k],                          # offset by 16 bytes: still aligned
+        base.bfloat16()[1:, 1:1 + k],                          # offset by 2 bytes: misaligned
+        base[:0, :k],                                          # zero tokens
+    ]
+    for x in variants + variants[::-1]:
+        for npc in (32, 128):
+            for flags in ((False, False, False), (True, True, True), (True, False, False)):
+                _check(quant.per_token_cast, x, "e4m3", npc, None, *flags)
+        _check(quant.per_token_cast, x, "e2m1", 32)
+    stats = P.plan_stats()["per_token_cast"]
+    assert stats[0] > 0 and stats[1] == 0, stats
+
+
+def test_plan_replays_and_bad_call_still_raises(device):
+    x = torch.randn(8, 256, device=device, dtype=torch.bfloat16)
+    quant.per_token_cast(x, "e4m3", 128)
+    quant.per_token_cast(x, "e4m3", 128)
+    assert P.plan_stats()["per_token_cast"] == (1, 0)
+    # same shapes, other flags or values: never the cached plan's errors (or their absence)
+    with pytest.raises(ValueError, match="num_per_channels"):
+        quant.per_token_cast(x, "e4m3", 100)
+    with pytest.raises(TypeError, match="num_per_channels"):
+        quant.per_token_cast(x, "e4m3", 128.0)
+    with pytest.raises(ValueError, match="fmt"):
+        quant.per_token_cast(x, "e5m2", 128)
+    with pytest.raises(TypeError):
+        quant.per_token_cast(x.half(), "e4m3", 128)
+    quant.per_token_cast(x, "e4m3", 128)
+    assert P.plan_stats()["per_token_cast"] == (1, 0)
+
+
+def test_bool_is_not_int_in_keys(device):
+    scores = torch.randn(5, 16, device=device)
+    moe.topk_gate(scores, 1)
+    with pytest.raises(TypeError, match="num_topk"):
+        moe.topk_gate(scores, True)
+
+
+def test_topk_gate_topk_and_tokens(device):
+    e = pick(cpu=16, gpu=256)
+    for t in (7, 0, 7, 1, 0):
+        scores = torch.randn(t, e, device=device)
+        for k in (1, 6, 8, 6):
+            _check(moe.topk_gate, scores, k)
+
+
+def test_in_place_outputs_are_checked_on_replay(device):
+    p, hc, h = 4, 4, 64
+    part = torch.randn(p, hc, h, device=device)
+    w = torch.randn(hc, h, dtype=torch.bfloat16, device=device)
+    g1, g2 = torch.zeros(hc, h, device=device), torch.zeros(hc, h, device=device)
+    engram.grad_w_reduce(part, w, w, g1, g2)
+    engram.grad_w_reduce(part, w, w, g1, g2)  # replayed: accumulates again
+    want = 2 * (part.sum(0) * w.float())
+    torch.testing.assert_close(g1, want)
+    with pytest.raises(ValueError, match="different tensors"):
+        engram.grad_w_reduce(part, w, w, g1, g1)
+    big = torch.zeros(2 * p, hc, h, device=device)
+    with pytest.raises(ValueError, match="overlap"):
+        engram.grad_w_reduce(big[:p], w, w, g1, big[1])  # an in-place output inside an input's span (a replay)
+
+
+def test_dtype_changes_same_shape(device):
+    import tritile.transpose as tr
+
+    for dt in (torch.bfloat16, torch.float32, torch.int8, torch.bfloat16):
+        x = torch.randn(17, 40, device=device).to(dt)
+        _check(tr.transpose, x)
+        _check(tr.transpose, x[:, 8:])
+
+
+def test_cache_off_is_the_same_route(device):
+    x = torch.randn(9, 128, device=device, dtype=torch.bfloat16)
+    old = P.set_plan_cache(False)
+    try:
+        quant.per_token_cast(x, "e4m3", 32)
+        assert "per_token_cast" not in P.plan_stats()
+    finally:
+        P.set_plan_cache(old)
+
+
+def test_unplannable_calls_run_unplanned(device):
+    # get_fused_mapping without num_expanded_tokens reads a count back (a host sync): never replayed
+    topk = torch.randint(0, 8, (6, 2), device=device)
+    for _ in range(2):
+        a = moe.get_fused_mapping(topk, 8, 0, 1)
+    b = _unplanned(moe.get_fused_mapping, topk, 8, 0, 1)
+    _same(_bits(a), b)
+    plans, unplannable = P.plan_stats()["get_fused_mapping"]
+    assert plans == 0 and unplannable == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams and CUDA graphs")
+def test_streams_and_cuda_graphs():
+    x = torch.randn(4001, 7168, device="cuda", dtype=torch.bfloat16)
+    want = _unplanned(quant.per_token_cast, x, "e4m3", 128, None, True, True, True)
+    quant.per_token_cast(x, "e4m3", 128, None, True, True, True)  # recorded
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = _bits(quant.per_token_cast(x, "e4m3", 128, None, True, True, True))  # replayed on another stream
+    torch.cuda.current_stream().wait_stream(s)
+    _same(got, want)
+    g = torch.cuda.CUDAGraph()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        quant.per_token_cast(x, "e4m3", 128, None, True, True, True)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out = quant.per_token_cast(x, "e4m3", 128, None, True, True, True)  # a replay captured
+    x2 = torch.randn_like(x)
+    x.copy_(x2)
+    g.replay()
+    torch.cuda.synchronize()
+    _same(_bits(out), _unplanned(quant.per_token_cast, x2, "e4m3", 128, None, True, True, True))
+    # a counting op whose workspace is replaced by fresh zeros under capture
+    idx = torch.randint(-1, 64, (4096, 8), device="cuda")
+    moe.group_count(idx, 64)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        c = moe.group_count(idx, 64)
+    for _ in range(3):
+        g2.replay()
+        eager = moe.group_count(idx, 64)
+    torch.cuda.synchronize()
+    assert_equal(c, eager)
