@@ -14,6 +14,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_same_device, check_tensor, custom_op, empty, override_key, tuned
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
+from tritile.runtime.plan import planned
 
 __all__ = ["fused_weight"]
 
@@ -63,6 +64,7 @@ def _fused_weight_op(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) ->
     return _launch(weight_hidden, weight_embed)
 
 
+@planned("fused_weight")
 def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
     """Fuse the two RMSNorm weights of the Engram gate: ``weight_hidden.float() * weight_embed.float()``.
 

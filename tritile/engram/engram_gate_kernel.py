@@ -59,6 +59,7 @@ from ._engram_bwd_two_pass import (
     _engram_gate_bwd_split_kernel,
 )
 from ._utils import bits16, check_float, check_rows, empty_like, interp
+from tritile.runtime.plan import planned
 
 __all__ = ["engram_gate_fwd", "engram_gate_bwd"]
 
@@ -272,6 +273,7 @@ def _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_f
 _Opt = Optional[torch.Tensor]
 
 
+@planned("engram_gate_fwd")
 def engram_gate_fwd(
     hidden_states: torch.Tensor,
     k: torch.Tensor,
@@ -390,6 +392,7 @@ def _bwd_num_parts(H: int, hc: int) -> int:
     return get_num_sms()
 
 
+@planned("engram_gate_bwd")
 def engram_gate_bwd(
     grad_out: torch.Tensor,
     hidden_states: torch.Tensor,

@@ -15,6 +15,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_no_overlap, check_same_device, check_tensor, custom_op, override_key, tuned
 from ..utils import ceil_div, next_power_of_two
 from ._utils import bits16, check_rows, interp
+from tritile.runtime.plan import planned
 
 __all__ = ["grad_w_reduce"]
 
@@ -101,6 +102,12 @@ def _config(P: int, H: int):
             int(cfg["TAIL"]))
 
 
+def _recheck(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    """The in-place outputs' address checks, before every replay of a cached plan."""
+    _check_outputs(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+
+
+@planned("grad_w_reduce", recheck=_recheck)
 def grad_w_reduce(
     grad_w_partial: torch.Tensor,
     weight_hidden: torch.Tensor,

@@ -14,6 +14,7 @@ from ..runtime import (check_contiguous, check_same_device, check_tensor, checks
                        override_key, tuned)
 from ..utils import ceil_div, next_power_of_two
 from ._utils import interp
+from tritile.runtime.plan import planned
 
 __all__ = ["engram_hash"]
 
@@ -92,6 +93,7 @@ def _launch_config(T: int) -> dict:
     return tuned("engram_hash", dict(BLOCK_T=block_t, WARPS=4, FAST_MOD=True))
 
 
+@planned("engram_hash")
 def engram_hash(
     ngram_token_ids: torch.Tensor,
     multipliers: torch.Tensor,

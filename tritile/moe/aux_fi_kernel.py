@@ -18,6 +18,7 @@ from tritile.utils import ceil_div, next_power_of_two
 
 from .group_count_kernel import (arrive_counts, check_index_range, count_chunks, count_plan, grid_config,
                                  single_config)
+from ..runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -60,6 +61,7 @@ def _config(numel: int, num_experts: int, num_sms: int, interpret: bool) -> dict
                 PROGRAMS_PER_SM=max(1, -(-programs // max(num_sms, 1))), num_warps=4)
 
 
+@planned("aux_fi")
 @custom_op("moe_aux_fi", fake=lambda topk_idx, num_experts, num_aux_topk: topk_idx.new_empty(
     (num_experts,), dtype=torch.float32))
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:

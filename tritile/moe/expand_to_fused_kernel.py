@@ -33,6 +33,7 @@ from ..runtime import custom_op
 from ..runtime import (check_device, check_inner_contiguous, check_same_device, check_tensor, checks_enabled, empty,
                        interpreter_configs, tuned)
 from ..utils import align, ceil_div, next_power_of_two
+from ..runtime.plan import planned
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
 
@@ -246,6 +247,7 @@ def _launch(data: torch.Tensor, x_sf, token_topk_to_pos: torch.Tensor, pos_to_ex
         num_warps=cfg["num_warps"], **pdl_args(out.device))
 
 
+@planned("expand_to_fused")
 @custom_op("moe_expand_to_fused", fake=lambda x, token_topk_to_pos, pos_to_expert: x.new_empty(
     (pos_to_expert.shape[0], x.shape[1])))
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
@@ -272,6 +274,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     return out
 
 
+@planned("expand_to_fused_with_sf")
 def expand_to_fused_with_sf(
     x: QuantTensor,
     num_per_channels: int,

@@ -49,6 +49,7 @@ from ..runtime import (check_contiguous, check_device, check_tensor, checks_enab
                        interpreter_configs, override_key, tuned)
 from ..config import get_num_sms
 from ..utils import align, ceil_div, next_power_of_two
+from ..runtime.plan import planned
 
 __all__ = ["get_fused_mapping"]
 
@@ -465,6 +466,7 @@ def _pieces(num_view: int, num_expanded: int, num_experts: int, numel: int, tabl
     return pieces, sum(pieces)
 
 
+@planned("get_fused_mapping")
 def get_fused_mapping(
     topk_idx: torch.Tensor,
     num_experts: int,

@@ -15,6 +15,7 @@ from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_int, check_tensor, checks_enabled, empty,
                              interpreter_configs, override_key, tuned, zeroed_workspace)
 from tritile.utils import ceil_div, next_power_of_two
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -113,6 +114,7 @@ def check_index_range(name: str, t: torch.Tensor, hi: int, hi_name: str) -> None
             raise ValueError(f"{name} entries must lie in [-1, {hi_name}={hi}), got values in [{lo}, {top}]")
 
 
+@planned("group_count")
 @custom_op("moe_group_count", fake=lambda group_idx, num_groups: group_idx.new_empty((num_groups,),
                                                                                      dtype=torch.int32))
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:

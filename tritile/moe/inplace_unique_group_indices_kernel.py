@@ -15,6 +15,7 @@ from tritile.config import get_num_sms
 from tritile.runtime import custom_op
 from tritile.runtime import check_contiguous, check_device, check_tensor, interpreter_configs, override_key, tuned
 from tritile.utils import ceil_div, next_power_of_two
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -100,6 +101,7 @@ def _config(num_tokens: int, num_topk: int, num_sms: int, interpret: bool) -> di
     return dict(ROWS=False, BLOCK_T=max(8, 2048 // (block_k * block_k)), num_warps=4)
 
 
+@planned("inplace_unique_group_indices")
 @custom_op("moe_inplace_unique_group_indices", mutates_args=("group_indices",),
            fake=lambda group_indices, num_groups: None)
 def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -> None:

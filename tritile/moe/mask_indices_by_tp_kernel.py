@@ -15,6 +15,7 @@ from tritile.runtime import custom_op
 from tritile.runtime import (check_contiguous, check_device, check_tensor, checks_enabled, empty, interpreter_configs,
                              override_key, tuned)
 from tritile.utils import ceil_div, next_power_of_two
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -44,6 +45,7 @@ def _as_int(name, v):
     return v
 
 
+@planned("mask_indices_by_tp")
 @custom_op("moe_mask_indices_by_tp", fake=lambda indices, n, num_ep_ranks, tp_rank, num_tp_ranks: torch.empty_like(
     indices, memory_format=torch.contiguous_format))
 def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int,

@@ -14,6 +14,7 @@ from tritile.runtime import (check_contiguous, check_device, check_tensor, empty
                              tuned)
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.utils import ceil_div, next_power_of_two
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -184,6 +185,7 @@ def _normalize_weight_fake(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, to
     return topk_weights.new_empty(topk_weights.shape[:1]), topk_weights.new_empty(topk_weights.shape)
 
 
+@planned("normalize_weight")
 @custom_op("moe_normalize_weight", fake=_normalize_weight_fake)
 def normalize_weight(topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Normalise every token's top-k weights by their sum.

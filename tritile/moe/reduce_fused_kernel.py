@@ -33,6 +33,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_inner_contiguous, check_no_overlap, check_same_device, check_shape, check_tensor, \
     checks_enabled, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
+from tritile.runtime.plan import planned
 
 __all__ = ["reduce_fused"]
 
@@ -318,6 +319,7 @@ def _config(num_tokens: int, num_topk: int, hidden: int, interp: bool) -> dict:
                 num_warps=max(1, min(4, bh // 256)))
 
 
+@planned("reduce_fused")
 def reduce_fused(
     x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
     topk_weights: Optional[torch.Tensor],

@@ -20,6 +20,7 @@ from tritile.utils import ceil_div, next_power_of_two
 from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack_key, sigmoid_f32, softplus_f32,
                      topk_group_rank)
 from .scoring import ScoringFunc
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -157,6 +158,7 @@ def _scoring(scoring_func) -> ScoringFunc:
     return func
 
 
+@planned("top2_sum_gate")
 def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_topk_groups: int, num_groups: int,
                   use_shared_as_routed: bool, num_shared_experts: int, routed_scaling_factor: float,
                   ep_rank: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int, scoring_func: str,

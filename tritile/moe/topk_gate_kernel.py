@@ -16,6 +16,7 @@ from tritile.runtime import (check_contiguous, check_device, check_tensor, empty
 from tritile.utils import ceil_div, next_power_of_two
 
 from .common import KEY_TAKEN, f32_order_key, key_index, pack_key
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -133,6 +134,7 @@ def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     return out
 
 
+@planned("topk_gate")
 @custom_op("moe_topk_gate", fake=lambda scores, num_topk: scores.new_empty((scores.shape[0], num_topk),
                                                                              dtype=torch.int64))
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from tritile.runtime import check_contiguous, check_device, check_tensor, empty,
 from tritile.utils import ceil_div, next_power_of_two
 
 from .common import KEY_TAKEN, f32_order_key, group_scores_key, pack_key, topk_group_rank
+from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
 _INTERPRET = interpreter_configs()
@@ -54,6 +55,7 @@ def _config(num_groups: int, per_group: int, interpret: bool):
     return max(1, min(8, 512 // (bg * beg))), bg, beg, 4
 
 
+@planned("topk_sum_and_topk_group_idx")
 @custom_op("moe_topk_sum_and_topk_group_idx", fake=lambda scores, num_topk_sum, num_topk_groups: scores.new_empty(
     (scores.shape[0], num_topk_groups), dtype=torch.int64))
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:

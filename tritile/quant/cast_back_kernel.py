@@ -19,6 +19,7 @@ from ..language.cast import e4m3_bits_to_f32_fast
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
+from ..runtime.plan import planned
 from ._block_cast_host import _IN_KIND, _data_view, _parse_input
 from ._block_cast_tiles import _apply_block_sf, _load_block_sf, _load_tile
 from .types import QuantTensor
@@ -143,6 +144,7 @@ def _config(m: int, k: int):
     return bm, bk, ceil_div(k, bk), max(4, min(16, bk // 512))
 
 
+@planned("cast_back")
 def cast_back(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int],
               x_special_fmt: Optional[str] = None) -> torch.Tensor:
     """Dequantize ``x = (data, sf)`` to ``fmt``.
@@ -225,6 +227,7 @@ def _cast_back_op(data: torch.Tensor, sf: torch.Tensor, fmt: str, xbm: int, xbk:
     return _cast_back_impl(data, sf, fmt, xbm, xbk)
 
 
+@planned("per_token_cast_back")
 def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int,
                         x_special_fmt: Optional[str] = None) -> torch.Tensor:
     """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: dequantize per-token scaled data.

@@ -15,6 +15,7 @@ from typing import Tuple
 import torch
 
 from ..utils import is_power_of_two
+from ..runtime.plan import planned
 from .common import check_sf_flags
 from ._block_cast_host import SF_ONLY, SF_PRECOMPUTED, SF_QUANT, _check_block, _check_fmt, _parse_input
 from .per_token_cast_kernel import _check_precomputed_sf, _launch_cast
@@ -37,6 +38,7 @@ def _per_block(x, fmt, block_size, col_major, round_sf, packed, sf_mode, psf=Non
     return _launch_cast(x, None, fmt, bm, bk, False, sf_mode, psf, round_sf, col_major, packed)
 
 
+@planned("per_block_cast")
 def per_block_cast(x: torch.Tensor, fmt: str, block_size: Tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
                    round_sf: bool = False, use_packed_ue8m0: bool = False) -> QuantTensor:
     """Quantize with one scale per ``block_size = (bm, bk)`` block.
@@ -59,6 +61,7 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: Tuple[int, int], use_t
     return _per_block(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, SF_QUANT)
 
 
+@planned("per_block_cast_with_sf_only")
 def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: Tuple[int, int],
                                 use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                                 use_packed_ue8m0: bool = False) -> torch.Tensor:
@@ -68,6 +71,7 @@ def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: Tuple[int
     return _per_block(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, SF_ONLY)[1]
 
 
+@planned("per_block_cast_with_precomputed_sf")
 def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Tuple[int, int], sf: torch.Tensor,
                                        use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                                        use_packed_ue8m0: bool = False) -> torch.Tensor:

@@ -24,6 +24,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_same_device, check_tensor,
                        checks_enabled, custom_op, empty, interpreter_configs, tuned)
 from ..utils import align, ceil_div, is_power_of_two, next_power_of_two
+from ..runtime.plan import planned
 from ._lossless_jit import (_block_multiplier_exponents, _store_out_scales, _tile_sf_exponents, _tile_sf_raw,
                             _tile_store, _tile_words, _words_e4m3_lanes, _words_e4m3_prmt, _words_e4m3_slow)
 from .common import SFInfo, alloc_sf, check_sf_flags, sf_info
@@ -279,6 +280,7 @@ def _block(name, block):
     return int(block[0]), int(block[1])
 
 
+@planned("per_block_cast_lossless")
 def per_block_cast_lossless(x: QuantTensor, fmt: str, x_block_size: Tuple[int, int], out_block_size: Tuple[int, int],
                             use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                             use_packed_ue8m0: bool = False) -> QuantTensor:

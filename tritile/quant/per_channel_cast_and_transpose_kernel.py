@@ -13,6 +13,7 @@ from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_choice, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
+from ..runtime.plan import planned
 from ._per_channel_common import check_per_channel_x, per_channel_launch_config, per_channel_quant_tile_bf16
 from .types import QuantTensor
 
@@ -162,6 +163,7 @@ def _per_channel_cast_and_transpose_op(x: torch.Tensor, npt: int, round_sf: bool
     return _launch(x, npt, round_sf)
 
 
+@planned("per_channel_cast_and_transpose")
 def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int,
                                    round_sf: bool = False) -> QuantTensor:
     """Cast ``x`` to FP8 e4m3 with one scale per (num_per_tokens rows x 1 column) block and return the

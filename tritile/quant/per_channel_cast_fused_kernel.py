@@ -17,6 +17,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_inner_contiguous, check_same_device, check_tensor, checks_enabled,
                        custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div
+from ..runtime.plan import planned
 from ._per_channel_common import (all_finite, column_amax, column_amax_bf16, per_channel_encode,
                                   per_channel_encode_signed, per_channel_launch_config, per_channel_quant_tile, per_channel_quant_tile_bf16,
                                   per_channel_scale)
@@ -445,6 +446,7 @@ def _check_int(name: str, v) -> None:
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
 
 
+@planned("per_channel_cast_fused")
 def per_channel_cast_fused(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_tokens: int,
                            round_sf: bool = False, num_per_channels: Optional[int] = None,
                            pos_to_token: Optional[torch.Tensor] = None) -> QuantTensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import check_choice
+from ..runtime.plan import planned
 from ._per_channel_common import check_per_channel_x
 from .per_channel_cast_fused_kernel import _launch, per_channel_cast_fused
 from .types import QuantTensor
@@ -13,6 +14,7 @@ from .types import QuantTensor
 __all__ = ["per_channel_cast"]
 
 
+@planned("per_channel_cast")
 def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False) -> QuantTensor:
     """Cast ``x`` to FP8 e4m3 with one scale per (128 rows x 1 column) block (not transposed).
 

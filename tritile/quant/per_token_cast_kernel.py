@@ -31,6 +31,7 @@ from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import check_inner_contiguous, check_shape, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div, next_power_of_two
+from ..runtime.plan import planned
 from ._block_cast_host import (
     _IN_KIND,
     IN_BF16,
@@ -482,6 +483,7 @@ def _per_token(x, fmt, num_per_channels, x_block_size, col_major, round_sf, pack
                         packed)
 
 
+@planned("per_token_cast")
 def per_token_cast(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_channels: int,
                    x_block_size: Optional[Tuple[int, int]] = None, use_tma_aligned_col_major_sf: bool = False,
                    round_sf: bool = False, use_packed_ue8m0: bool = False) -> QuantTensor:
@@ -516,6 +518,7 @@ def per_token_cast(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_channe
                       use_packed_ue8m0, SF_QUANT)
 
 
+@planned("per_token_cast_with_sf_only")
 def per_token_cast_with_sf_only(x: Union[torch.Tensor, QuantTensor], fmt: str, num_per_channels: int,
                                 x_block_size: Optional[Tuple[int, int]] = None,
                                 use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
@@ -530,6 +533,7 @@ def per_token_cast_with_sf_only(x: Union[torch.Tensor, QuantTensor], fmt: str, n
                       use_packed_ue8m0, SF_ONLY)[1]
 
 
+@planned("per_token_cast_with_precomputed_sf")
 def per_token_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, num_per_channels: int, sf: torch.Tensor,
                                        x_block_size: Optional[Tuple[int, int]] = None,
                                        use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,

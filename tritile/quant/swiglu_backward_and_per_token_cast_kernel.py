@@ -21,6 +21,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_contiguous, check_inner_contiguous, check_same_device, check_shape, check_tensor,
                        custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
+from ..runtime.plan import planned
 from .common import SFInfo, alloc_sf, sf_info
 from ._swiglu_bwd_jit import _bwd_chunk
 from .swiglu_forward_and_per_token_cast_kernel import _check_clamp_value, _check_int, _minmax_clamp_ok
@@ -251,6 +252,7 @@ def _launch_op(q: torch.Tensor, sf: torch.Tensor, grad_out: torch.Tensor, weight
     return out, dq, dsf, xg, wg
 
 
+@planned("swiglu_backward_and_per_token_cast")
 def swiglu_backward_and_per_token_cast(
         x: QuantTensor, grad_out: torch.Tensor, weight: torch.Tensor, pos_to_token_topk: torch.Tensor,
         token_topk_to_pos: torch.Tensor, num_per_channels: int, round_sf: bool = False,

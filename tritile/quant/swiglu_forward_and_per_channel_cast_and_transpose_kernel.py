@@ -23,6 +23,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_device, check_inner_contiguous, check_tensor, custom_op, empty,
                        interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
+from ..runtime.plan import planned
 from ._per_channel_common import per_channel_quant_tile_bf16, per_channel_scale
 from ._swiglu_jit import _div_neg_fast, _swiglu_act, _swiglu_clamp
 from ._swiglu_ptx import ptx_abs_max, ptx_div_fast, ptx_one_plus_exp_neg, ptx_unpack_bf16_words
@@ -449,6 +450,7 @@ def _launch_op(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: boo
     return _launch(x, npt, round_sf, without_transpose, clamp)
 
 
+@planned("swiglu_forward_and_per_channel_cast_and_transpose")
 def swiglu_forward_and_per_channel_cast_and_transpose(
         x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, without_transpose: bool = False,
         swiglu_clamp_value: Optional[float] = None) -> QuantTensor:

@@ -32,6 +32,7 @@ from ..language.pdl import pdl_args, pdl_enter
 from ..runtime import (check_choice, check_contiguous, check_inner_contiguous, check_no_overlap, check_same_device,
                        check_shape, check_tensor, custom_op, empty, interpreter_configs, tuned)
 from ..utils import ceil_div, next_power_of_two
+from ..runtime.plan import planned
 from ._swiglu_jit import (
     _act_of,
     _amax3,
@@ -557,6 +558,7 @@ def _launch_op(x: torch.Tensor, npc: int, ptt: Optional[torch.Tensor], weights: 
     return _launch(x, npc, ptt, weights, p2e, col_major, round_sf, packed, clamp, clamped_count, sf_clamp_min)
 
 
+@planned("swiglu_forward_and_per_token_cast")
 def swiglu_forward_and_per_token_cast(
         x: torch.Tensor, fmt: str, num_per_channels: int, pos_to_token_topk: Optional[torch.Tensor] = None,
         topk_weights: Optional[torch.Tensor] = None, pos_to_expert: Optional[torch.Tensor] = None,

@@ -21,6 +21,7 @@ from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_enter, use_pdl
 from ..runtime import check_device, check_tensor, custom_op, empty, interpreter_configs, tuned
 from ..utils import ceil_div
+from tritile.runtime.plan import planned
 
 __all__ = ["transpose", "batched_transpose", "batched_transpose_with_config"]
 
@@ -183,6 +184,7 @@ def _batched_transpose_op(x: torch.Tensor) -> torch.Tensor:
     return _batched_transpose_impl(x)
 
 
+@planned("batched_transpose")
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """Transpose each matrix of a batch: ``out[b] = x[b].T``, as a new contiguous tensor.
 
@@ -199,6 +201,7 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     return _batched_transpose_impl(x)
 
 
+@planned("transpose")
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """Transpose a matrix: ``x.T.contiguous()``.
 
