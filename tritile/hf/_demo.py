@@ -96,7 +96,8 @@ def _config(model: str, args, device: torch.device):
     elif on_gpu:
         free, _ = torch.cuda.mem_get_info(device)
         e = getattr(cfg, experts_key)
-        per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2 * 2 * layers  # bf16 weights + gradients
+        # bf16 weights and gradients, and the FP8 copies of the weights that the FP8 GEMMs read
+        per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * (5 if args.fp8 else 4) * layers
         while e > 8 and e * per_expert > 0.7 * free:
             e //= 2
         if e != getattr(cfg, experts_key):
