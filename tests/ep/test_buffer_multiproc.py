@@ -355,8 +355,8 @@ def _check_errors(buf, rank, world, dev, gen) -> None:
         buf.dispatch(x.float(), topk_idx=idx, num_experts=E)
     with pytest.raises(ValueError, match="x"):
         buf.dispatch(x.t(), topk_idx=idx[:64] if t >= 64 else idx, num_experts=E)
-    with pytest.raises(ValueError, match="enable_shrink"):
-        Buffer(None, enable_shrink=True)
+    with pytest.raises(ValueError, match="comm"):
+        Buffer(None, comm=object())
     recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, num_experts=E)
     with pytest.raises(TypeError, match="handle"):
         buf.combine(recv_x, (1, 2))

@@ -73,7 +73,9 @@ Benchmark hooks
     ``Buffer(peer_checks=False)`` removes the header checks' extra collective and host sync (measure with it off).
 """
 
-from ._dist import EventOverlap  # noqa: F401
-from .buffer import Buffer, Config, EPHandle, LowLatencyHandle, topk_idx_t  # noqa: F401
+from ._dist import EventHandle, EventOverlap, PeerFailure, get_logical_domain_size, get_physical_domain_size  # noqa: F401
+from .buffer import Buffer, Config, DispatchHandle, LowLatencyHandle, topk_idx_t  # noqa: F401
+from .elastic import ElasticBuffer, EPHandle  # noqa: F401
 
-__all__ = ["Buffer", "Config", "EPHandle", "LowLatencyHandle", "EventOverlap", "topk_idx_t"]
+__all__ = ["Buffer", "ElasticBuffer", "Config", "EPHandle", "DispatchHandle", "LowLatencyHandle", "EventOverlap",
+           "EventHandle", "PeerFailure", "topk_idx_t", "get_physical_domain_size", "get_logical_domain_size"]

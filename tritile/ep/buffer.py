@@ -1,10 +1,12 @@
 """``tritile.ep.Buffer``: DeepEP v1-shaped expert-parallel dispatch / combine on torch.distributed.
 
-See the package docstring (:mod:`tritile.ep`) for the contract, the supported arguments and the engine.
+See the package docstring (:mod:`tritile.ep`) for the contract, the supported arguments and the engine.  The
+private ``_*_core`` methods are the engine that :class:`tritile.ep.ElasticBuffer` (DeepEP v2's API) reuses.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, List, Optional, Tuple, Union
@@ -13,27 +15,38 @@ import torch
 import torch.distributed as dist
 
 from ..runtime import check_inner_contiguous, check_tensor, checks_enabled, empty, kernel_device_ok
-from ..utils import align
-from ._dist import CommContext, EventOverlap, a2a_rows, group_device
+from ..utils import align, ceil_div
+from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
+                    group_device, physical_domain)
 from .layout import check_layout_args, dispatch_layout
 from .ll import ll_positions
 from .pack import as_words, gather_rows, pack_meta, pack_rows, scatter_rows_into, unpack_meta
 from .reduce import combine_reduce
 
-__all__ = ["Buffer", "Config", "EPHandle", "LowLatencyHandle", "EventOverlap", "topk_idx_t"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "LowLatencyHandle", "EventOverlap", "EventHandle", "topk_idx_t"]
 
 #: dtype of expert indices (DeepEP's ``topk_idx_t``); int32 ``topk_idx`` is accepted too.
 topk_idx_t = torch.int64
 
-_MAGIC = 0x7E9D15
-# header fields exchanged with the counts (every rank must agree on all but T and BAD)
-_HDR_FIELDS = ("magic", "op", "hidden", "x dtype", "scale words", "scale dtype", "num_topk", "has weights",
-               "num_experts", "capacity", "num_tokens", "bad ids")
-_HDR = len(_HDR_FIELDS)
-_F_T, _F_BAD = _HDR - 2, _HDR - 1
-_OP_DISPATCH, _OP_CACHED, _OP_COMBINE, _OP_LL_DISPATCH, _OP_LL_COMBINE = 1, 2, 3, 4, 5
 _DTYPES = {torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float32: 3, torch.int32: 4, torch.float16: 5}
 _DTYPE_NAMES = {v: str(k).replace("torch.", "") for k, v in _DTYPES.items()}
+_DTYPE_NAMES[0] = "none"
+_NAMES = {"x dtype": _DTYPE_NAMES, "scale dtype": _DTYPE_NAMES,
+          "mode": {0: "dispatch", 1: "cached dispatch (handle=)", 2: "fixed-capacity dispatch"},
+          "payload": {0: "bf16", 1: "fp8 (float32 scales)", 2: "fp8 (UE8M0 scales)"}}
+_MODE_PLAIN, _MODE_CACHED, _MODE_CAPACITY = 0, 1, 2
+_ERRORS = (TypeError, ValueError, RuntimeError)
+
+
+def _default_peer_checks() -> bool:
+    return os.environ.get("TRITILE_EP_PEER_CHECKS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _version(t: Optional[torch.Tensor]) -> Optional[int]:
+    """``t``'s version counter, or None for inference tensors (they keep none; caches keyed on it are skipped)."""
+    if t is None or t.is_inference():
+        return None
+    return t._version
 
 
 class Config:
@@ -59,25 +72,31 @@ class Config:
 
 
 @dataclass
-class EPHandle:
+class DispatchHandle:
     """Routing of one high-throughput dispatch, reused by :meth:`Buffer.combine` and cached dispatch.
 
-    Send side (this rank's ``T`` tokens): ``is_token_in_rank`` bool ``(T, R)``; ``send_slot`` int32 ``(T, R)``
-    (row of token ``t`` in the block sent to rank ``r``, ``-1`` = not sent); ``send_base`` int32 ``(R,)`` (first row
-    of each block: the exclusive prefix of ``send_counts``, or ``r * capacity`` in fixed-capacity mode).
-    Receive side (``N`` rows, ascending source rank then source token): ``recv_src_idx`` int32 ``(N,)`` source
-    token index, ``recv_src_rank`` int32 ``(N,)``, ``recv_src_global`` int64 ``(N,)`` = ``src_rank * M + token``
-    (v2 convention, ``M = num_max_tokens_per_rank``), ``rank_prefix_matrix`` int32 ``(R, R)`` (entry ``[i][j]``: tokens
-    sent to rank ``j`` by ranks ``0..i``; rows ``[P[i-1][me], P[i][me])`` of ``recv_x`` came from rank ``i``),
-    ``recv_topk_idx`` int64 ``(N, k)`` local expert ids or None.  Counts: ``send_counts`` / ``recv_counts`` (host
-    lists; None in fixed-capacity mode) and ``send_counts_t`` / ``recv_counts_t`` (device int32 ``(R,)``);
-    ``num_recv_tokens_per_expert_list`` (aligned, host; ``[]`` in fixed-capacity mode),
+    Indexing and unpacking give DeepEP v1's intranode handle tuple (with one channel):
+    ``(rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
+    send_head)`` = int32 ``(R, R)``, int32 ``(R, 1)`` tokens sent to each rank, int32 ``(R, 1)`` first row of
+    each source's block in ``recv_x``, int32 ``(N,)`` source token, bool ``(T, R)``, int32 ``(T, R)`` row of each
+    token in the block sent to each rank (``-1`` = not sent).
+
+    Send side (this rank's ``T`` tokens): ``is_token_in_rank``; ``send_slot`` int32 ``(T, R)``; ``send_base`` int32
+    ``(R,)`` (first row of each block: the exclusive prefix of ``send_counts``, or ``r * capacity`` in
+    fixed-capacity mode).  Receive side (``N`` rows, ascending source rank then source token): ``recv_src_idx``
+    int32 ``(N,)``, ``recv_src_rank`` int32 ``(N,)``, ``recv_src_global`` int64 ``(N,)`` = ``src_rank * M + token``
+    (v2 convention, ``M = num_max_tokens_per_rank``), ``rank_prefix_matrix`` int32 ``(R, R)`` (entry ``[i][j]``:
+    tokens sent to rank ``j`` by ranks ``0..i``), ``recv_topk_idx`` int64 ``(N, k)`` local expert ids or None.
+    Counts: ``send_counts`` / ``recv_counts`` (host lists; None in fixed-capacity mode), ``counts_t`` int32
+    ``(R, R)`` (``[s][d]``: tokens rank ``s`` sends to rank ``d``), ``send_counts_t`` / ``recv_counts_t`` (its
+    row / column of this rank), ``recv_expert_counts`` int32 ``(R, L)`` ((row, slot) pairs each source sends to
+    each local expert); ``num_recv_tokens_per_expert_list`` (aligned, host; ``[]`` in fixed-capacity mode),
     ``psum_num_recv_tokens_per_expert`` int32 ``(L,)`` (non-expand: inclusive prefix of the aligned counts;
     expand: aligned segment start + real count), ``num_unaligned_recv_tokens_per_expert`` int32 ``(L,)``.
     Expand mode: ``token_topk_to_pos`` int32 ``(N, k)`` (expanded row of each (row, slot), ``-1`` = none),
-    ``pos_to_token_topk`` int32 ``(N_exp,)``, ``num_expanded_tokens``.  Fixed-capacity mode (``num_worst_tokens``):
-    ``capacity`` ``M`` rows per (source, destination) pair and ``recv_row_map`` / ``send_row_map`` int32 (receive
-    compaction and its reverse).
+    ``pos_to_token_topk`` int32 ``(N_exp,)``, ``num_expanded_tokens``.  Fixed-capacity mode: ``capacity`` ``M``
+    rows per (source, destination) pair and ``recv_row_map`` / ``send_row_map`` int32 (receive compaction and its
+    reverse).
     """
 
     num_experts: int
@@ -92,15 +111,15 @@ class EPHandle:
     send_base: torch.Tensor
     send_counts: Optional[List[int]]
     recv_counts: Optional[List[int]]
+    counts_host: Optional[List[List[int]]]
+    counts_dev: Optional[torch.Tensor]
     send_counts_t: torch.Tensor
-    recv_counts_t: torch.Tensor
+    recv_expert_counts: torch.Tensor
     num_recv_tokens: Optional[int]
     num_recv_rows: int
     recv_src_idx: torch.Tensor
     recv_topk_idx: Optional[torch.Tensor]
     num_recv_tokens_per_expert_list: List[int]
-    topk_idx: Optional[torch.Tensor]
-    recv_table: torch.Tensor
     do_expand: bool = False
     token_topk_to_pos: Optional[torch.Tensor] = None
     pos_to_token_topk: Optional[torch.Tensor] = None
@@ -121,10 +140,22 @@ class EPHandle:
         return v
 
     @property
+    def counts_t(self) -> torch.Tensor:
+        """int32 ``(R, R)``: ``[s][d]`` = tokens rank ``s`` sends to rank ``d``."""
+        if self.counts_dev is not None:
+            return self.counts_dev
+        dev = self.send_slot.device
+        return self._lazy("counts", lambda: torch.tensor(self.counts_host, dtype=torch.int32).to(dev))
+
+    @property
+    def recv_counts_t(self) -> torch.Tensor:
+        """int32 ``(R,)``: rows received from each source rank."""
+        return self._lazy("recv_counts_t", lambda: self.counts_t[:, self.rank].contiguous())
+
+    @property
     def num_unaligned_recv_tokens_per_expert(self) -> torch.Tensor:
         """int32 ``(L,)``: (row, slot) pairs received per local expert."""
-        col = _HDR + self.num_ranks + 1
-        return self._lazy("unaligned", lambda: self.recv_table[:, col:].sum(0, dtype=torch.int32))
+        return self._lazy("unaligned", lambda: self.recv_expert_counts.sum(0, dtype=torch.int32))
 
     @property
     def psum_num_recv_tokens_per_expert(self) -> torch.Tensor:
@@ -137,14 +168,13 @@ class EPHandle:
     @property
     def rank_prefix_matrix(self) -> torch.Tensor:
         """int32 ``(R, R)``: entry ``[i][j]`` = tokens sent to rank ``j`` by ranks ``0..i``."""
-        r = self.num_ranks
-        return self._lazy("prefix", lambda: self.recv_table[:, _HDR:_HDR + r].cumsum(0, dtype=torch.int32))
+        return self._lazy("prefix", lambda: self.counts_t.cumsum(0, dtype=torch.int32))
 
     @property
     def recv_src_rank(self) -> torch.Tensor:
         """int32 ``(rows,)``: source rank of each received row (``-1`` on padding rows)."""
         def make():
-            dev = self.recv_table.device
+            dev = self.send_slot.device
             return torch.repeat_interleave(torch.arange(self.num_ranks, dtype=torch.int32, device=dev),
                                            self.recv_counts_t.to(torch.int64), output_size=self.num_recv_rows)
         return self._lazy("src_rank", make)
@@ -157,6 +187,24 @@ class EPHandle:
             return torch.where(sr >= 0, sr.to(torch.int64) * self.num_max_tokens_per_rank + self.recv_src_idx, -1)
         return self._lazy("src_global", make)
 
+    # DeepEP v1's intranode handle tuple
+    def _as_tuple(self) -> tuple:
+        def make():
+            recv = self.recv_counts_t
+            return (self.rank_prefix_matrix, self.send_counts_t.view(-1, 1),
+                    (recv.cumsum(0, dtype=torch.int32) - recv).view(-1, 1), self.recv_src_idx,
+                    self.is_token_in_rank, self.send_slot)
+        return self._lazy("tuple", make)
+
+    def __getitem__(self, i):
+        return self._as_tuple()[i]
+
+    def __iter__(self):
+        return iter(self._as_tuple())
+
+    def __len__(self) -> int:
+        return 6
+
 
 @dataclass
 class LowLatencyHandle:
@@ -164,7 +212,8 @@ class LowLatencyHandle:
     ``(L, R*M)`` (source token of each slab row, ``-1`` past ``recv_count``), ``layout_range`` int64 ``(L, R)``
     (``(begin << 32) | count`` of the rows from each source), ``num_max_dispatch_tokens_per_rank`` ``M``,
     ``hidden``, ``num_experts``.  Internal: ``send_slot`` int32 ``(T, R)``, ``pos`` int32 ``(R*M, k)`` (slab row of
-    each received (row, slot)), ``recv_weights`` float32 ``(R*M, k)`` or None (weights given to dispatch)."""
+    each received (row, slot)), ``recv_weights`` float32 ``(R*M, k)`` or None (weights given to dispatch),
+    ``topk_idx`` the routing actually sent (masked ranks' slots removed) or None (the caller's)."""
 
     src_info: torch.Tensor
     layout_range: torch.Tensor
@@ -177,6 +226,7 @@ class LowLatencyHandle:
     num_tokens: int
     num_topk: int
     weights_src: Optional[Tuple[torch.Tensor, int]] = None
+    topk_idx: Optional[torch.Tensor] = None
 
     def __iter__(self):
         return iter((self.src_info, self.layout_range, self.num_max_dispatch_tokens_per_rank, self.hidden,
@@ -185,10 +235,12 @@ class LowLatencyHandle:
     def __getitem__(self, i):
         return tuple(self)[i]
 
+    def __len__(self) -> int:
+        return 5
+
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
 
 
 def _check_recv_stats(stats: Optional[torch.Tensor], num_local_experts: int) -> None:
@@ -200,28 +252,45 @@ def _check_recv_stats(stats: Optional[torch.Tensor], num_local_experts: int) -> 
         raise ValueError(f"cumulative_local_expert_recv_stats must have {num_local_experts} elements, got "
                          f"{stats.numel()}")
 
+
+def _unpack_bias(bias) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    if bias is None or isinstance(bias, torch.Tensor):
+        return bias, None
+    if isinstance(bias, (tuple, list)) and len(bias) == 2:
+        return bias[0], bias[1]
+    raise TypeError(f"bias must be None, a bfloat16 tensor or a pair of them, got {type(bias).__name__}"
+                    + (f" of length {len(bias)}" if isinstance(bias, (tuple, list)) else ""))
+
+
 class Buffer:
     """Expert-parallel dispatch / combine for one process group, with DeepEP v1's methods and return tuples.
 
     Args:
         group: a ``torch.distributed`` process group (None: the default group).  NCCL groups take CUDA tensors,
             gloo groups CPU tensors.  Every collective inherits the group's timeout.
-        num_nvl_bytes, num_rdma_bytes, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl:
-            accepted and ignored (there are no NVLink/RDMA buffers or queue pairs: NCCL moves the bytes).
+        num_nvl_bytes, num_rdma_bytes: the size of :meth:`get_local_buffer_tensor`'s scratch buffer (allocated on
+            its first call); no transfer uses them.
+        num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl: accepted and ignored (there are no
+            NVLink/RDMA buffers or queue pairs: NCCL moves the bytes).
         low_latency_mode: accepted; both paths are always available.
         explicitly_destroy: accepted; :meth:`destroy` releases the cached tensors either way.
-        enable_shrink: rank masking is not supported; ``True`` raises ``ValueError``.
+        enable_shrink: accepted: the low-latency mask calls (:meth:`low_latency_update_mask_buffer`, ...) work
+            with or without it.  Masking is manual only: no timeout marks a rank as failed, and a masked rank must
+            keep making the calls (the collectives need every rank).
         num_max_tokens_per_rank: ``M`` of the v2 source global id ``src_rank * M + token`` and the default
             capacity of fixed-capacity dispatch (0: the largest token count over the ranks, per call).
         hidden, num_topk, use_fp8_dispatch: accepted (sizing hints).
-        peer_checks: verify that every rank passed matching arguments (hidden size, dtypes, top-k, experts,
-            capacity) so that a mismatch raises the same ``ValueError`` on every rank.  Uncached dispatch always
-            checks (the header rides with the counts, whose host sync it needs anyway).  Combine, cached
-            dispatch and the low-latency calls exchange the header in one extra tiny collective plus a host sync,
-            and ``num_worst_tokens`` dispatch syncs on the header it already exchanges: all only with
-            ``peer_checks=True`` (the default) and never during CUDA-graph capture.  Without the check, arguments
-            that differ across ranks are undefined behaviour of the collective (gloo aborts the process, NCCL
-            may hang until the group's timeout): turn it off for latency-critical paths once they are known good.
+        peer_checks: every call first exchanges a fixed-size header with the arguments that must agree across
+            ranks (hidden size, dtypes, top-k, experts, capacity) and a status, so that a mismatch raises the same
+            ``ValueError`` on every rank, and a rank that fails locally before the exchange makes its peers raise
+            :class:`tritile.ep.PeerFailure` naming its error.  Uncached dispatch always exchanges it (its host
+            sync pays for it anyway).  Combine, cached dispatch, fixed-capacity dispatch and the low-latency calls
+            pay one tiny all-gather and a host sync for it, only with ``peer_checks`` (default: True, or the
+            ``TRITILE_EP_PEER_CHECKS`` environment variable, 0 / 1) and never during CUDA-graph capture.
+            Without it those paths are sync-free; arguments that differ across ranks are then undefined behaviour
+            of the collective (gloo aborts the process, NCCL may hang until the group's timeout), and a rank
+            that raises locally leaves its peers waiting until the group's timeout.  The value must be the same
+            on every rank (checked here).
 
     Attributes:
         phase_hook: None or a callable ``name -> context manager`` wrapped around each phase of a call
@@ -233,36 +302,56 @@ class Buffer:
 
     def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 1, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
-                 explicitly_destroy: bool = False, enable_shrink: bool = False, *, num_max_tokens_per_rank: int = 0,
-                 hidden: int = 0, num_topk: int = 0, use_fp8_dispatch: bool = False, peer_checks: bool = True) -> None:
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm=None, *,
+                 num_max_tokens_per_rank: int = 0, hidden: int = 0, num_topk: int = 0, use_fp8_dispatch: bool = False,
+                 peer_checks: Optional[bool] = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("group: torch.distributed must be initialized (init_process_group) before Buffer()")
-        if enable_shrink:
-            raise ValueError("enable_shrink=True (rank masking) is not supported by tritile.ep")
-        if not _is_int(num_max_tokens_per_rank) or num_max_tokens_per_rank < 0:
-            raise ValueError(f"num_max_tokens_per_rank must be an int >= 0, got {num_max_tokens_per_rank!r}")
+        if comm is not None:
+            raise ValueError("comm (an mpi4py communicator) is not supported by tritile.ep: pass a torch.distributed "
+                             "group")
+        for name, v in (("num_max_tokens_per_rank", num_max_tokens_per_rank), ("num_nvl_bytes", num_nvl_bytes),
+                        ("num_rdma_bytes", num_rdma_bytes)):
+            if not _is_int(v) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.group_size = dist.get_world_size(self.group)
         self.device = group_device(self.group)
+        self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy = bool(explicitly_destroy)
+        self.enable_shrink = bool(enable_shrink)
         self.num_max_tokens_per_rank = int(num_max_tokens_per_rank)
         self.hidden, self.num_topk, self.use_fp8_dispatch = hidden, num_topk, use_fp8_dispatch
-        self.peer_checks = bool(peer_checks)
+        self.peer_checks = _default_peer_checks() if peer_checks is None else bool(peer_checks)
         self.phase_hook: Optional[Callable[[str], ContextManager]] = None
+        self._timeout_s: Optional[float] = None
         self._comm_stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         self._last_layout = None
         self._cache: dict = {}
         self._layout_counter = 0
         self._destroyed = False
+        self._mask = [False] * self.group_size
+        self._local_buffers: dict = {}
+        self.num_rdma_ranks, self.num_nvl_ranks, _ = physical_domain(self.group)
+        # the constructor's collective: every rank must pass the same peer_checks (it decides which calls
+        # exchange headers)
+        exchange_header(self.group, self.device, Header("constructor", [("peer_checks", int(self.peer_checks), True)]))
 
     # ----------------------------------------------------------------------------------------------------------
     # DeepEP compatibility shims
     # ----------------------------------------------------------------------------------------------------------
     @staticmethod
+    def is_sm90_compiled() -> bool:
+        """True: every path (FP8 included) is available on every device tritile runs on."""
+        return True
+
+    @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
         """Accepted and recorded; advisory only (NCCL chooses its own SMs)."""
+        if not _is_int(new_num_sms) or new_num_sms <= 0 or new_num_sms % 2:
+            raise ValueError(f"new_num_sms must be a positive even int, got {new_num_sms!r}")
         Buffer.num_sms = int(new_num_sms)
 
     @staticmethod
@@ -281,32 +370,103 @@ class Buffer:
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
                                  num_experts: int = 0) -> None:
-        """No-op: the low-latency path keeps no state between calls."""
+        """No-op: the low-latency path keeps no state between calls that needs cleaning."""
 
     def get_comm_stream(self) -> Optional["torch.cuda.Stream"]:
         """The communication stream (CUDA), or None on the CPU."""
         return self._comm_stream
 
-    def capture(self) -> EventOverlap:
-        """An event recorded on the current stream (to pass as ``previous_event``); a no-op event on the CPU."""
-        if self.device.type != "cuda":
-            return EventOverlap(None)
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream())
-        return EventOverlap(ev)
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream (to pass as ``previous_event``); a no-op event without CUDA."""
+        return EventOverlap(EventHandle())
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        """A view of a scratch byte buffer of ``num_nvl_bytes`` (or ``num_rdma_bytes``) bytes, allocated on the
+        first call: elements of ``dtype`` from element ``offset``, the first ``size.numel()`` of them shaped
+        ``size`` (None: all).  Unlike DeepEP's, no transfer reads it: it is plain device memory."""
+        self._alive()
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        nbytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        name = "num_rdma_bytes" if use_rdma_buffer else "num_nvl_bytes"
+        if nbytes == 0:
+            raise ValueError(f"the local buffer is empty: pass {name} > 0 to Buffer()")
+        buf = self._local_buffers.get(bool(use_rdma_buffer))
+        if buf is None:
+            buf = torch.zeros((nbytes,), dtype=torch.uint8, device=self.device)
+            self._local_buffers[bool(use_rdma_buffer)] = buf
+        item = dtype.itemsize
+        if not _is_int(offset) or offset < 0 or offset * item > nbytes:
+            raise ValueError(f"offset must be an int in [0, {nbytes // item}] elements, got {offset!r}")
+        avail = (nbytes - offset * item) // item
+        t = buf[offset * item:offset * item + avail * item].view(dtype)
+        if size is None:
+            return t
+        size = torch.Size(size)
+        if size.numel() > avail:
+            raise ValueError(f"size {tuple(size)} needs {size.numel()} elements, the buffer holds {avail} from "
+                             f"offset {offset}")
+        return t[:size.numel()].view(size)
 
     def destroy(self) -> None:
         """Release cached tensors; the buffer cannot be used afterwards."""
         self._cache.clear()
+        self._local_buffers.clear()
         self._last_layout = None
         self._destroyed = True
+
+    # ----------------------------------------------------------------------------------------------------------
+    # low-latency rank masking (DeepEP's shrink mode, without failure detection)
+    # ----------------------------------------------------------------------------------------------------------
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Mask (``mask=True``) or unmask a rank for the low-latency calls: no (token, expert) pair goes to or
+        comes from a masked rank (its slots count as ``-1``).  Every rank must apply the same masks, and every
+        rank (masked ones too) keeps making the calls."""
+        self._alive()
+        if not _is_int(rank_to_mask) or not 0 <= rank_to_mask < self.group_size:
+            raise ValueError(f"rank_to_mask must be an int in [0, {self.group_size}), got {rank_to_mask!r}")
+        self._mask[rank_to_mask] = bool(mask)
+        self._cache.pop("mask_table", None)
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Write the mask (1 = masked) into int32 ``mask_status`` ``(R,)``."""
+        self._alive()
+        check_tensor("mask_status", mask_status, dtypes=(torch.int32,), ndim=1)
+        if mask_status.numel() != self.group_size:
+            raise ValueError(f"mask_status must have {self.group_size} elements, got {mask_status.numel()}")
+        mask_status.copy_(torch.tensor([int(m) for m in self._mask], dtype=torch.int32))
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Unmask every rank."""
+        self._alive()
+        self._mask = [False] * self.group_size
+        self._cache.pop("mask_table", None)
+
+    def _masked_topk(self, topk_idx: torch.Tensor, num_experts: int) -> Optional[torch.Tensor]:
+        """``topk_idx`` with the slots of masked ranks (and every slot, if this rank is masked) set to ``-1``; None
+        when no rank is masked."""
+        if not any(self._mask):
+            return None
+        per = num_experts // self.group_size
+        key = ("mask_table", num_experts)
+        table = self._cache.get(key)
+        if table is None:
+            owner_masked = torch.tensor(self._mask, dtype=torch.bool).repeat_interleave(per)
+            table = torch.cat([owner_masked, torch.ones(1, dtype=torch.bool)]).to(self.device)
+            self._cache[key] = table
+        idx = topk_idx.long()
+        e = torch.where((idx >= 0) & (idx < num_experts), idx, num_experts)
+        drop = table[e] | bool(self._mask[self.rank])
+        return torch.where(drop & (idx >= 0), torch.full_like(topk_idx, -1), topk_idx)
 
     # ----------------------------------------------------------------------------------------------------------
     # helpers
     # ----------------------------------------------------------------------------------------------------------
     def _alive(self) -> None:
         if self._destroyed:
-            raise RuntimeError("this Buffer was destroyed")
+            raise RuntimeError("this buffer was destroyed (destroy()); make a new one")
 
     @contextmanager
     def _phase(self, name: str):
@@ -316,10 +476,13 @@ class Buffer:
             with self.phase_hook(name):
                 yield
 
-    def _ctx(self, previous_event, async_finish, allocate_on_comm_stream) -> CommContext:
-        if previous_event is not None and not isinstance(previous_event, EventOverlap):
-            raise TypeError(f"previous_event must be an EventOverlap or None, got {type(previous_event).__name__}")
-        return CommContext(self._comm_stream, previous_event, bool(async_finish), bool(allocate_on_comm_stream))
+    def _ctx(self, previous_event, async_finish, allocate_on_comm_stream, extra_event=None) -> CommContext:
+        ok = (EventOverlap, EventHandle)
+        for nm, ev in (("previous_event", previous_event), ("previous_event_before_epilogue", extra_event)):
+            if ev is not None and not isinstance(ev, ok):
+                raise TypeError(f"{nm} must be an EventOverlap, an EventHandle or None, got {type(ev).__name__}")
+        return CommContext(self._comm_stream, previous_event, bool(async_finish), bool(allocate_on_comm_stream),
+                           extra_event)
 
     def _check_device(self, name: str, t: torch.Tensor) -> None:
         if t.device.type != self.device.type:
@@ -329,6 +492,23 @@ class Buffer:
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
+    def _checks_on(self, always: bool = False) -> bool:
+        """Whether this call exchanges its header (see ``peer_checks``)."""
+        return (always or self.peer_checks or checks_enabled()) and not self._capturing()
+
+    def _fail(self, op: str, error: BaseException, always: bool = False):
+        """Raise a local error; first tell the peers through the header exchange when they expect one."""
+        if self._checks_on(always):
+            exchange_header(self.group, self.device, Header(op, []), error=error, timeout_s=self._timeout_s)
+        raise error
+
+    def _agree(self, header: Header, always: bool = False, extra: Optional[torch.Tensor] = None):
+        """The header exchange of a call whose local checks passed (see ``peer_checks``): the host table, or None
+        when this call exchanges none."""
+        if not self._checks_on(always):
+            return None
+        return exchange_header(self.group, self.device, header, extra=extra, timeout_s=self._timeout_s)
+
     def _arange_base(self, capacity: int) -> torch.Tensor:
         key = ("base", capacity)
         t = self._cache.get(key)
@@ -337,21 +517,37 @@ class Buffer:
             self._cache[key] = t
         return t
 
-    def _check_x(self, x, name: str = "x"):
-        """Local checks of a dispatch payload: ``(data, sf, sf_1d)``."""
+    def _check_x(self, x, name: str = "x", strict_sf: bool = True):
+        """Local checks of a dispatch payload: ``(data, sf, sf_1d)``.  ``strict_sf``: float32 scales must be one per
+        128 channels (``(T, ceil(H/128))`` or ``(T,)``), int32 ones packed UE8M0 of those (``(T, ceil(H/512))``);
+        else any number of 4-byte packs (DeepEP v2's opaque scale packs)."""
         if isinstance(x, (tuple, list)):
             if len(x) != 2:
                 raise TypeError(f"{name} must be a bf16 tensor or an (fp8 data, scales) tuple, got a "
                                 f"{type(x).__name__} of length {len(x)}")
             data, sf = x
             check_tensor(f"{name}[0]", data, dtypes=(torch.float8_e4m3fn,), ndim=2)
-            check_tensor(f"{name}[1]", sf, dtypes=(torch.float32, torch.int32), ndim=(1, 2))
+            check_tensor(f"{name}[1]", sf, dtypes=(torch.float32, torch.int32), ndim=(1, 2) if strict_sf else 2)
             self._check_device(f"{name}[1]", sf)
             if sf.shape[0] != data.shape[0]:
                 raise ValueError(f"{name}[1] (scales) must have {data.shape[0]} rows, got shape {tuple(sf.shape)}")
             sf_1d = sf.dim() == 1
             if sf_1d:
+                if sf.dtype != torch.float32:
+                    raise ValueError(f"{name}[1] (scales) of one scale per token must be float32, got {sf.dtype}")
                 sf = sf[:, None]
+            elif strict_sf:
+                groups = ceil_div(data.shape[1], 128)
+                want = groups if sf.dtype == torch.float32 else ceil_div(groups, 4)
+                kind = "float32 scales, one per 128 channels" if sf.dtype == torch.float32 else \
+                    "int32 scales, 4 packed UE8M0 exponents of 128 channels each"
+                if sf.shape[1] != want:
+                    raise ValueError(f"{name}[1] must be ({data.shape[0]}, {want}) ({kind}, for hidden "
+                                     f"{data.shape[1]}) or a float32 ({data.shape[0]},) per-token scale, got shape "
+                                     f"{tuple(sf.shape)}")
+            elif sf.shape[1] < 1:
+                raise ValueError(f"{name}[1] (scales) must have at least one 4-byte pack per token, got shape "
+                                 f"{tuple(sf.shape)}")
         else:
             data, sf, sf_1d = x, None, False
             check_tensor(name, data, dtypes=(torch.bfloat16,), ndim=2)
@@ -359,28 +555,13 @@ class Buffer:
         check_inner_contiguous(name if sf is None else f"{name}[0]", data)
         return data, sf, sf_1d
 
-    def _header(self, op: int, data, sf, num_topk: int, has_w: bool, num_experts: int, capacity: int,
-                num_tokens: int) -> List[int]:
-        return [_MAGIC, op, data.shape[1], _DTYPES.get(data.dtype, 0), 0 if sf is None else sf.shape[1],
-                0 if sf is None else _DTYPES.get(sf.dtype, 0), num_topk, int(has_w), num_experts, capacity,
-                num_tokens, 0]
-
-    def _check_headers(self, mine: List[int], table: torch.Tensor) -> None:
-        """Raise the same ValueError on every rank when any rank's header differs from the others'."""
-        rows = table[:, :_HDR].tolist()
-        bad = [(r, row[_F_BAD]) for r, row in enumerate(rows) if row[_F_BAD]]
-        for r, row in enumerate(rows):
-            for f in range(_HDR - 2):
-                if row[f] != mine[f]:
-                    what = _HDR_FIELDS[f]
-                    a, b = row[f], mine[f]
-                    if what in ("x dtype", "scale dtype"):
-                        a, b = _DTYPE_NAMES.get(a, a), _DTYPE_NAMES.get(b, b)
-                    raise ValueError(f"ranks disagree on {what}: rank {r} has {a}, rank {self.rank} has {b} "
-                                     "(every rank must pass the same hidden size, dtypes, top-k and experts)")
-        if bad:
-            raise ValueError("topk_idx must hold expert ids in [-1, num_experts): rank(s) "
-                             + ", ".join(f"{r} ({n} bad id(s))" for r, n in bad) + " passed ids outside")
+    def _dispatch_fields(self, mode, data, sf, num_topk, has_w, num_experts, capacity, max_tokens):
+        return [("mode", mode, True), ("hidden", data.shape[1], True), ("x dtype", _DTYPES.get(data.dtype, 0), True),
+                ("scale words", 0 if sf is None else sf.shape[1], True),
+                ("scale dtype", 0 if sf is None else _DTYPES.get(sf.dtype, 0), True), ("num_topk", num_topk, True),
+                ("topk_weights given", int(has_w), True), ("num_experts", num_experts, True),
+                ("capacity", capacity, True), ("num_max_tokens_per_rank", max_tokens, True),
+                ("num_tokens", data.shape[0], False)]
 
     def _exchange(self, send: torch.Tensor, recv_counts: Optional[List[int]] = None,
                   send_counts: Optional[List[int]] = None) -> torch.Tensor:
@@ -390,12 +571,6 @@ class Buffer:
         recv = torch.empty((rows,) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
         a2a_rows(recv, send, recv_counts, send_counts, self.group)
         return recv
-
-    def _peer_check(self, hdr: List[int]) -> None:
-        if not self.peer_checks or self._capturing():
-            return
-        send = torch.tensor([hdr] * self.group_size, dtype=torch.int32, device=self.device)
-        self._check_headers(hdr, self._exchange(send).cpu())
 
     # ----------------------------------------------------------------------------------------------------------
     # layout
@@ -410,8 +585,9 @@ class Buffer:
             num_experts: ``E``, divisible by the group size.
 
         Returns:
-            ``(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)``: int32 ``(R,)``
-            (deduplicated per rank), None (no RDMA ranks), int32 ``(E,)``, bool ``(T, R)``, EventOverlap.
+            ``(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, event)``:
+            int32 ``(R,)`` (deduplicated per rank), int32 ``(num_rdma_ranks,)`` (deduplicated per host: the
+            ranks of one host form DeepEP's NVLink domain), int32 ``(E,)``, bool ``(T, R)``, EventOverlap.
         """
         self._alive()
         check_layout_args(topk_idx, num_experts, self.group_size)
@@ -420,13 +596,17 @@ class Buffer:
         with ctx.run(keep=(topk_idx,)):
             with self._phase("layout"):
                 per_rank, per_expert, is_in, slot, bad = dispatch_layout(topk_idx, num_experts, self.group_size)
-        ctx.own(per_rank, per_expert, is_in)
-        self._last_layout = (topk_idx, topk_idx._version, num_experts, is_in, per_rank, per_expert, slot, bad)
-        return per_rank, None, per_expert, is_in, ctx.event
+                nvl = self.num_nvl_ranks
+                per_rdma = is_in.view(is_in.shape[0], self.num_rdma_ranks, nvl).any(2).sum(0, dtype=torch.int32)
+        ctx.own(per_rank, per_rdma, per_expert, is_in)
+        ver = _version(topk_idx)
+        self._last_layout = None if ver is None else (topk_idx, ver, num_experts, is_in, per_rank, per_expert, slot,
+                                                      bad)
+        return per_rank, per_rdma, per_expert, is_in, ctx.event
 
     def _layout_for(self, topk_idx, num_experts, is_token_in_rank):
         last = self._last_layout
-        if (last is not None and topk_idx is last[0] and topk_idx._version == last[1] and num_experts == last[2]
+        if (last is not None and topk_idx is last[0] and _version(topk_idx) == last[1] and num_experts == last[2]
                 and (is_token_in_rank is None or is_token_in_rank is last[3])):
             return last[4], last[5], last[3], last[6], last[7]
         with self._phase("layout"):
@@ -435,24 +615,25 @@ class Buffer:
     # ----------------------------------------------------------------------------------------------------------
     # high-throughput dispatch
     # ----------------------------------------------------------------------------------------------------------
-    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[EPHandle] = None,
-                 num_tokens_per_rank: Optional[torch.Tensor] = None, num_tokens_per_rdma_rank=None,
-                 is_token_in_rank: Optional[torch.Tensor] = None, num_tokens_per_expert: Optional[torch.Tensor] = None,
-                 topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
-                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
-                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
-                 allocate_on_comm_stream: bool = False, *, num_experts: Optional[int] = None,
-                 do_expand: bool = False, do_zero_padding: bool = False, use_tma_aligned_col_major_sf: bool = False,
+    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+                 handle: Optional[DispatchHandle] = None, num_tokens_per_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_rdma_rank=None, is_token_in_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_expert: Optional[torch.Tensor] = None, topk_idx: Optional[torch.Tensor] = None,
+                 topk_weights: Optional[torch.Tensor] = None, expert_alignment: int = 1, num_worst_tokens: int = 0,
+                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                 async_finish: bool = False, allocate_on_comm_stream: bool = False, *,
+                 num_experts: Optional[int] = None, do_expand: bool = False, do_zero_padding: bool = False,
+                 use_tma_aligned_col_major_sf: bool = False,
                  cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None, use_fp8: bool = False,
                  round_scale: bool = False, use_ue8m0: bool = False):
         """Send each token once to every rank that owns one of its experts (see :mod:`tritile.ep`).
 
         Args:
             x: bfloat16 ``(T, H)`` (unit inner stride), or ``(fp8 float8_e4m3fn (T, H), scales)`` with scales
-                float32 ``(T, S)`` (per-128 channel blocks: ``S = ceil(H/128)``), int32 ``(T, S)`` (packed UE8M0) or
+                float32 ``(T, ceil(H/128))`` (one per 128 channels), int32 ``(T, ceil(H/512))`` (packed UE8M0) or
                 float32 ``(T,)``; scales may have any strides.
-            handle: an :class:`EPHandle` from an earlier dispatch: cached dispatch (same routing, no layout, no
-                host sync); ``topk_idx`` / ``topk_weights`` / layout tensors must then be None.
+            handle: the handle of an earlier dispatch: cached dispatch (same routing, no layout, no host sync);
+                ``topk_idx`` / ``topk_weights`` / layout tensors must then be None.
             num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert: from :meth:`get_dispatch_layout`
                 (optional: recomputed from ``topk_idx`` unless they are that call's outputs for this same
                 ``topk_idx``).  ``num_tokens_per_rdma_rank``, ``config``: ignored.
@@ -479,32 +660,71 @@ class Buffer:
             ``recv_x`` ``(N, H)`` (expand: ``(N_exp, H)``; a tuple with scales for FP8), rows ordered by source
             rank then source token; ``recv_topk_idx`` int64 ``(N, k)`` local expert ids, ``-1`` elsewhere (None in
             expand mode or without top-k); ``recv_topk_weights`` float32 ``(N, k)`` zero at ``-1`` slots (expand:
-            ``(N_exp,)``, one weight per row; None without weights); ``list[L]`` aligned counts; the handle; an
-            :class:`EventOverlap`.
+            ``(N_exp,)``, one weight per row; None without weights); ``list[L]`` aligned counts; the
+            :class:`DispatchHandle` (indexable as DeepEP's handle tuple); an :class:`EventOverlap`.
         """
-        self._alive()
+        always = handle is None and not (_is_int(num_worst_tokens) and num_worst_tokens > 0)
+        try:
+            self._alive()
+            if use_fp8:
+                if isinstance(x, (tuple, list)):
+                    raise ValueError("use_fp8=True needs a bfloat16 x, got an (fp8, scales) tuple")
+                check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+                self._check_device("x", x)
+            else:
+                self._check_x(x)
+            if not _is_int(expert_alignment) or expert_alignment < 1:
+                raise ValueError(f"expert_alignment must be an int >= 1, got {expert_alignment!r}")
+            if not _is_int(num_worst_tokens) or num_worst_tokens < 0:
+                raise ValueError(f"num_worst_tokens must be an int >= 0, got {num_worst_tokens!r}")
+            if handle is not None:
+                if not isinstance(handle, DispatchHandle):
+                    raise TypeError(f"handle must be the handle of Buffer.dispatch, got {type(handle).__name__}")
+                for nm, v in (("topk_idx", topk_idx), ("topk_weights", topk_weights),
+                              ("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
+                              ("num_tokens_per_expert", num_tokens_per_expert)):
+                    if v is not None:
+                        raise ValueError(f"{nm} must be None with a handle (cached dispatch), got a tensor")
+                data0 = x if not isinstance(x, (tuple, list)) else x[0]
+                self._check_cached(data0, handle)
+            else:
+                num_experts = self._check_uncached(x, topk_idx, topk_weights, is_token_in_rank,
+                                                   num_tokens_per_expert, num_experts, do_expand,
+                                                   cumulative_local_expert_recv_stats)
+                capacity = self._capacity_for(x, num_worst_tokens)
+        except _ERRORS as e:
+            self._fail("dispatch", e, always)
         if use_fp8:
-            if isinstance(x, (tuple, list)):
-                raise ValueError("use_fp8=True needs a bfloat16 x, got an (fp8, scales) tuple")
-            check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
-            self._check_device("x", x)
             x = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
         data, sf, sf_1d = self._check_x(x)
-        if not _is_int(expert_alignment) or expert_alignment < 1:
-            raise ValueError(f"expert_alignment must be an int >= 1, got {expert_alignment!r}")
-        if not _is_int(num_worst_tokens) or num_worst_tokens < 0:
-            raise ValueError(f"num_worst_tokens must be an int >= 0, got {num_worst_tokens!r}")
         if handle is not None:
-            if not isinstance(handle, EPHandle):
-                raise TypeError(f"handle must be an EPHandle from Buffer.dispatch, got {type(handle).__name__}")
-            for nm, v in (("topk_idx", topk_idx), ("topk_weights", topk_weights),
-                          ("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
-                          ("num_tokens_per_expert", num_tokens_per_expert)):
-                if v is not None:
-                    raise ValueError(f"{nm} must be None with a handle (cached dispatch), got a tensor")
-            return self._cached_dispatch(data, sf, sf_1d, handle, do_expand, use_tma_aligned_col_major_sf,
-                                         previous_event, async_finish, allocate_on_comm_stream)
-        num_tokens = data.shape[0]
+            hdr = Header("dispatch", self._dispatch_fields(_MODE_CACHED, data, sf, handle.num_topk, False,
+                                                           handle.num_experts, handle.capacity,
+                                                           handle.num_max_tokens_per_rank), _NAMES)
+            ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+            with ctx.run(keep=(data, sf)):
+                self._agree(hdr)
+                recv_x, recv_idx, _ = self._cached_core(data, sf, sf_1d, handle, use_tma_aligned_col_major_sf)
+            ctx.own(recv_x)
+            return recv_x, recv_idx, None, list(handle.num_recv_tokens_per_expert_list), handle, ctx.event
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(data, sf, topk_idx, topk_weights)):
+            outs = self._dispatch_core(data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank,
+                                       num_tokens_per_expert, num_experts, expert_alignment, capacity,
+                                       num_worst_tokens, do_expand, use_tma_aligned_col_major_sf,
+                                       cumulative_local_expert_recv_stats, self.num_max_tokens_per_rank)
+        ctx.own(outs[0], outs[1], outs[2])
+        return (*outs, ctx.event)
+
+    def _check_cached(self, data: torch.Tensor, h: DispatchHandle) -> None:
+        if data.shape[0] != h.num_tokens:
+            raise ValueError(f"x must have the handle's {h.num_tokens} tokens, got {data.shape[0]}")
+        if h.num_ranks != self.group_size or h.rank != self.rank:
+            raise ValueError("handle comes from a buffer of another group")
+
+    def _check_uncached(self, x, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert, num_experts,
+                        do_expand, stats) -> int:
+        num_tokens = (x[0] if isinstance(x, (tuple, list)) else x).shape[0]
         if num_experts is None:
             if num_tokens_per_expert is None:
                 raise ValueError("num_experts is required (or num_tokens_per_expert from get_dispatch_layout)")
@@ -537,35 +757,34 @@ class Buffer:
         if not _is_int(num_experts) or num_experts < 1 or num_experts % self.group_size:
             raise ValueError(f"num_experts must be a positive multiple of the group size {self.group_size}, "
                              f"got {num_experts!r}")
-        num_topk = 0 if topk_idx is None else topk_idx.shape[1]
         if topk_weights is not None:
             check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
             self._check_device("topk_weights", topk_weights)
             if tuple(topk_weights.shape) != tuple(topk_idx.shape):
                 raise ValueError(f"topk_weights must have topk_idx's shape {tuple(topk_idx.shape)}, got "
                                  f"{tuple(topk_weights.shape)}")
-        per = num_experts // self.group_size
-        _check_recv_stats(cumulative_local_expert_recv_stats, per)
-        capacity = 0
-        if num_worst_tokens:
-            capacity = self.num_max_tokens_per_rank or num_worst_tokens // self.group_size
-            if num_tokens > capacity:
-                raise ValueError(f"x has {num_tokens} tokens, more than the fixed capacity {capacity} per rank "
-                                 f"(num_max_tokens_per_rank, or num_worst_tokens // group size)")
-            if num_worst_tokens < self.group_size * capacity:
-                raise ValueError(f"num_worst_tokens must be >= group size * capacity = "
-                                 f"{self.group_size * capacity}, got {num_worst_tokens}")
-        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
-        with ctx.run(keep=(data, sf, topk_idx, topk_weights)):
-            outs = self._dispatch_impl(data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank,
-                                       num_tokens_per_expert, num_experts, expert_alignment, capacity,
-                                       num_worst_tokens, do_expand, use_tma_aligned_col_major_sf,
-                                       cumulative_local_expert_recv_stats)
-        ctx.own(outs[0], outs[1], outs[2])
-        return (*outs, ctx.event)
+        _check_recv_stats(stats, num_experts // self.group_size)
+        return num_experts
 
-    def _dispatch_impl(self, data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
-                       num_experts, alignment, capacity, num_worst, do_expand, col_major_sf, stats):
+    def _capacity_for(self, x, num_worst_tokens: int) -> int:
+        if not num_worst_tokens:
+            return 0
+        num_tokens = (x[0] if isinstance(x, (tuple, list)) else x).shape[0]
+        capacity = self.num_max_tokens_per_rank or num_worst_tokens // self.group_size
+        if num_tokens > capacity:
+            raise ValueError(f"x has {num_tokens} tokens, more than the fixed capacity {capacity} per rank "
+                             f"(num_max_tokens_per_rank, or num_worst_tokens // group size)")
+        if num_worst_tokens < self.group_size * capacity:
+            raise ValueError(f"num_worst_tokens must be >= group size * capacity = "
+                             f"{self.group_size * capacity}, got {num_worst_tokens}")
+        return capacity
+
+    def _dispatch_core(self, data, sf, sf_1d, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                       num_experts, alignment, capacity, num_worst, do_expand, col_major_sf, stats, max_tokens):
+        """Uncached dispatch after the local checks.  ``capacity`` > 0: fixed-capacity (sync-free unless the
+        header is exchanged) with ``num_worst`` output rows.  ``max_tokens``: ``M`` of the source global ids (0:
+        the largest ``T`` over the ranks, or the capacity).  The header is exchanged always without a capacity
+        (the host needs the counts anyway), else only when :meth:`_checks_on`."""
         R, me, dev = self.group_size, self.rank, self.device
         per = num_experts // R
         num_tokens = data.shape[0]
@@ -579,26 +798,33 @@ class Buffer:
             per_expert = (num_tokens_per_expert.to(torch.int32) if num_tokens_per_expert is not None else
                           torch.zeros((num_experts,), dtype=torch.int32, device=dev))
             bad = torch.zeros((1,), dtype=torch.int32, device=dev)
-        hdr = self._header(_OP_DISPATCH, data, sf, num_topk, topk_weights is not None, num_experts, capacity,
-                           num_tokens)
-        # notify: [R, HDR + R + 1 + L] int32 rows: header, my per-rank counts (all R), my count for the
-        # destination, my per-expert counts of the destination's experts
+        fields = self._dispatch_fields(_MODE_CAPACITY if capacity else _MODE_PLAIN, data, sf, num_topk,
+                                       topk_weights is not None, num_experts, capacity, max_tokens)
+        host = None
         with self._phase("notify"):
-            key = ("hdr", tuple(hdr))
-            hdr_t = self._cache.get(key)
-            if hdr_t is None:
-                hdr_t = torch.tensor(hdr[:_F_BAD], dtype=torch.int32, device=dev)
-                self._cache[key] = hdr_t
-            table = torch.cat([hdr_t.expand(R, _F_BAD), bad.view(1, 1).expand(R, 1), per_rank.view(1, R).expand(R, R),
-                               per_rank.view(R, 1), per_expert.view(R, per)], dim=1)
-            recv_table = self._exchange(table)
-            if not capacity or checks_enabled() or (self.peer_checks and not self._capturing()):
-                host = recv_table.cpu()
-                self._check_headers(hdr, host)
-        recv_counts_t = recv_table[:, _HDR + R]
-        max_tokens = self.num_max_tokens_per_rank
+            if not capacity or self._checks_on():
+                counts = torch.cat([per_rank, bad]).cpu()
+                hdr = Header("dispatch", fields + [("bad ids", int(counts[R]), False)], _NAMES)
+                host = exchange_header(self.group, dev, hdr, extra=counts[:R], timeout_s=self._timeout_s)
+                nbad = host[:, 3 + len(hdr.fields) - 1].tolist()
+                if any(nbad):
+                    raise ValueError("topk_idx must hold expert ids in [-1, num_experts): rank(s) "
+                                     + ", ".join(f"{r} ({n} bad id(s))" for r, n in enumerate(nbad) if n)
+                                     + " passed ids outside")
+            if capacity:
+                # per-rank counts (every rank's row) and my counts of the destination's experts, on the device
+                table = torch.cat([per_rank.view(1, R).expand(R, R), per_expert.view(R, per)], dim=1)
+                recv_table = self._exchange(table.contiguous())
+                counts_dev = recv_table[:, :R]
+                recv_pe = recv_table[:, R:]
+                counts_host = None
+            else:
+                counts_host = host[:, HEADER_WORDS:HEADER_WORDS + R].tolist()
+                counts_dev = None
+                recv_pe = self._exchange(per_expert.view(R, per).contiguous())
+                pe_host, pe_event = _start_d2h(recv_pe)
         if stats is not None:
-            stats.add_(recv_table[:, _HDR + R + 1:].sum(0, dtype=torch.int32))
+            stats.add_(recv_pe.sum(0, dtype=torch.int32))
         x_words = as_words(data)
         sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
         sw = 0 if sf is None else sf.shape[1]
@@ -606,7 +832,7 @@ class Buffer:
         if capacity:
             M = capacity
             base = self._arange_base(M)
-            send_counts_t = per_rank
+            recv_counts_t = counts_dev[:, me]
             with self._phase("pack"):
                 send_x = pack_rows(x_words, slot, base, R * M)
                 send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, R * M, per, num_topk)
@@ -627,15 +853,13 @@ class Buffer:
             n_rows, n_recv, send_counts, recv_counts = num_worst, None, None, None
             src_rank = torch.where(o < incl[-1], s, -1).to(torch.int32)
             mt = max_tokens or M
-            lazy = dict(src_rank=src_rank)
+            lazy = dict(src_rank=src_rank, recv_counts_t=recv_counts_t)
         else:
-            host_t = host
-            recv_counts = host_t[:, _HDR + R].tolist()
-            # row r of the table came from rank r and carries r's per-rank counts: my own sends are row `me`
-            send_counts = host_t[me, _HDR:_HDR + R].tolist()
+            recv_counts = [row[me] for row in counts_host]
+            # row r of the header table came from rank r and carries r's per-rank counts: my sends are row `me`
+            send_counts = list(counts_host[me])
             n_recv = sum(recv_counts)
             s_total = sum(send_counts)
-            send_counts_t = per_rank
             excl, acc = [], 0
             for c in send_counts:
                 excl.append(acc)
@@ -650,7 +874,8 @@ class Buffer:
             with self._phase("unpack"):
                 r_idx, r_w, r_src, r_sf = unpack_meta(recv_meta, None, num_topk, topk_idx is not None, has_w, sw)
             n_rows, row_map, send_row_map, M = n_recv, None, None, 0
-            mt = max_tokens or int(host_t[:, _F_T].max())
+            tcol = [n for n, _, _ in fields].index("num_tokens")
+            mt = max_tokens or int(host[:, 3 + tcol].max())
             lazy = {}
         recv_data = recv_xw.view(data.dtype).reshape(n_rows, data.shape[1])
         recv_sf = None
@@ -662,7 +887,7 @@ class Buffer:
         if capacity:
             lst = []
         else:
-            unaligned = host[:, _HDR + R + 1:].sum(0).tolist()
+            unaligned = _finish_d2h(pe_host, pe_event).sum(0).tolist()
             lst = [align(int(c), alignment) for c in unaligned]
         token_topk_to_pos = pos_to_token_topk = pos_to_expert = None
         n_exp = 0
@@ -684,13 +909,12 @@ class Buffer:
             if sf_1d:
                 recv_sf = recv_sf[:, 0]
         self._layout_counter += 1
-        h = EPHandle(
+        h = DispatchHandle(
             num_experts=num_experts, expert_alignment=alignment, num_ranks=R, rank=me, num_tokens=num_tokens,
             num_topk=num_topk, num_max_tokens_per_rank=mt, is_token_in_rank=is_in, send_slot=slot, send_base=base,
-            send_counts=send_counts, recv_counts=recv_counts, send_counts_t=send_counts_t,
-            recv_counts_t=recv_counts_t, num_recv_tokens=n_recv, num_recv_rows=n_rows, recv_src_idx=r_src,
-            recv_topk_idx=recv_idx, num_recv_tokens_per_expert_list=lst,
-            topk_idx=None if topk_idx is None else topk_idx.clone(), recv_table=recv_table,
+            send_counts=send_counts, recv_counts=recv_counts, counts_host=counts_host, counts_dev=counts_dev,
+            send_counts_t=per_rank, recv_expert_counts=recv_pe, num_recv_tokens=n_recv, num_recv_rows=n_rows,
+            recv_src_idx=r_src, recv_topk_idx=recv_idx, num_recv_tokens_per_expert_list=lst,
             do_expand=do_expand, token_topk_to_pos=token_topk_to_pos, pos_to_token_topk=pos_to_token_topk,
             pos_to_expert=pos_to_expert, num_expanded_tokens=n_exp, capacity=M, recv_row_map=row_map,
             send_row_map=send_row_map, layout_id=self._layout_counter,
@@ -699,9 +923,8 @@ class Buffer:
         return recv_x, recv_idx_out, recv_w, lst, h
 
     def _expand(self, recv_data, recv_sf, recv_idx, recv_w, per, alignment, n_exp):
-        """Per-expert aligned segments (``tritile.moe.get_fused_mapping`` + ``expand_to_fused``)."""
-        from ..moe import expand_to_fused, get_fused_mapping
-
+        """Per-expert aligned segments (``tritile.moe.get_fused_mapping`` + ``expand_to_fused``, or their twins
+        for CPU tensors without the Triton interpreter)."""
         dev = recv_data.device
         n, k = recv_idx.shape
         if n_exp == 0 or n == 0:
@@ -712,86 +935,95 @@ class Buffer:
             sf = None if recv_sf is None else torch.zeros((n_exp, recv_sf.shape[1]), dtype=recv_sf.dtype, device=dev)
             w = None if recv_w is None else torch.zeros((n_exp,), dtype=torch.float32, device=dev)
             return data, sf, w, ttp, p2tt, p2tt, psum
-        p2e, _, p2tt, ttp, start, _, counts, _ = get_fused_mapping(recv_idx.contiguous(), per, n_exp, alignment)
-        data = expand_to_fused(recv_data, ttp, p2e)
-        sf = None if recv_sf is None else expand_to_fused(recv_sf, ttp, p2e)
-        w = None
-        if recv_w is not None:
-            flat = recv_w.reshape(-1)
-            w = torch.where(p2tt >= 0, flat[p2tt.clamp(min=0).long()], 0.0)
+        if kernel_device_ok(dev):
+            from ..moe import get_fused_mapping
+
+            p2e, _, p2tt, ttp, start, _, _, _ = get_fused_mapping(recv_idx.contiguous(), per, n_exp, alignment)
+        else:
+            from .ref import fused_mapping_ref
+
+            p2e, p2tt, ttp, start = fused_mapping_ref(recv_idx, per, n_exp, alignment)
+        data = _expand_rows(recv_data, ttp, p2e)
+        sf = None if recv_sf is None else _expand_rows(recv_sf, ttp, p2e)
+        w = None if recv_w is None else _expand_weights(recv_w, p2tt)
         # psum: aligned start + real count (v2 expand convention)
         real = (recv_idx[:, :, None] == torch.arange(per, device=dev)).any(1).sum(0, dtype=torch.int32)
         psum = (start + real).to(torch.int32)
-        del counts
         return data, sf, w, ttp, p2tt, p2e, psum
 
-    def _cached_dispatch(self, data, sf, sf_1d, h: EPHandle, do_expand, col_major_sf, previous_event, async_finish,
-                         allocate_on_comm_stream):
-        if data.shape[0] != h.num_tokens:
-            raise ValueError(f"x must have the handle's {h.num_tokens} tokens, got {data.shape[0]}")
-        if h.num_ranks != self.group_size or h.rank != self.rank:
-            raise ValueError("handle comes from a Buffer of another group")
-        hdr = self._header(_OP_CACHED, data, sf, h.num_topk, False, h.num_experts, h.capacity, data.shape[0])
-        hdr[_F_T] = 0
-        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
-        with ctx.run(keep=(data, sf)):
-            self._peer_check(hdr)
-            R = self.group_size
-            x_words = as_words(data)
-            sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
-            sw = 0 if sf is None else sf.shape[1]
-            if h.capacity:
-                M = h.capacity
-                with self._phase("pack"):
-                    send_x = pack_rows(x_words, h.send_slot, h.send_base, R * M)
-                    send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
-                                                                R * M, 1, 0)
-                with self._phase("exchange"):
-                    stage_x = self._exchange(send_x)
-                    stage_sf = None if send_sf is None else self._exchange(send_sf)
-                with self._phase("unpack"):
-                    recv_xw = gather_rows(stage_x, h.recv_row_map)
-                    r_sf = None if sf is None else unpack_meta(stage_sf, h.recv_row_map, 0, False, False, sw)[3]
-            else:
-                with self._phase("pack"):
-                    send_x = pack_rows(x_words, h.send_slot, h.send_base, sum(h.send_counts))
-                    send_sf = None if sf is None else pack_meta(None, None, sf_words, h.send_slot, h.send_base,
-                                                                sum(h.send_counts), 1, 0)
-                with self._phase("exchange"):
-                    recv_xw = self._exchange(send_x, h.recv_counts, h.send_counts)
-                    r_sf = None
-                    if send_sf is not None:
-                        recv_meta = self._exchange(send_sf, h.recv_counts, h.send_counts)
-                        with self._phase("unpack"):
-                            r_sf = unpack_meta(recv_meta, None, 0, False, False, sw)[3]
-            recv_data = recv_xw.view(data.dtype).reshape(h.num_recv_rows, data.shape[1])
-            recv_sf = None if sf is None else (r_sf.view(sf.dtype) if sf.dtype == torch.float32 else r_sf)
-            if h.do_expand:
-                from ..moe import expand_to_fused
+    def _cached_core(self, data, sf, sf_1d, h: DispatchHandle, col_major_sf, topk_idx=None, topk_weights=None):
+        """Cached dispatch after the checks: ``(recv_x, recv_topk_idx, recv_topk_weights)``.  With
+        ``topk_weights`` (and the dispatch's ``topk_idx``) the weights travel too (v2's cached dispatch)."""
+        R = self.group_size
+        per = h.num_experts // R
+        x_words = as_words(data)
+        sf_words = None if sf is None else (sf.view(torch.int32) if sf.dtype == torch.float32 else sf)
+        sw = 0 if sf is None else sf.shape[1]
+        has_w = topk_weights is not None
+        meta_needed = sf is not None or has_w
+        k = h.num_topk if has_w else 0
 
-                with self._phase("expand"):
-                    if h.num_expanded_tokens == 0 or h.num_recv_rows == 0:
-                        recv_data = recv_data.new_zeros((h.num_expanded_tokens, data.shape[1]))
-                        recv_sf = None if recv_sf is None else recv_sf.new_zeros((h.num_expanded_tokens,
-                                                                                  recv_sf.shape[1]))
-                    else:
-                        recv_data = expand_to_fused(recv_data, h.token_topk_to_pos, h.pos_to_expert)
-                        if recv_sf is not None:
-                            recv_sf = expand_to_fused(recv_sf, h.token_topk_to_pos, h.pos_to_expert)
-            if recv_sf is not None:
-                if col_major_sf:
-                    recv_sf = _col_major(recv_sf)
-                if sf_1d:
-                    recv_sf = recv_sf[:, 0]
+        def pack(rows):
+            with self._phase("pack"):
+                send_x = pack_rows(x_words, h.send_slot, h.send_base, rows)
+                send_m = None
+                if meta_needed:
+                    send_m = pack_meta(topk_idx if has_w else None, topk_weights, sf_words, h.send_slot, h.send_base,
+                                       rows, per, k)
+            return send_x, send_m
+
+        r_w = None
+        if h.capacity:
+            M = h.capacity
+            send_x, send_m = pack(R * M)
+            with self._phase("exchange"):
+                stage_x = self._exchange(send_x)
+                stage_m = None if send_m is None else self._exchange(send_m)
+            with self._phase("unpack"):
+                recv_xw = gather_rows(stage_x, h.recv_row_map)
+                r_sf = None
+                if stage_m is not None:
+                    _, r_w, _, r_sf = unpack_meta(stage_m, h.recv_row_map, k, has_w, has_w, sw)
+        else:
+            send_x, send_m = pack(sum(h.send_counts))
+            with self._phase("exchange"):
+                recv_xw = self._exchange(send_x, h.recv_counts, h.send_counts)
+                r_sf = None
+                if send_m is not None:
+                    recv_m = self._exchange(send_m, h.recv_counts, h.send_counts)
+                    with self._phase("unpack"):
+                        _, r_w, _, r_sf = unpack_meta(recv_m, None, k, has_w, has_w, sw)
+        recv_data = recv_xw.view(data.dtype).reshape(h.num_recv_rows, data.shape[1])
+        recv_sf = None if sf is None else (r_sf.view(sf.dtype) if sf.dtype == torch.float32 else r_sf)
+        if not has_w:
+            r_w = None
+        if h.do_expand:
+            with self._phase("expand"):
+                if h.num_expanded_tokens == 0 or h.num_recv_rows == 0:
+                    recv_data = recv_data.new_zeros((h.num_expanded_tokens, data.shape[1]))
+                    recv_sf = None if recv_sf is None else recv_sf.new_zeros((h.num_expanded_tokens,
+                                                                              recv_sf.shape[1]))
+                    r_w = None if r_w is None else torch.zeros((h.num_expanded_tokens,), dtype=torch.float32,
+                                                               device=data.device)
+                else:
+                    recv_data = _expand_rows(recv_data, h.token_topk_to_pos, h.pos_to_expert)
+                    if recv_sf is not None:
+                        recv_sf = _expand_rows(recv_sf, h.token_topk_to_pos, h.pos_to_expert)
+                    if r_w is not None:
+                        r_w = _expand_weights(r_w, h.pos_to_token_topk)
+        if recv_sf is not None:
+            if col_major_sf:
+                recv_sf = _col_major(recv_sf)
+            if sf_1d:
+                recv_sf = recv_sf[:, 0]
         recv_x = recv_data if sf is None else (recv_data, recv_sf)
-        ctx.own(recv_x)
         recv_idx = None if h.do_expand else h.recv_topk_idx
-        return recv_x, recv_idx, None, list(h.num_recv_tokens_per_expert_list), h, ctx.event
+        return recv_x, recv_idx, r_w
 
     # ----------------------------------------------------------------------------------------------------------
     # high-throughput combine
     # ----------------------------------------------------------------------------------------------------------
-    def combine(self, x: torch.Tensor, handle: EPHandle, topk_weights: Optional[torch.Tensor] = None,
+    def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: Optional[torch.Tensor] = None,
                 bias: Union[None, torch.Tensor, Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
@@ -800,7 +1032,7 @@ class Buffer:
         Args:
             x: bfloat16 ``(N, H)`` in the dispatch receive order (expand mode: ``(N_exp, H)``; each token's rows
                 are first summed in top-k slot order in float32 and rounded to bf16 once), contiguous.
-            handle: the :class:`EPHandle` of the dispatch.
+            handle: the handle of the dispatch.
             topk_weights: float32 ``(N, k)`` or None: sent back and summed the same way.
             bias: None, a bfloat16 ``(T, H)`` tensor, or a pair ``(bias0, bias1)`` (either may be None).
             config: ignored.  previous_event, async_finish, allocate_on_comm_stream: the async model.
@@ -810,11 +1042,29 @@ class Buffer:
             ``bf16(f32(0 + bias0 + bias1) + rows of the destination ranks in ascending rank order)``, float32
             ``(T, k)`` (None without ``topk_weights``), :class:`EventOverlap`.
         """
-        self._alive()
-        if not isinstance(handle, EPHandle):
-            raise TypeError(f"handle must be an EPHandle from Buffer.dispatch, got {type(handle).__name__}")
+        try:
+            self._alive()
+            b0, b1 = self._check_combine(x, handle, topk_weights, bias)
+        except _ERRORS as e:
+            self._fail("combine", e)
+        hdr = Header("combine", self._combine_fields(x, handle, topk_weights), _NAMES)
+        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
+        with ctx.run(keep=(x, topk_weights, b0, b1)):
+            self._agree(hdr)
+            out, wout = self._combine_core(x, handle, topk_weights, b0, b1)
+        ctx.own(out, wout)
+        return out, wout, ctx.event
+
+    def _combine_fields(self, x, h: DispatchHandle, topk_weights):
+        return [("hidden", x.shape[1], True), ("num_topk", h.num_topk, True),
+                ("topk_weights given", int(topk_weights is not None), True), ("num_experts", h.num_experts, True),
+                ("capacity", h.capacity, True), ("expand", int(h.do_expand), False)]
+
+    def _check_combine(self, x, handle, topk_weights, bias, weights_shape=None):
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"handle must be the handle of Buffer.dispatch, got {type(handle).__name__}")
         if handle.num_ranks != self.group_size or handle.rank != self.rank:
-            raise ValueError("handle comes from a Buffer of another group")
+            raise ValueError("handle comes from a buffer of another group")
         check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
         self._check_device("x", x)
         if not x.is_contiguous():
@@ -823,7 +1073,7 @@ class Buffer:
         if x.shape[0] != rows:
             raise ValueError(f"x must have {rows} rows (the handle's {'expanded ' if handle.do_expand else ''}"
                              f"receive rows), got {x.shape[0]}")
-        b0, b1 = (bias, None) if (bias is None or isinstance(bias, torch.Tensor)) else tuple(bias)
+        b0, b1 = _unpack_bias(bias)
         for nm, b in (("bias[0]", b0), ("bias[1]", b1)):
             if b is not None:
                 check_tensor(nm, b, dtypes=(torch.bfloat16,), ndim=2)
@@ -832,21 +1082,16 @@ class Buffer:
                     raise ValueError(f"{nm} must have shape {(handle.num_tokens, x.shape[1])}, got {tuple(b.shape)}")
                 check_inner_contiguous(nm, b)
         if topk_weights is not None:
-            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+            want = weights_shape or (handle.num_recv_rows, handle.num_topk)
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=len(want))
             self._check_device("topk_weights", topk_weights)
-            if tuple(topk_weights.shape) != (handle.num_recv_rows, handle.num_topk):
-                raise ValueError(f"topk_weights must have shape {(handle.num_recv_rows, handle.num_topk)}, got "
-                                 f"{tuple(topk_weights.shape)}")
-        hdr = [_MAGIC, _OP_COMBINE, x.shape[1], _DTYPES[torch.bfloat16], 0, 0, handle.num_topk,
-               int(topk_weights is not None), handle.num_experts, handle.capacity, 0, 0]
-        ctx = self._ctx(previous_event, async_finish, allocate_on_comm_stream)
-        with ctx.run(keep=(x, topk_weights, b0, b1)):
-            self._peer_check(hdr)
-            out, wout = self._combine_impl(x, handle, topk_weights, b0, b1)
-        ctx.own(out, wout)
-        return out, wout, ctx.event
+            if tuple(topk_weights.shape) != tuple(want):
+                raise ValueError(f"topk_weights must have shape {tuple(want)}, got {tuple(topk_weights.shape)}")
+        return b0, b1
 
-    def _combine_impl(self, x, h: EPHandle, topk_weights, b0, b1):
+    def _combine_core(self, x, h: DispatchHandle, topk_weights, b0, b1, row_table: Optional[torch.Tensor] = None):
+        """Combine after the checks.  ``row_table`` int32 ``(T, R)``: per token, the rows of ``back`` to add in
+        column order (``-1`` = none), replacing the ascending-rank order of ``send_slot``."""
         R, dev = self.group_size, self.device
         if h.do_expand:
             with self._phase("prereduce"):
@@ -870,9 +1115,38 @@ class Buffer:
                 back = self._exchange(x, h.send_counts, h.recv_counts)
                 wback = None if w32 is None else self._exchange(w32, h.send_counts, h.recv_counts)
         with self._phase("reduce"):
-            out, wout = combine_reduce(back, h.send_slot, h.send_base, b0, b1,
-                                       None if wback is None else wback.view(torch.float32))
+            if row_table is None:
+                slot, base = h.send_slot, h.send_base
+            else:
+                slot, base = row_table, self._zeros_int32(R)
+            out, wout = combine_reduce(back, slot, base, b0, b1, None if wback is None else wback.view(torch.float32))
         return out, wout
+
+    def _zeros_int32(self, n: int) -> torch.Tensor:
+        key = ("zeros", n)
+        z = self._cache.get(key)
+        if z is None:
+            z = torch.zeros((n,), dtype=torch.int32, device=self.device)
+            self._cache[key] = z
+        return z
+
+    # ----------------------------------------------------------------------------------------------------------
+    # DeepEP's internode entry points: the same engine
+    # ----------------------------------------------------------------------------------------------------------
+    def internode_dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                           is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                           expert_alignment: int = 1, config: Optional[Config] = None, previous_event=None,
+                           async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """:meth:`dispatch` (one exchange level reaches every rank, on or across hosts)."""
+        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, 0, config,
+                             previous_event, async_finish, allocate_on_comm_stream)
+
+    def internode_combine(self, x, handle, topk_weights=None, bias=None, config: Optional[Config] = None,
+                          previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """:meth:`combine` (one exchange level reaches every rank, on or across hosts)."""
+        return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
+                            allocate_on_comm_stream)
 
     # ----------------------------------------------------------------------------------------------------------
     # low-latency (fixed capacity, sync-free, graph-capturable)
@@ -882,7 +1156,8 @@ class Buffer:
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
                              round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
                              return_recv_hook: bool = False, *, topk_weights: Optional[torch.Tensor] = None):
-        """Fixed-capacity dispatch into per-local-expert slabs (no host sync; CUDA-graph capturable).
+        """Fixed-capacity dispatch into per-local-expert slabs (no host sync without ``peer_checks``; CUDA-graph
+        capturable).
 
         Each token goes once to each destination rank (deduplicated) inside a block of ``M`` rows per
         (source, destination) pair: one equal-split ``all_to_all_single`` for the rows and one for the metadata.
@@ -914,50 +1189,56 @@ class Buffer:
             ``recv_count[e]`` rows of slab ``e`` are valid.  ``recv_count`` int32 ``(L,)``;
             :class:`LowLatencyHandle`; :class:`EventOverlap`; the hook (``return_recv_hook``) or None.
         """
-        self._alive()
-        check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
-        self._check_device("x", x)
-        check_inner_contiguous("x", x)
-        check_layout_args(topk_idx, num_experts, self.group_size)
-        self._check_device("topk_idx", topk_idx)
-        M = num_max_dispatch_tokens_per_rank
-        if not _is_int(M) or M < 1:
-            raise ValueError(f"num_max_dispatch_tokens_per_rank must be an int >= 1, got {M!r}")
-        t, hidden = x.shape
-        if t > M:
-            raise ValueError(f"x has {t} tokens, more than num_max_dispatch_tokens_per_rank={M}")
-        if topk_idx.shape[0] != t:
-            raise ValueError(f"topk_idx must have {t} rows, got shape {tuple(topk_idx.shape)}")
-        if dispatch_wait_recv_cost_stats is not None:
-            raise ValueError("dispatch_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
-        k = topk_idx.shape[1]
-        if topk_weights is not None:
-            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
-            if tuple(topk_weights.shape) != (t, k):
-                raise ValueError(f"topk_weights must have shape {(t, k)}, got {tuple(topk_weights.shape)}")
+        try:
+            self._alive()
+            check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+            self._check_device("x", x)
+            check_inner_contiguous("x", x)
+            check_layout_args(topk_idx, num_experts, self.group_size)
+            self._check_device("topk_idx", topk_idx)
+            M = num_max_dispatch_tokens_per_rank
+            if not _is_int(M) or M < 1:
+                raise ValueError(f"num_max_dispatch_tokens_per_rank must be an int >= 1, got {M!r}")
+            t, hidden = x.shape
+            if t > M:
+                raise ValueError(f"x has {t} tokens, more than num_max_dispatch_tokens_per_rank={M}")
+            if topk_idx.shape[0] != t:
+                raise ValueError(f"topk_idx must have {t} rows, got shape {tuple(topk_idx.shape)}")
+            if dispatch_wait_recv_cost_stats is not None:
+                raise ValueError("dispatch_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
+            k = topk_idx.shape[1]
+            if topk_weights is not None:
+                check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+                if tuple(topk_weights.shape) != (t, k):
+                    raise ValueError(f"topk_weights must have shape {(t, k)}, got {tuple(topk_weights.shape)}")
+            _check_recv_stats(cumulative_local_expert_recv_stats, num_experts // self.group_size)
+        except _ERRORS as e:
+            self._fail("low_latency_dispatch", e)
         R = self.group_size
         per = num_experts // R
-        _check_recv_stats(cumulative_local_expert_recv_stats, per)
+        payload = (2 if use_ue8m0 else 1) if use_fp8 else 0
+        sw = (ceil_div(hidden, 512) if use_ue8m0 else ceil_div(hidden, 128)) if use_fp8 else 0
+        hdr = Header("low_latency_dispatch", [
+            ("hidden", hidden, True), ("payload", payload, True), ("num_topk", k, True),
+            ("topk_weights given", int(topk_weights is not None), True), ("num_experts", num_experts, True),
+            ("num_max_dispatch_tokens_per_rank", M, True), ("num_tokens", t, False)], _NAMES)
         ctx = self._ctx(None, async_finish, False)
+        masked = self._masked_topk(topk_idx, num_experts)
+        route = topk_idx if masked is None else masked
         with ctx.run(keep=(x, topk_idx, topk_weights)):
-            sf_hdr = (((hidden + 511) // 512, _DTYPES[torch.int32]) if use_ue8m0 else
-                      ((hidden + 127) // 128, _DTYPES[torch.float32])) if use_fp8 else (0, 0)
-            self._peer_check([_MAGIC, _OP_LL_DISPATCH, hidden,
-                              _DTYPES[torch.float8_e4m3fn if use_fp8 else torch.bfloat16], sf_hdr[0], sf_hdr[1], k,
-                              int(topk_weights is not None), num_experts, M, 0, 0])
+            self._agree(hdr)
             with self._phase("layout"):
-                _, _, _, slot, _ = dispatch_layout(topk_idx, num_experts, R)
+                _, _, _, slot, _ = dispatch_layout(route, num_experts, R)
             if use_fp8:
                 data, sf = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
                 sf_words = sf.view(torch.int32) if sf.dtype == torch.float32 else sf
             else:
                 data, sf, sf_words = x, None, None
-            sw = 0 if sf is None else sf.shape[1]
             base = self._arange_base(M)
             x_words = as_words(data)
             with self._phase("pack"):
                 send_x = pack_rows(x_words, slot, base, R * M)
-                send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, R * M, per, k, fill=-1)
+                send_meta = pack_meta(route, topk_weights, sf_words, slot, base, R * M, per, k, fill=-1)
             with self._phase("exchange"):
                 stage_x = torch.empty_like(send_x)
                 stage_meta = torch.empty_like(send_meta)
@@ -971,10 +1252,11 @@ class Buffer:
                 # DeepEP layout: column-major in the last two dims
                 recv_x = (recv_data, empty((per, sw, R * M), sf.dtype, self.device).transpose(1, 2))
             recv_count = empty((per,), torch.int32, self.device)
+            ver = _version(topk_weights)
             handle = LowLatencyHandle(
                 src_info=None, layout_range=None, num_max_dispatch_tokens_per_rank=M, hidden=hidden,
                 num_experts=num_experts, send_slot=slot, pos=None, recv_weights=None, num_tokens=t, num_topk=k,
-                weights_src=None if topk_weights is None else (topk_weights, topk_weights._version))
+                weights_src=None if topk_weights is None or ver is None else (topk_weights, ver), topk_idx=masked)
             stats = cumulative_local_expert_recv_stats
 
             def finish() -> None:
@@ -984,11 +1266,8 @@ class Buffer:
                 with self._phase("unpack"):
                     r_idx, r_w, r_src, r_sf = unpack_meta(stage_meta, None, k, True, topk_weights is not None, sw)
                     pos, count, src_info, layout_range = ll_positions(r_idx, r_src, per, R, M)
-                    zeros = self._cache.get(("zeros", k))
-                    if zeros is None:
-                        zeros = torch.zeros((k,), dtype=torch.int32, device=self.device)
-                        self._cache[("zeros", k)] = zeros
                     # received row -> slab row pos[row, j] for every slot j that selected a local expert
+                    zeros = self._zeros_int32(k)
                     scatter_rows_into(stage_x, pos, zeros, slab)
                     if sf is not None:
                         sf_rows = empty((per * R * M, sw), torch.int32, self.device)
@@ -1022,6 +1301,8 @@ class Buffer:
 
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> torch.Tensor:
         """The bfloat16 ``(L, R*M, H)`` buffer that ``low_latency_combine(..., zero_copy=True)`` reads."""
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle must be a LowLatencyHandle, got {type(handle).__name__}")
         per = handle.num_experts // self.group_size
         shape = (per, self.group_size * handle.num_max_dispatch_tokens_per_rank, handle.hidden)
         buf = self._cache.get(("ll_combine", shape))
@@ -1056,45 +1337,53 @@ class Buffer:
         Returns:
             ``(combined_x, event, hook)``: bfloat16 ``(T, H)``, :class:`EventOverlap`, a no-op callable or None.
         """
-        self._alive()
-        if use_logfmt:
-            raise ValueError("use_logfmt=True (LogFMT) is not supported by tritile.ep")
-        if combine_wait_recv_cost_stats is not None:
-            raise ValueError("combine_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
-        if not isinstance(handle, LowLatencyHandle):
-            raise TypeError(f"handle must be a LowLatencyHandle, got {type(handle).__name__}")
-        R, M, hidden = self.group_size, handle.num_max_dispatch_tokens_per_rank, handle.hidden
-        per = handle.num_experts // R
-        if zero_copy:
-            x = self.get_next_low_latency_combine_buffer(handle)
-        check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=3)
-        if tuple(x.shape) != (per, R * M, hidden) or not x.is_contiguous():
-            raise ValueError(f"x must be a contiguous ({per}, {R * M}, {hidden}) tensor, got shape {tuple(x.shape)}")
-        check_tensor("topk_idx", topk_idx, dtypes=(torch.int64, torch.int32), ndim=2)
-        if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk):
-            raise ValueError(f"topk_idx must have shape {(handle.num_tokens, handle.num_topk)}, got "
-                             f"{tuple(topk_idx.shape)}")
-        if topk_weights is None and handle.recv_weights is None:
-            raise ValueError("topk_weights is required unless they were given to low_latency_dispatch")
-        if topk_weights is not None:
-            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
-            if tuple(topk_weights.shape) != tuple(topk_idx.shape):
-                raise ValueError(f"topk_weights must have shape {tuple(topk_idx.shape)}, got "
-                                 f"{tuple(topk_weights.shape)}")
-        if out is not None:
-            check_tensor("out", out, dtypes=(torch.bfloat16,), ndim=2)
-            if tuple(out.shape) != (handle.num_tokens, hidden):
-                raise ValueError(f"out must have shape {(handle.num_tokens, hidden)}, got {tuple(out.shape)}")
+        try:
+            self._alive()
+            if use_logfmt:
+                raise ValueError("use_logfmt=True (LogFMT) is not supported by tritile.ep")
+            if combine_wait_recv_cost_stats is not None:
+                raise ValueError("combine_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
+            if not isinstance(handle, LowLatencyHandle):
+                raise TypeError(f"handle must be a LowLatencyHandle, got {type(handle).__name__}")
+            R, M, hidden = self.group_size, handle.num_max_dispatch_tokens_per_rank, handle.hidden
+            per = handle.num_experts // R
+            if zero_copy:
+                x = self.get_next_low_latency_combine_buffer(handle)
+            check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=3)
+            if tuple(x.shape) != (per, R * M, hidden) or not x.is_contiguous():
+                raise ValueError(f"x must be a contiguous ({per}, {R * M}, {hidden}) tensor, got shape "
+                                 f"{tuple(x.shape)}")
+            check_tensor("topk_idx", topk_idx, dtypes=(torch.int64, torch.int32), ndim=2)
+            if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk):
+                raise ValueError(f"topk_idx must have shape {(handle.num_tokens, handle.num_topk)}, got "
+                                 f"{tuple(topk_idx.shape)}")
+            if topk_weights is None and handle.recv_weights is None:
+                raise ValueError("topk_weights is required unless they were given to low_latency_dispatch")
+            if topk_weights is not None:
+                check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+                if tuple(topk_weights.shape) != tuple(topk_idx.shape):
+                    raise ValueError(f"topk_weights must have shape {tuple(topk_idx.shape)}, got "
+                                     f"{tuple(topk_weights.shape)}")
+            if out is not None:
+                check_tensor("out", out, dtypes=(torch.bfloat16,), ndim=2)
+                if tuple(out.shape) != (handle.num_tokens, hidden):
+                    raise ValueError(f"out must have shape {(handle.num_tokens, hidden)}, got {tuple(out.shape)}")
+        except _ERRORS as e:
+            self._fail("low_latency_combine", e)
+        hdr = Header("low_latency_combine", [
+            ("hidden", hidden, True), ("num_topk", handle.num_topk, True),
+            ("topk_weights given", int(topk_weights is not None), True), ("num_experts", handle.num_experts, True),
+            ("num_max_dispatch_tokens_per_rank", M, True)], _NAMES)
         ctx = self._ctx(None, async_finish, False)
         with ctx.run(keep=(x, topk_idx, topk_weights, out)):
-            self._peer_check([_MAGIC, _OP_LL_COMBINE, hidden, _DTYPES[torch.bfloat16], 0, 0, handle.num_topk,
-                              int(topk_weights is not None), handle.num_experts, M, 0, 0])
+            self._agree(hdr)
             base = self._arange_base(M)
             same = (handle.weights_src is not None and topk_weights is handle.weights_src[0]
-                    and topk_weights._version == handle.weights_src[1])
+                    and _version(topk_weights) == handle.weights_src[1])
             if topk_weights is not None and not same:
+                route = topk_idx if handle.topk_idx is None else handle.topk_idx
                 with self._phase("pack"):
-                    send_w = pack_meta(topk_idx, topk_weights, None, handle.send_slot, base, R * M, per,
+                    send_w = pack_meta(route, topk_weights, None, handle.send_slot, base, R * M, per,
                                        handle.num_topk, fill=-1)
                 with self._phase("exchange"):
                     stage_w = self._exchange(send_w)
@@ -1113,6 +1402,42 @@ class Buffer:
         ctx.own(res)
         hook = (lambda: None) if return_recv_hook else None
         return res, ctx.event, hook
+
+
+def _start_d2h(t: torch.Tensor):
+    """Start copying a small device tensor to the host without waiting for later work on the stream: ``(host
+    tensor, event)`` for :func:`_finish_d2h`."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    return host, ev
+
+
+def _finish_d2h(host: torch.Tensor, ev) -> torch.Tensor:
+    if ev is not None:
+        ev.synchronize()
+    return host
+
+
+def _expand_rows(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """``tritile.moe.expand_to_fused`` (zero rows where no slot lands), or its ``tritile.torch`` twin for CPU
+    tensors without the Triton interpreter."""
+    if kernel_device_ok(x.device):
+        from ..moe import expand_to_fused
+    else:
+        from ..torch import expand_to_fused
+    return expand_to_fused(x, token_topk_to_pos, pos_to_expert)
+
+
+def _expand_weights(w: torch.Tensor, pos_to_token_topk: torch.Tensor) -> torch.Tensor:
+    """float32 ``(N_exp,)``: the weight of each expanded row (``w.flatten()[pos_to_token_topk]``), 0 on padding."""
+    flat = w.reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros(pos_to_token_topk.shape, dtype=torch.float32, device=w.device)
+    return torch.where(pos_to_token_topk >= 0, flat[pos_to_token_topk.clamp(min=0).long()], 0.0)
 
 
 def _cast_e4m3(x: torch.Tensor, round_sf: bool, ue8m0: bool) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 __all__ = [
     "dispatch_layout_ref", "pack_rows_ref", "pack_meta_ref", "gather_rows_ref", "unpack_meta_ref",
-    "combine_reduce_ref", "ll_positions_ref", "dispatch_reference", "combine_reference", "low_latency_reference",
+    "combine_reduce_ref", "ll_positions_ref", "fused_mapping_ref", "dispatch_reference", "combine_reference", "low_latency_reference",
     "low_latency_combine_reference",
 ]
 
@@ -157,6 +157,36 @@ def ll_positions_ref(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_e
         begin = per_src.cumsum(0) - per_src
         layout_range[e] = (begin << 32) | per_src
     return pos, count, src_info, layout_range
+
+
+def fused_mapping_ref(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int):
+    """Twin of the parts of :func:`tritile.moe.get_fused_mapping` the expand mode uses: ``(pos_to_expert,
+    pos_to_token_topk, token_topk_to_pos, expert_start)``, int32, with ``num_expanded`` positions (slots past
+    them are dropped).  Each expert's segment starts at the aligned sum of the earlier ones; inside it the valid
+    slots come first in ascending flat index ``t*K + k``."""
+    dev = topk_idx.device
+    t, k = topk_idx.shape
+    flat = topk_idx.reshape(-1).long()
+    valid = (flat >= 0) & (flat < num_experts)
+    counts = torch.bincount(flat[valid], minlength=num_experts)
+    seg = (counts + alignment - 1) // alignment * alignment
+    start = seg.cumsum(0) - seg
+    key = torch.where(valid, flat, num_experts)
+    order = torch.argsort(key, stable=True)
+    n_valid = int(valid.sum())
+    order = order[:n_valid]
+    e = key[order]
+    first = counts.cumsum(0) - counts
+    pos = start[e] + torch.arange(n_valid, device=dev) - first[e]
+    keep = pos < num_expanded
+    order, e, pos = order[keep], e[keep], pos[keep]
+    ttp = torch.full((t * k,), -1, dtype=torch.int32, device=dev)
+    ttp[order] = pos.to(torch.int32)
+    p2tt = torch.full((num_expanded,), -1, dtype=torch.int32, device=dev)
+    p2tt[pos] = order.to(torch.int32)
+    p2e = torch.full((num_expanded,), -1, dtype=torch.int32, device=dev)
+    p2e[pos] = e.to(torch.int32)
+    return p2e, p2tt, ttp.reshape(t, k), start.to(torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------------------------

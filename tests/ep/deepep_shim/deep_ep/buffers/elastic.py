@@ -1,0 +1,1 @@
+from tritile.ep import ElasticBuffer, EPHandle  # noqa: F401

@@ -1,0 +1,1 @@
+from tritile.ep import Buffer  # noqa: F401
