@@ -73,7 +73,8 @@ TESTS=(
   "test_intranode|legacy|--num-tokens 64 --hidden 256 --num-topk 4 --num-experts 24||[tuning]|1"
   "test_low_latency|legacy|--num-tokens 64 --hidden 1024 --num-topk 6 --num-experts 48||Dispatch + combine bandwidth|1"
   "test_ep|elastic|--num-tokens 32 --hidden 256 --num-topk 4 --num-experts 24 --skip-perf-test|--skip-perf-test||1"
-  "test_ep_sync_free|elastic|--num-tokens 32 --hidden 256 --num-topk 4 --num-experts 24 --skip-perf-test --do-cpu-sync 0 --allow-multiple-reduction 0 --masked-ratio 0.25 --deterministic --test-first-only|--skip-perf-test --do-cpu-sync 0 --allow-multiple-reduction 0 --masked-ratio 0.25 --deterministic||1"
+  "test_ep_sync_free|elastic|--num-tokens 32 --hidden 256 --num-topk 4 --num-experts 24 --skip-perf-test --do-cpu-sync 0 --allow-multiple-reduction 0 --masked-ratio 0.25|--skip-perf-test --do-cpu-sync 0 --allow-multiple-reduction 0 --masked-ratio 0.25||1"
+  "test_ep_deterministic|elastic|--num-tokens 32 --hidden 256 --num-topk 4 --num-experts 24 --skip-perf-test --deterministic --unbalanced-ratio 2 --test-first-only|--skip-perf-test --deterministic --unbalanced-ratio 2||1"
   "test_engram|elastic|--num-entries 2048 --hidden 128 --num-tokens 64 --num-entries-per-token 8|||1"
   "test_engram_fp8|elastic|--num-entries 2048 --hidden 256 --num-tokens 64 --num-entries-per-token 8 --use-fp8|--use-fp8||1"
   "test_pp|elastic|--num-tokens 64 --hidden 256 --num-stress-iterations 2 --num-sends 64||All stress tests passed|2"
@@ -99,7 +100,7 @@ FAILED=0
 PORT=$((29500 + RANDOM % 2000))
 for entry in "${TESTS[@]}"; do
   IFS='|' read -r name dir cpu_args gpu_args marker min_ranks <<< "$entry"
-  script="${name%_sync_free}"; script="${script%_fp8}"
+  script="${name%_sync_free}"; script="${script%_deterministic}"; script="${script%_fp8}"
   if [ -n "$ONLY" ] && ! printf '%s\n' $ONLY | grep -qx -e "$name" -e "$script"; then continue; fi
   [ -f "$DEEPEP/tests/$dir/$script.py" ] || continue
   for r in $RANKS; do

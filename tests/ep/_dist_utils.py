@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from datetime import timedelta
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,17 @@ def _entry(rank: int, world: int, init: str, fn, args) -> None:
         dist.destroy_process_group()
 
 
-def spawn(fn, world: int, *args) -> None:
-    """Run ``fn(rank, world, *args)`` in ``world`` processes; a failure in any re-raises here."""
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_entry, args=(world, os.path.join(d, "rendezvous"), fn, args), nprocs=world, join=True)
+def spawn(fn, world: int, *args, env: Optional[Dict[str, str]] = None) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes; a failure in any re-raises here.  ``env``: variables
+    the processes start with (e.g. ``TRITON_INTERPRET=0``: CPU tensors take tritile.ep's pure-torch twins)."""
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            mp.spawn(_entry, args=(world, os.path.join(d, "rendezvous"), fn, args), nprocs=world, join=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -395,7 +395,10 @@ def _worker(rank: int, world: int, seed: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_elastic_multiproc(world):
-    """Every check of the module docstring with ``world`` ranks (on the CPU, a subset for three and four)."""
+    """Every check of the module docstring with ``world`` ranks.  On the CPU two ranks run the Triton kernels under
+    the interpreter; three and four ranks (one case each) run tritile.ep's pure-torch twins of them, to keep the
+    suite's time (the twins are checked against the kernels in tests/ep/test_{layout,pack,reduce,ll}.py)."""
     if not can_run(world):
         pytest.skip(f"needs {world} GPUs for NCCL ranks, found {torch.cuda.device_count()}")
-    spawn(_worker, world, world)
+    twins = not use_nccl() and world > 2
+    spawn(_worker, world, world, env={"TRITON_INTERPRET": "0"} if twins else None)

@@ -73,7 +73,8 @@ Benchmark hooks
     ``Buffer(peer_checks=False)`` removes the header checks' extra collective and host sync (measure with it off).
 """
 
-from ._dist import EventHandle, EventOverlap, PeerFailure, get_logical_domain_size, get_physical_domain_size  # noqa: F401
+from ._dist import (EventHandle, EventOverlap, PeerFailure, get_logical_domain_size,  # noqa: F401
+                    get_physical_domain_size)
 from .buffer import Buffer, Config, DispatchHandle, LowLatencyHandle, topk_idx_t  # noqa: F401
 from .elastic import ElasticBuffer, EPHandle  # noqa: F401
 

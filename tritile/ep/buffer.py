@@ -20,7 +20,8 @@ from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header
                     group_device, physical_domain)
 from .layout import check_layout_args, dispatch_layout
 from .ll import ll_positions
-from .pack import as_words, gather_rows, pack_meta, pack_rows, scatter_rows_into, unpack_meta
+from .pack import (as_words, gather_rows, meta_width, pack_meta, pack_meta_into, pack_rows, scatter_rows_into,
+                   unpack_meta)
 from .reduce import combine_reduce
 
 __all__ = ["Buffer", "Config", "DispatchHandle", "LowLatencyHandle", "EventOverlap", "EventHandle", "topk_idx_t"]
@@ -334,6 +335,7 @@ class Buffer:
         self._destroyed = False
         self._mask = [False] * self.group_size
         self._local_buffers: dict = {}
+        self._ll_parity: dict = {}
         self.num_rdma_ranks, self.num_nvl_ranks, _ = physical_domain(self.group)
         # the constructor's collective: every rank must pass the same peer_checks (it decides which calls
         # exchange headers)
@@ -1130,6 +1132,22 @@ class Buffer:
             self._cache[key] = z
         return z
 
+    def _scratch(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An internal buffer of the low-latency path, reused across calls: two sets alternate per call (a call's
+        buffers stay untouched until the call after next, so one exchange may wait behind its hook while the next
+        call runs); fresh during CUDA-graph capture (a graph keeps its own)."""
+        if self._capturing():
+            return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        key = ("scratch", name, self._ll_parity.get(name[:2], 0))
+        t = self._cache.get(key)
+        if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            self._cache[key] = t
+        return t
+
+    def _ll_next(self, kind: str) -> None:
+        self._ll_parity[kind] = 1 - self._ll_parity.get(kind, 0)
+
     # ----------------------------------------------------------------------------------------------------------
     # DeepEP's internode entry points: the same engine
     # ----------------------------------------------------------------------------------------------------------
@@ -1236,12 +1254,16 @@ class Buffer:
                 data, sf, sf_words = x, None, None
             base = self._arange_base(M)
             x_words = as_words(data)
+            self._ll_next("d:")
             with self._phase("pack"):
-                send_x = pack_rows(x_words, slot, base, R * M)
-                send_meta = pack_meta(route, topk_weights, sf_words, slot, base, R * M, per, k, fill=-1)
+                send_x = scatter_rows_into(x_words, slot, base,
+                                           self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype))
+                width = meta_width(k, True, topk_weights is not None, sw)
+                send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32).fill_(-1)
+                pack_meta_into(route, topk_weights, sf_words, slot, base, per, k, send_meta)
             with self._phase("exchange"):
-                stage_x = torch.empty_like(send_x)
-                stage_meta = torch.empty_like(send_meta)
+                stage_x = self._scratch("d:stage_x", send_x.shape, send_x.dtype)
+                stage_meta = self._scratch("d:stage_meta", send_meta.shape, torch.int32)
                 works = [a2a_rows(stage_x, send_x, None, None, self.group, async_op=return_recv_hook),
                          a2a_rows(stage_meta, send_meta, None, None, self.group, async_op=return_recv_hook)]
             # the outputs exist now; with a hook they are filled when it runs
@@ -1270,7 +1292,7 @@ class Buffer:
                     zeros = self._zeros_int32(k)
                     scatter_rows_into(stage_x, pos, zeros, slab)
                     if sf is not None:
-                        sf_rows = empty((per * R * M, sw), torch.int32, self.device)
+                        sf_rows = self._scratch("d:sf_rows", (per * R * M, sw), torch.int32)
                         scatter_rows_into(r_sf, pos, zeros, sf_rows)
                         recv_x[1].copy_(sf_rows.view(sf.dtype).view(per, R * M, sw))
                     recv_count.copy_(count)
@@ -1380,20 +1402,24 @@ class Buffer:
             base = self._arange_base(M)
             same = (handle.weights_src is not None and topk_weights is handle.weights_src[0]
                     and _version(topk_weights) == handle.weights_src[1])
+            self._ll_next("c:")
             if topk_weights is not None and not same:
                 route = topk_idx if handle.topk_idx is None else handle.topk_idx
+                kk = handle.num_topk
                 with self._phase("pack"):
-                    send_w = pack_meta(route, topk_weights, None, handle.send_slot, base, R * M, per,
-                                       handle.num_topk, fill=-1)
+                    send_w = self._scratch("c:send_w", (R * M, meta_width(kk, True, True, 0)), torch.int32).fill_(-1)
+                    pack_meta_into(route, topk_weights, None, handle.send_slot, base, per, kk, send_w)
                 with self._phase("exchange"):
-                    stage_w = self._exchange(send_w)
-                recv_w = unpack_meta(stage_w, None, handle.num_topk, True, True, 0)[1]
+                    stage_w = self._scratch("c:stage_w", send_w.shape, torch.int32)
+                    a2a_rows(stage_w, send_w, None, None, self.group)
+                recv_w = unpack_meta(stage_w, None, kk, True, True, 0)[1]
             else:
                 recv_w = handle.recv_weights
             with self._phase("prereduce"):
                 part = _reduce_fused(x.view(per * R * M, hidden), recv_w, handle.pos)
             with self._phase("exchange"):
-                back = self._exchange(part)
+                back = self._scratch("c:back", part.shape, part.dtype)
+                a2a_rows(back, part, None, None, self.group)
             with self._phase("reduce"):
                 res, _ = combine_reduce(back, handle.send_slot, base)
             if out is not None:

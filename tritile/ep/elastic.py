@@ -25,8 +25,7 @@ import torch.distributed as dist
 from ..config import get_device_num_sms
 from ..runtime import check_inner_contiguous, check_tensor
 from ..utils import align
-from ._dist import (HEADER_WORDS, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
-                    get_logical_domain_size)
+from ._dist import HEADER_WORDS, EventHandle, Header, a2a_rows, exchange_header, get_logical_domain_size
 from .buffer import _DTYPES, _ERRORS, _MODE_CACHED, _NAMES, Buffer, DispatchHandle, _is_int
 from .layout import check_layout_args
 from .reduce import combine_reduce
@@ -545,8 +544,9 @@ class ElasticBuffer:
             eng._fail("dispatch", e, always)
         if cached:
             core = handle._core
-            hdr = Header("dispatch", eng._dispatch_fields(_MODE_CACHED, data, sf, core.num_topk, topk_weights is not None,
-                                                          E, core.capacity, M), _NAMES)
+            fields = eng._dispatch_fields(_MODE_CACHED, data, sf, core.num_topk, topk_weights is not None, E,
+                                          core.capacity, M)
+            hdr = Header("dispatch", fields, _NAMES)
             with ctx.run(keep=(data, sf, topk_weights)):
                 eng._agree(hdr)
                 recv_x, recv_idx, recv_w = eng._cached_core(data, sf, sf_1d, core, use_tma_aligned_col_major_sf,

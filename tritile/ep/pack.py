@@ -29,7 +29,8 @@ from ..language.pdl import pdl_enter
 from ..runtime import check_tensor, custom_op, empty, interpreter_configs, kernel_device_ok
 from ..utils import ceil_div, next_power_of_two
 
-__all__ = ["as_words", "pack_rows", "pack_meta", "gather_rows", "unpack_meta", "meta_width"]
+__all__ = ["as_words", "pack_rows", "pack_meta", "gather_rows", "unpack_meta", "meta_width", "scatter_rows_into",
+           "pack_meta_into"]
 
 _INTERPRET = interpreter_configs()
 
@@ -205,13 +206,24 @@ def _pack_meta_fake(topk_idx, topk_weights, sf, send_slot, base, num_rows, exper
 def _pack_meta_op(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
                   send_slot: torch.Tensor, base: torch.Tensor, num_rows: int, experts_per_rank: int,
                   num_topk: int, fill: Optional[int]) -> torch.Tensor:
-    has_idx, has_w = topk_idx is not None, topk_weights is not None
     sf_w = 0 if sf is None else sf.shape[1]
-    width = meta_width(num_topk, has_idx, has_w, sf_w)
+    width = meta_width(num_topk, topk_idx is not None, topk_weights is not None, sf_w)
     if fill is None:
         out = empty((num_rows, width), torch.int32, send_slot.device)
     else:
         out = torch.full((num_rows, width), fill, dtype=torch.int32, device=send_slot.device)
+    return pack_meta_into(topk_idx, topk_weights, sf, send_slot, base, experts_per_rank, num_topk, out)
+
+
+def pack_meta_into(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
+                   send_slot: torch.Tensor, base: torch.Tensor, experts_per_rank: int, num_topk: int,
+                   out: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_meta` into a given contiguous int32 ``out`` of the metadata width (internal: no checks; rows no
+    slot targets keep their contents, so a caller that needs them marked fills ``out`` first)."""
+    has_idx, has_w = topk_idx is not None, topk_weights is not None
+    sf_w = 0 if sf is None else sf.shape[1]
+    width = out.shape[1]
+    num_rows = out.shape[0]
     if not kernel_device_ok(send_slot.device):
         from .ref import pack_meta_ref
 

@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 __all__ = [
     "dispatch_layout_ref", "pack_rows_ref", "pack_meta_ref", "gather_rows_ref", "unpack_meta_ref",
-    "combine_reduce_ref", "ll_positions_ref", "fused_mapping_ref", "dispatch_reference", "combine_reference", "low_latency_reference",
-    "low_latency_combine_reference",
+    "combine_reduce_ref", "ll_positions_ref", "fused_mapping_ref", "dispatch_reference", "combine_reference",
+    "low_latency_reference", "low_latency_combine_reference",
 ]
 
 
