@@ -1,9 +1,17 @@
-"""tritile.ep: expert-parallel dispatch / combine with DeepEP v1's API, on torch.distributed.
+"""tritile.ep: expert-parallel dispatch / combine with DeepEP's APIs (v1 ``Buffer``, v2 ``ElasticBuffer``), on
+torch.distributed.
 
 ``tritile.ep.Buffer(group)`` offers DeepEP v1's methods and return tuples: ``get_dispatch_layout``, ``dispatch``
-(also cached, through ``handle=``), ``combine``, ``low_latency_dispatch`` / ``low_latency_combine``,
-``get_next_low_latency_combine_buffer``, ``capture``, ``get_comm_stream``, ``destroy``; plus ``EPHandle``,
-``LowLatencyHandle``, ``EventOverlap``, ``Config`` (advisory) and ``topk_idx_t``.
+(also cached, through ``handle=``), ``combine``, ``internode_dispatch`` / ``internode_combine`` (the same engine),
+``low_latency_dispatch`` / ``low_latency_combine``, ``get_next_low_latency_combine_buffer``, the low-latency rank
+mask calls, ``get_local_buffer_tensor``, static ``capture`` and ``is_sm90_compiled``, ``get_comm_stream``,
+``destroy``.  ``tritile.ep.ElasticBuffer(group)`` offers DeepEP v2's: ``dispatch`` / ``combine`` with an
+:class:`EPHandle`, ``engram_write`` / ``engram_fetch``, ``pp_set_config`` / ``pp_send`` / ``pp_recv``, the AGRS
+session calls and ``all_gather`` (plus a deterministic ``reduce_scatter``), ``barrier``, the size hints, the
+domain sizes and the (advisory) analytical SM / QP counts.  Also exported: ``DispatchHandle`` (v1's handle,
+indexable as DeepEP's tuple), ``LowLatencyHandle``, ``EventOverlap``, ``EventHandle``, ``Config`` (advisory),
+``PeerFailure``, ``topk_idx_t``, ``get_physical_domain_size`` and ``get_logical_domain_size``.  ``docs/EP.md``
+lists what differs from DeepEP, call by call.
 
 Engine
     NCCL groups (CUDA tensors) or gloo groups (CPU tensors); ranks come from ``torchrun`` or
@@ -28,20 +36,25 @@ Contract (stricter than DeepEP)
       (expand mode first sums each token's local rows in top-k slot order, one bf16 rounding per rank); combined
       weights are summed the same way, so they equal the original weights.  Bit-exact against
       :func:`tritile.ep.ref.combine_reference` and reproducible run to run.
+    * ``ElasticBuffer.combine`` sums in DeepEP v2's reference order instead: the biases, then each destination
+      rank's row in the order of that rank's last top-k slot (bit-exact against DeepEP's ``refs.combine``).
     * Low-latency combine is weighted (``sum_j w[t, j] * y``), float32 accumulation.
 
 Arguments
-    DeepEP-only arguments that cannot apply are accepted and ignored: ``num_nvl_bytes``, ``num_rdma_bytes``,
-    ``num_qps_per_rank``, ``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``num_tokens_per_rdma_rank``,
-    ``config`` / ``Config`` (SM counts and chunk sizes), ``Buffer.set_num_sms``.  Unsupported ones that would
-    change results raise ``ValueError``: ``enable_shrink``, ``use_logfmt``, the ``*_wait_recv_cost_stats`` tensors.
+    DeepEP-only arguments that cannot apply are accepted and ignored: ``num_qps_per_rank``,
+    ``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``num_tokens_per_rdma_rank``, ``config`` / ``Config``
+    (SM counts and chunk sizes), ``Buffer.set_num_sms``, v2's ``num_sms`` / ``num_qps`` / buffer sizes (checked).
+    ``num_nvl_bytes`` / ``num_rdma_bytes`` only size ``get_local_buffer_tensor``'s scratch memory.  Unsupported
+    ones that would change results raise ``ValueError``: ``comm``, ``use_logfmt``, the ``*_wait_recv_cost_stats``
+    tensors.
     ``low_latency_dispatch(return_recv_hook=True)`` issues the exchange asynchronously and returns a hook that
     waits for it and places the rows: an "async hook", **not zero-SM** (NCCL kernels run on SMs while the exchange
     is in flight).  ``low_latency_combine``'s hook is a no-op (the combine has completed on its stream).
 
 Low-latency path
-    Fixed capacity ``M`` rows per (source, destination) pair, equal splits, no host sync, no host-to-device copy:
-    capturable in a CUDA graph (after one eager warm-up call).  Rows are deduplicated per rank (DeepEP's LL sends
+    Fixed capacity ``M`` rows per (source, destination) pair, equal splits, no host sync (without peer checks), no
+    host-to-device copy, staging buffers reused across calls: capturable in a CUDA graph (after one eager warm-up
+    call).  Rows are deduplicated per rank (DeepEP's LL sends
     one copy per (token, expert)).  Output slabs ``(L, R*M, H)`` with rows in ascending source rank / token order.
 
 Async model
@@ -51,15 +64,16 @@ Async model
     no-ops with the same return types.
 
 Errors and timeouts
-    Arguments are checked locally before any collective.  Uncached dispatch exchanges a header with the counts,
-    so mismatched hidden sizes, dtypes, top-k, expert counts or expert ids outside ``[-1, E)`` raise the same
-    ``ValueError`` on every rank.  With ``Buffer(peer_checks=True)`` (the default) combine, cached dispatch and
-    the low-latency calls exchange the header too (one extra tiny collective and a host sync) and
-    ``num_worst_tokens`` dispatch syncs on its header; never during CUDA-graph capture.  ``peer_checks=False``
-    makes those paths sync-free; mismatched arguments are then undefined behaviour of the collective.  Sync-free
-    paths drop expert ids outside ``[-1, E)`` (``TRITILE_CHECKS=1`` raises).  Collectives use the process
-    group's timeout: create groups with a short one (e.g. 60 s) so that a rank that fails makes the others raise
-    instead of hanging.
+    Arguments are checked locally first; then every call's first collective is a fixed-size header all-gather
+    (the call, the arguments that must agree, a status), so mismatched hidden sizes, dtypes, top-k, expert counts
+    or capacities raise the same ``ValueError`` on every rank, and a rank that fails locally raises its own error
+    while its peers raise :class:`PeerFailure` naming it.  Uncached dispatch always exchanges the header (with the
+    counts, whose host sync it needs anyway); combine, cached and fixed-capacity dispatch and the low-latency calls
+    do only with ``peer_checks`` (default True, or ``TRITILE_EP_PEER_CHECKS``): one tiny all-gather and a host
+    sync, never during CUDA-graph capture.  ``peer_checks=False`` makes those paths sync-free; mismatched arguments
+    are then undefined behaviour of the collective.  Sync-free paths drop expert ids outside ``[-1, E)``
+    (``TRITILE_CHECKS=1`` raises).  Collectives use the process group's timeout (``ElasticBuffer``'s header
+    exchange also ``num_cpu_timeout_secs`` on gloo): create groups with a short one (e.g. 60 s).
 
 Autograd (MoE layers)
     The backward of ``dispatch`` is ``combine`` of the gradient of ``recv_x`` (and of ``recv_topk_weights`` through

@@ -509,7 +509,8 @@ class Buffer:
         when this call exchanges none."""
         if not self._checks_on(always):
             return None
-        return exchange_header(self.group, self.device, header, extra=extra, timeout_s=self._timeout_s)
+        with self._phase("notify"):
+            return exchange_header(self.group, self.device, header, extra=extra, timeout_s=self._timeout_s)
 
     def _arange_base(self, capacity: int) -> torch.Tensor:
         key = ("base", capacity)
