@@ -6,7 +6,7 @@ import torch
 from tritile.config import set_num_sms, get_num_sms
 from tritile.modeling.mhc.ops.head_compute_mix import mhc_head_compute_mix
 from tritile.testing import pick
-from tritile.torch.mhc import mhc_head_compute_mix_ref
+from tritile.torch.mhc import _head_compute_mix_bwd_tk, mhc_head_compute_mix_ref
 
 EPS = 1e-2
 
@@ -29,6 +29,12 @@ def test_head_compute_mix_comprehensive(device, n0, n1):
     ref = _tester(mhc_head_compute_mix_ref, x, scale, base, grad)
     for a, b in zip(res, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # TileKernels' order, bit for bit: q = (s (1 - s)) g; one row of partial sums per SM (32-token blocks, lanes
+    # (token, j), chains and butterflies) added by torch.sum
+    t = n0 * n1
+    want = _head_compute_mix_bwd_tk(x.view(t, 4), scale, base, grad.view(t, 4), get_num_sms())
+    assert torch.equal(res[1].view(t, 4), want[0])
+    assert torch.equal(res[2], want[1]) and torch.equal(res[3], want[2])
 
 
 def test_head_compute_mix_deterministic_and_strided(device):
@@ -45,6 +51,8 @@ def test_head_compute_mix_deterministic_and_strided(device):
         set_num_sms(old)
     for u, v in zip(a, b):
         torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-6)
+    want = _head_compute_mix_bwd_tk(x.reshape(18, 4), scale, base, grad.view(18, 4), 1)
+    assert torch.equal(b[2], want[1]) and torch.equal(b[3], want[2])  # the partial rows follow the SM count
     ref = _tester(mhc_head_compute_mix_ref, x, scale, base, grad)
     for u, v in zip(a, ref):
         torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-5)
@@ -68,6 +76,8 @@ def test_head_compute_mix_bad_input(device):
     s, b = torch.randn(1, device=device), torch.randn(4, device=device)
     with pytest.raises(ValueError, match="input_mix"):
         mhc_head_compute_mix(x.view(3, 4), s, b, EPS)
+    with pytest.raises(ValueError, match="mhc_pre_eps must be positive"):
+        mhc_head_compute_mix(x, s, b, 0.0)
     with pytest.raises(TypeError, match="input_mix"):
         mhc_head_compute_mix(x.double(), s, b, EPS)
     with pytest.raises(ValueError, match="mhc_scale"):

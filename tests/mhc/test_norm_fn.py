@@ -179,6 +179,9 @@ def test_bad_inputs(device):
     fn = torch.randn(N3, N * H, device=device)
     with pytest.raises(TypeError, match="residual"):
         mhc_pre_norm_fn(r.float(), fn, None, EPS)
+    for eps in (0.0, -1e-6, float("inf")):
+        with pytest.raises(ValueError, match="mhc_norm_eps must be positive"):
+            mhc_pre_norm_fn(r, fn, None, eps)
     with pytest.raises(TypeError, match="mhc_fn"):
         mhc_pre_norm_fn(r, fn.bfloat16(), None, EPS)
     with pytest.raises(ValueError, match="residual"):
@@ -264,3 +267,24 @@ def test_torch_compile(device):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     # the merge node's sum over fn's rows is plain torch: inductor (GPU) may add in another order
     torch.testing.assert_close(nw2.grad, nw.grad, **({} if device.type == "cuda" else dict(rtol=0, atol=0)))
+
+
+@pytest.mark.parametrize("T,H", [(37, 96), (5, 1280)])
+def test_normalisation_steps_exact(device, T, H):
+    """The normalisation steps around the GEMMs in TileKernels' order, bit for bit: forward
+    ``fma(p, rsqrt(s / D + eps), 0)``; backward ``g_p = g r`` and ``g_s = ((sum g p) r / (s + fp32(eps D))) / -2``
+    with the sum a 32-lane butterfly of the rounded products."""
+    from tritile.mhc.norm_fn_kernel import bwd_normalise, normalise
+    from tritile.torch.mhc import _norm_fn_bwd_norm_tk, _norm_fn_norm_tk
+
+    D = N * H
+    p = torch.randn(1, T, N3, device=device) * 30
+    s = torch.rand(1, T, device=device) * D * 2
+    mixes, p_sum, s_sum = normalise(p, s, D, EPS)
+    assert torch.equal(p_sum, p[0]) and torch.equal(s_sum, s[0])
+    assert torch.equal(mixes, _norm_fn_norm_tk(p[0], s[0], D, EPS))
+    g = torch.randn(T, N3, device=device)
+    gp, gs = bwd_normalise(g, p[0], s[0], D, EPS, False)
+    gp_e, gs_e = _norm_fn_bwd_norm_tk(g, p[0], s[0], D, EPS)
+    assert torch.equal(gp[:, :N3], gp_e) and torch.equal(gs, gs_e)
+    assert torch.equal(gp[:, N3:], torch.zeros_like(gp[:, N3:]))

@@ -8,7 +8,7 @@ from tritile.mhc import mhc_post_bwd, mhc_post_fwd
 from tritile.bench.cases.mhc import post_data as _data
 from tritile.modeling.mhc.ops.post import mhc_post
 from tritile.testing import pick
-from tritile.torch.mhc import mhc_post_ref
+from tritile.torch.mhc import _post_bwd_tk, _post_fwd_tk, mhc_post_ref
 
 
 def _tester(impl, x, residual, post, comb, g):
@@ -36,16 +36,16 @@ def test_mhc_post_comprehensive(device, n0, n1, h):
     _check(_tester(mhc_post, *data), _tester(mhc_post_ref, *data))
 
 
-def test_mhc_post_order_is_exact(device):
-    """fp32 ``post_o * y`` then ``fma(comb[i, o], R_i, acc)`` for i = 0..n-1, one rounding (CPU: unfused fma)."""
-    x, residual, post, comb, _ = _data(1, 7, 96, device)
-    out = mhc_post_fwd(x, residual, post, comb)
-    if device.type == "cpu":
-        acc = post * x.float().unsqueeze(-2)
-        for i in range(4):
-            acc = comb[..., i, :, None] * residual[..., i, None, :].float() + acc
-        assert torch.equal(out, acc.bfloat16())
-    torch.testing.assert_close(out, mhc_post_ref(x, residual, post, comb))
+@pytest.mark.parametrize("n1,h", [(7, 96), (3, 1280), (2, 200)])
+def test_mhc_post_order_is_exact(device, n1, h):
+    """TileKernels' order, bit for bit on every backend: forward ``fma(post_o, y, comb[0, o] R_0)`` then
+    ``fma(comb[i, o], R_i, acc)``; backward stream sums as fma chains, the sums over ``h`` as per-lane chains
+    (lane ``l``: ``h = j 128 + l``) and a 128-lane butterfly (``tritile.torch.mhc._post_*_tk``)."""
+    x, residual, post, comb, g = _data(1, n1, h, device)
+    assert torch.equal(mhc_post_fwd(x, residual, post, comb), _post_fwd_tk(x, residual, post, comb))
+    got = mhc_post_bwd(x, residual, post, comb, g, fuse_grad_acc=False)
+    for a, b in zip(got, _post_bwd_tk(x, residual, post, comb, g)):
+        assert torch.equal(a, b)
 
 
 def test_mhc_post_protocol(device):
@@ -70,7 +70,7 @@ def test_mhc_post_chain_protocol(device):
     """post -> (pre_apply_mix on the same residual): the apply-mix backward adds into post's buffer; the total
     residual gradient matches the unfused autograd graph of the references."""
     from tritile.modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
-    from tritile.torch.mhc import mhc_pre_apply_mix_ref
+    from tritile.torch.mhc import _apply_mix_bwd_tk, mhc_pre_apply_mix_ref
 
     x, residual, post, comb, g = _data(1, 6, 64, device)
     mix = torch.rand(1, 6, 4, 1, device=device)
@@ -90,11 +90,7 @@ def test_mhc_post_chain_protocol(device):
     # measured 0.006)
     torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)
     d_post = mhc_post_bwd(x, residual, post, comb, g, fuse_grad_acc=False)[1]
-    fused = (mix * gu.float().unsqueeze(-2) + d_post.float()).bfloat16()
-    if device.type == "cpu":  # the interpreter's fma is a product and a sum
-        assert torch.equal(got, fused)
-    else:
-        torch.testing.assert_close(got, fused, atol=0, rtol=2 ** -7)
+    assert torch.equal(got, _apply_mix_bwd_tk(residual, mix, gu, d_post)[0])  # buf = bf16(fma(mix, g, buf))
 
 
 def test_mhc_post_out_and_zero_tokens(device):

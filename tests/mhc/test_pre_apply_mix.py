@@ -5,7 +5,7 @@ import torch
 
 from tritile.modeling.mhc.ops.pre_apply_mix import mhc_pre_apply_mix
 from tritile.testing import pick
-from tritile.torch.mhc import mhc_pre_apply_mix_ref
+from tritile.torch.mhc import _apply_mix_bwd_tk, _fma_chain, mhc_pre_apply_mix_ref
 
 TOL = dict(atol=1e-2, rtol=1e-3)
 
@@ -38,12 +38,20 @@ def test_pre_apply_mix_comprehensive(device, n0, n1, h):
     torch.testing.assert_close(out, out_r, **TOL)
     torch.testing.assert_close(xg, xg_r, **TOL)
     torch.testing.assert_close(mg, mg_r, **TOL)
-    # stream-ordered fused multiply-adds, one rounding: on the CPU the interpreter's fma is a product and a sum
-    if device.type == "cpu":
-        acc = torch.zeros(n0, n1, h, device=device)
-        for m in range(4):
-            acc = mix[..., m, :] * x[..., m, :].float() + acc
-        assert torch.equal(out, acc.bfloat16())
+    # TileKernels' order, bit for bit: the forward a chain of fused multiply-adds over the streams from 0; the
+    # backward's mix gradient per-lane chains over gcd(1024, H) / 128 contiguous columns a lane, then a butterfly
+    assert torch.equal(out, _fma_chain(mix, x.float(), -2).squeeze(-2).bfloat16())
+    xg_e, mg_e = _apply_mix_bwd_tk(x, mix, g)
+    assert torch.equal(xg, xg_e) and torch.equal(mg, mg_e)
+
+
+@pytest.mark.parametrize("h", [1024, 1280, 384])
+def test_pre_apply_mix_lane_layouts(device, h):
+    """The backward's lanes hold 8, 2 and 1 contiguous columns a chunk (gcd(1024, H) / 128), as TileKernels'."""
+    x, mix, g = _data(1, 3, h, device)
+    _, xg, mg = _tester(mhc_pre_apply_mix, x, mix, g)
+    xg_e, mg_e = _apply_mix_bwd_tk(x, mix, g)
+    assert torch.equal(xg, xg_e) and torch.equal(mg, mg_e)
 
 
 def test_pre_apply_mix_protocol(device):
@@ -57,11 +65,7 @@ def test_pre_apply_mix_protocol(device):
     out.backward(g)
     assert x_.grad is None
     assert x_.untyped_storage().grad_from_mhc_post is buf
-    if device.type == "cpu":
-        want = (mix * g.float().unsqueeze(-2) + before.float()).bfloat16()
-        assert torch.equal(buf, want)
-    else:
-        torch.testing.assert_close(buf, (before.float() + mix * g.float().unsqueeze(-2)).bfloat16(), **TOL)
+    assert torch.equal(buf, _apply_mix_bwd_tk(x, mix, g, before)[0])  # bf16(fma(mix, g, buf)), one rounding
     # without the buffer: a fresh gradient
     x2 = x.clone().requires_grad_()
     mhc_pre_apply_mix(x2, mix).backward(g)

@@ -95,6 +95,13 @@ def test_bad_inputs(device):
     eps = (1e-6, 1e-6, 1e-6, 1.0, 10)
     with pytest.raises(TypeError, match="residual"):
         mhc_pre_big_fuse(residual.float(), fn, scale, base, *eps)
+    for k, name in enumerate(("rms_eps", "mhc_pre_eps", "mhc_sinkhorn_eps")):
+        bad = list(eps)
+        bad[k] = -1e-6
+        with pytest.raises(ValueError, match=f"{name} must be positive"):
+            mhc_pre_big_fuse(residual, fn, scale, base, *bad)
+    with pytest.raises(TypeError, match="sinkhorn_repeat must be an int"):
+        mhc_pre_big_fuse(residual, fn, scale, base, *eps[:4], 2.5)
     with pytest.raises(TypeError, match="fn"):
         mhc_pre_big_fuse(residual, fn.double(), scale, base, *eps)
     with pytest.raises(ValueError, match="fn"):
@@ -122,3 +129,25 @@ def test_torch_compile(device):
                              backend="eager" if device.type == "cpu" else "inductor")
     for a, b in zip(compiled(residual, fn, scale, base), eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("T,H,post_mult", [(7, 64, 1.0), (3, 1280, 2.0)])
+def test_tail_exact(device, T, H, post_mult):
+    """The fused kernel from the GEMM's outputs on, in TileKernels' order, bit for bit: ``mixes = p r`` (the plain
+    product), ``fma(mixes, scale, base)``, the sigmoids, the forward Sinkhorn's butterflies and the apply-mix chain."""
+    from tritile.mhc.pre_big_fuse_kernel import big_fuse_tail
+    from tritile.torch._numerics import fma_f32
+    from tritile.torch.mhc import _fma_chain, _norm_fn_norm_tk, _sigmoid_tk, _sinkhorn_fwd_tk
+
+    residual, _, scale, base = _data((T,), H, device)
+    D = N * H
+    p = torch.randn(1, T, N3, device=device) * 30
+    s = torch.rand(1, T, device=device) * D * 2
+    post, comb, li = big_fuse_tail(p, s, residual.view(T, D), scale, base, 1e-6, 1e-2, 1e-6, post_mult, 10, N)
+    mixes = _norm_fn_norm_tk(p[0], s[0], D, 1e-6, fused_tail=True)
+    sc = torch.cat([scale[0].expand(N), scale[1].expand(N), scale[2].expand(N * N)])
+    z = fma_f32(mixes, sc.expand(T, N3), base.expand(T, N3))
+    pre = _sigmoid_tk(z[:, :N]) + 1e-2
+    assert torch.equal(post, _sigmoid_tk(z[:, N:2 * N]) * post_mult)
+    assert torch.equal(comb, _sinkhorn_fwd_tk(z[:, 2 * N:].reshape(T, N, N), 10, 1e-6))
+    assert torch.equal(li, _fma_chain(pre[:, :, None], residual.float(), 1).squeeze(1).bfloat16())

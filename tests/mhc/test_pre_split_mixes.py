@@ -6,7 +6,7 @@ import torch
 from tritile.config import get_num_sms, set_num_sms
 from tritile.modeling.mhc.ops.pre_split_mixes import mhc_pre_split_mixes
 from tritile.testing import pick
-from tritile.torch.mhc import mhc_pre_split_mixes_ref
+from tritile.torch.mhc import _pre_split_mixes_bwd_tk, mhc_pre_split_mixes_ref
 
 POST_MULT = 2.0
 PRE_EPS = 1e-2
@@ -38,6 +38,18 @@ def test_pre_split_mixes_comprehensive(device, n0, n1):
     assert res[0].shape == (n0, n1, 4, 1) and res[1].shape == (n0, n1, 4, 1) and res[2].shape == (n0, n1, 4, 4)
     for a, b in zip(res, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+    _check_exact(res, mixes, scale, base, grads, 4, POST_MULT)
+
+
+def _check_exact(res, mixes, scale, base, grads, n, post_mult):
+    """TileKernels' order, bit for bit: ``(g s)(1 - s)``, ``(g p)(1 - p / mult)``, and the scale and base gradients
+    from one row of partial sums per SM (32-token blocks, butterflies, chains) added by ``torch.sum``."""
+    t = mixes.shape[0] * mixes.shape[1]
+    want = _pre_split_mixes_bwd_tk(mixes.reshape(t, -1), scale, base, res[1].detach().reshape(t, n),
+                                   grads[0].reshape(t, n), grads[1].reshape(t, n), grads[2].reshape(t, n, n), n,
+                                   post_mult, get_num_sms())
+    assert torch.equal(res[3].reshape(t, -1), want[0])
+    assert torch.equal(res[4], want[1]) and torch.equal(res[5], want[2])
 
 
 @pytest.mark.parametrize("n,post_mult", [(2, 1.0), (3, 0.5), (8, 2.0)])
@@ -47,10 +59,12 @@ def test_pre_split_mixes_other_sizes(device, n, post_mult):
     ref = _tester(mhc_pre_split_mixes_ref, mixes, scale, base, grads, n, post_mult)
     for a, b in zip(res, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+    _check_exact(res, mixes, scale, base, grads, n, post_mult)
 
 
 def test_pre_split_mixes_partial_grads_and_determinism(device):
-    """Only the comb output used (the other grads are None); results do not depend on the SM count."""
+    """Only the comb output used (the other grads are None); the per-token gradients do not depend on the SM count,
+    the scale and base gradients are TileKernels' for each count (one row of partial sums per SM)."""
     mixes, scale, base, _ = _data(1, 70, 4, device)
     g = torch.randn(1, 70, 4, 4, device=device)
     outs = []
@@ -62,6 +76,10 @@ def test_pre_split_mixes_partial_grads_and_determinism(device):
             _, _, comb = mhc_pre_split_mixes(m_, s_, b_, 4, POST_MULT, PRE_EPS)
             comb.backward(g)
             outs.append((m_.grad, s_.grad, b_.grad))
+            z = torch.zeros(70, 4, device=device)
+            want = _pre_split_mixes_bwd_tk(mixes.view(70, -1), scale, base, z, z, z, g.view(70, 4, 4), 4, POST_MULT,
+                                           sms)
+            assert torch.equal(s_.grad, want[1]) and torch.equal(b_.grad, want[2])
         finally:
             set_num_sms(old)
     m_, s_, b_ = (t.clone().requires_grad_() for t in (mixes, scale, base))
@@ -83,6 +101,10 @@ def test_pre_split_mixes_bad_input(device):
     mixes, scale, base, _ = _data(1, 3, 4, device)
     with pytest.raises(ValueError, match="input_mixes"):
         mhc_pre_split_mixes(mixes.view(3, 24), scale, base, 4, POST_MULT, PRE_EPS)
+    with pytest.raises(ValueError, match="mhc_pre_eps must be positive"):
+        mhc_pre_split_mixes(mixes, scale, base, 4, POST_MULT, -1e-2)
+    with pytest.raises(ValueError, match="mhc_post_mult_value must be non-zero"):
+        mhc_pre_split_mixes(mixes, scale, base, 4, float("nan"), PRE_EPS)
     with pytest.raises(ValueError, match="input_mixes"):
         mhc_pre_split_mixes(mixes, scale, base, 3, POST_MULT, PRE_EPS)
     with pytest.raises(TypeError, match="input_mixes"):

@@ -5,7 +5,7 @@ import torch
 
 from tritile.modeling.mhc.ops.sinkhorn import sinkhorn_normalize
 from tritile.testing import pick
-from tritile.torch.mhc import sinkhorn_normalize_ref
+from tritile.torch.mhc import _sinkhorn_bwd_tk, _sinkhorn_fwd_tk, sinkhorn_normalize_ref
 
 
 def _tester(impl, x, grad, repeat, eps):
@@ -24,9 +24,9 @@ def test_sinkhorn_comprehensive(device, n0, n1):
     out_ref, g_ref = _tester(sinkhorn_normalize_ref, x, grad, 10, 1e-6)
     torch.testing.assert_close(out, out_ref)  # default fp32 tolerance, as TileKernels
     torch.testing.assert_close(g, g_ref)
-    if device.type == "cpu":
-        # same op order, same exp (numpy's, as the interpreter's) and left-to-right sums: bit for bit
-        assert torch.equal(out, out_ref)
+    # TileKernels' order, bit for bit on every backend (same exp: libdevice's on the GPU, numpy's on the CPU)
+    assert torch.equal(out, _sinkhorn_fwd_tk(x, 10, 1e-6))
+    assert torch.equal(g, _sinkhorn_bwd_tk(x, grad, 10, 1e-6))
     cols = out.sum(-2)
     assert torch.all((cols - 1).abs() < 1e-4)
 
@@ -39,6 +39,8 @@ def test_sinkhorn_repeat_and_size(device, repeat, n, eps):
     out_ref, g_ref = _tester(sinkhorn_normalize_ref, x, grad, repeat, eps)
     torch.testing.assert_close(out, out_ref)
     torch.testing.assert_close(g, g_ref)
+    assert torch.equal(out, _sinkhorn_fwd_tk(x, repeat, eps))  # n not a power of two: butterflies over zero padding
+    assert torch.equal(g, _sinkhorn_bwd_tk(x, grad, repeat, eps))
 
 
 def test_sinkhorn_zero_tokens_and_strides(device):
@@ -70,6 +72,8 @@ def test_sinkhorn_bad_input(device):
         sinkhorn_normalize(torch.randn(2, 4, 4, device=device), repeat=0)
     with pytest.raises(TypeError, match="repeat"):
         sinkhorn_normalize(torch.randn(2, 4, 4, device=device), repeat=2.0)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        sinkhorn_normalize(torch.randn(2, 4, 4, device=device), eps=-1e-6)
 
 
 def test_sinkhorn_compile(device):

@@ -4,8 +4,9 @@ Every kernel that must agree bit for bit with another (``pre_big_fuse`` with the
 ``pre_split_mixes`` -> ``sinkhorn`` -> ``pre_apply_mix``; ``multilayer_recompute`` with chained
 ``pre_apply_mix`` / ``post``) computes through these helpers, so that the same fp32 operations run in
 the same order.  Results are then independent of block sizes, warps and tiling: every helper works per
-token (and per hidden index), sums over streams run in an explicit order, and no ``tl.sum`` reduces over
-a stream axis except :func:`extract`, whose sum adds one value to zeros (exact in any order).
+token (and per hidden index), every sum runs in an explicit order (a chain or a butterfly), and the only other
+``tl.sum`` is :func:`extract`'s, which adds one value to zeros (exact in any order), and the halving sums of the
+butterflies, each of which adds two values (exact in either order).
 
 Layouts (``BT`` tokens of a block, ``BN`` = ``next_pow2(N)`` padded streams, ``BH`` hidden columns):
 
@@ -20,16 +21,19 @@ Index tensors are passed in by the caller (``tl.arange(0, BN)`` reshaped to the 
 helpers do not need to know the block shapes.
 
 Signatures used by other kernels (keep them stable): ``load_split_mixes``, ``sinkhorn_fwd``, ``apply_mix``,
-``post_mix``, ``extract``, ``ordered_sum``, ``mix_affine``, ``sigmoid_f32``, ``pre_from_logit``,
-``post_from_logit``.  ``sinkhorn_bwd`` is used by the Sinkhorn backward kernel only.  The program prologues
-(``token_block``, ``token_prologue``, ``tile_prologue``, ``hidden_range``) and the addresses of the layouts
+``post_mix``, ``extract``, ``ordered_sum``, ``tree_last``, ``tree_mid``, ``mix_affine``, ``sigmoid_f32``,
+``pre_from_logit``, ``post_from_logit``.  ``sinkhorn_bwd`` is used by the Sinkhorn backward kernel only.  The program prologues
+(``token_block``, ``token_prologue``, ``tile_prologue``) and the addresses of the layouts
 (``stream_block``, ``comb_block`` / ``comb_offsets``, ``hidden_tile``, ``residual_offsets``) are shared by the
 per-token kernels; the host side has the launch rules (``hidden_block``, ``residual_tile_config``,
-``token_config``, ``partial_programs``).
+``token_config``) and the launch option :data:`NO_FUSION`.
 
-Fused multiply-add: every stream accumulation is written ``acc = tl.fma(w, x, acc)`` explicitly (one
-rounding on the GPU, a product and a sum under the interpreter: the same on each backend for every
-kernel that uses these helpers).
+Order of operations: TileKernels' (read from the CUDA that TileLang generates for its kernels and checked bit for bit
+against them on an H200).  nvcc contracts a product added to something into one fused multiply-add (where both
+operands of the addition are products, the left one); TileLang's sums across threads are butterflies.  tritile's mHC
+kernels launch with ``enable_fp_fusion=False`` (:data:`NO_FUSION`) and write each of those fused multiply-adds as
+``tl.fma`` and each butterfly as :func:`tree_last` / :func:`tree_mid`, so they compute the same way on every backend
+(the interpreter's ``tl.fma`` rounds twice: the references in ``tritile.torch.mhc`` do the same on the CPU).
 """
 
 from __future__ import annotations
@@ -37,10 +41,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritile.config import get_num_sms
 from tritile.language import exp_f32
 from tritile.runtime import interpreter_configs
-from tritile.utils import ceil_div, next_power_of_two
+from tritile.utils import next_power_of_two
+
+
+# Threads of TileKernels' per-token programs: their sums over a token's hidden values are per-thread chains, then a
+# butterfly over the threads (``LANES`` in kernels, ``LANE_COUNT`` on the host).
+LANE_COUNT = 128
+LANES = tl.constexpr(LANE_COUNT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -75,13 +84,6 @@ def tile_prologue(T, BT: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr):
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     n = tl.arange(0, BN)
     return tok, h, n[None, :], n[None, :, None], n[None, None, :], tok < T
-
-
-@triton.jit
-def hidden_range(c, H, BH: tl.constexpr):
-    """Hidden chunk ``c``: columns ``h = c * BH + [0, BH)`` and their mask ``h < H``."""
-    h = c * BH + tl.arange(0, BH)
-    return h, h < H
 
 
 @triton.jit
@@ -138,9 +140,98 @@ def ordered_sum(x, idx, N: tl.constexpr, axis: tl.constexpr):
     return s
 
 
+@triton.jit
+def tree_last(x):
+    """Butterfly sum over the last axis of a 2D, 3D or 4D tensor (length a power of two), that axis removed: the two
+    halves added element by element, then the halves of the result, and so on (TileLang's sum across threads:
+    partner ``t ^ offset``, offsets from the largest down, leaves every thread this value)."""
+    for _ in tl.static_range(16):
+        if _last_dim(x.shape) > 1:
+            x = tl.sum(tl.reshape(x, _halved_shape(x.shape)), axis=_last_axis(x.shape))
+    return tl.reshape(x, _dropped_shape(x.shape))
+
+
+@triton.jit
+def tree_mid(x):
+    """:func:`tree_last` over axis 1 of a 3D tensor ``[A, W, B]`` -> ``[A, B]``."""
+    for _ in tl.static_range(16):
+        if x.shape[1] > 1:
+            x = tl.sum(tl.reshape(x, [x.shape[0], 2, x.shape[1] // 2, x.shape[2]]), axis=1)
+    return tl.reshape(x, [x.shape[0], x.shape[2]])
+
+
+@triton.constexpr_function
+def _last_dim(shape):
+    return [int(tl.core._unwrap_if_constexpr(d)) for d in tl.core._unwrap_if_constexpr(shape)][-1]
+
+
+@triton.constexpr_function
+def _last_axis(shape):
+    return len([int(tl.core._unwrap_if_constexpr(d)) for d in tl.core._unwrap_if_constexpr(shape)]) - 1
+
+
+@triton.constexpr_function
+def _halved_shape(shape):
+    shape = [int(tl.core._unwrap_if_constexpr(d)) for d in tl.core._unwrap_if_constexpr(shape)]
+    return shape[:-1] + [2, shape[-1] // 2]
+
+
+@triton.constexpr_function
+def _dropped_shape(shape):
+    return [int(tl.core._unwrap_if_constexpr(d)) for d in tl.core._unwrap_if_constexpr(shape)][:-1]
+
+
+@triton.jit
+def _halve(x):
+    """4D ``x [A, B, C, W]`` -> ``(x[..., :W/2], x[..., W/2:])`` (register moves only where ``W`` lies in one
+    thread)."""
+    y = tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], 2, x.shape[3] // 2])
+    return tl.split(tl.permute(y, (0, 1, 2, 4, 3)))
+
+
+@triton.jit
+def _fma2(a, b, acc):
+    """``fma(a[..., 0], b[..., 0], acc)``, then with ``[..., 1]`` (last axis of length 2)."""
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return tl.fma(a1, b1, tl.fma(a0, b0, acc))
+
+
+@triton.jit
+def fma_chain_last(a, b, acc):
+    """``acc = fma(a[..., k], b[..., k], acc)`` for ``k`` along the last axis (length 1, 2, 4 or 8) in order; ``a`` and
+    ``b`` are 4D and broadcast against each other, ``acc`` has their shape without the last axis."""
+    W: tl.constexpr = _last_dim(a.shape)
+    tl.static_assert(W == _last_dim(b.shape))
+    if W == 1:
+        acc = tl.fma(tl.reshape(a, _dropped_shape(a.shape)), tl.reshape(b, _dropped_shape(b.shape)), acc)
+    elif W == 2:
+        acc = _fma2(a, b, acc)
+    elif W == 4:
+        a0, a1 = _halve(a)
+        b0, b1 = _halve(b)
+        acc = _fma2(a1, b1, _fma2(a0, b0, acc))
+    else:
+        tl.static_assert(W == 8)
+        a0, a1 = _halve(a)
+        b0, b1 = _halve(b)
+        a00, a01 = _halve(a0)
+        b00, b01 = _halve(b0)
+        a10, a11 = _halve(a1)
+        b10, b11 = _halve(b1)
+        acc = _fma2(a11, b11, _fma2(a10, b10, _fma2(a01, b01, _fma2(a00, b00, acc))))
+    return acc
+
+
 # ------------------------------------------------------------------------------------------------
 # Sigmoid-affine split of the mixes (pre / post / comb logits)
 # ------------------------------------------------------------------------------------------------
+@triton.constexpr_function
+def mix_group(j, n):
+    """The scale group of mixes column ``j``: ``min(2, j // n)`` (pre, post, comb)."""
+    return min(2, int(j) // int(n))
+
+
 @triton.jit
 def mix_affine(m, scale, base):
     """``z = m * scale + base`` as one ``tl.fma`` (fp32, any broadcastable shapes)."""
@@ -206,78 +297,99 @@ def load_split_mixes(mixes_ptr, row_stride, scale_ptr, base_ptr, tok, tok_mask, 
 # Sinkhorn-Knopp on [BT, BN, BN] blocks (axis 1 = i, axis 2 = o)
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _sk_softmax_rows(c, i3, o3, N: tl.constexpr):
-    """Row softmax over ``o`` (axis 2): ``e = exp(c - rowmax)``, ``e / rowsum(e)`` (ordered sum, ``div_rn``).
-    Padded entries come out 0."""
+def _sk_softmax_rows(c, i3, o3, TREE: tl.constexpr, N: tl.constexpr):
+    """Row softmax over ``o`` (axis 2): ``e = exp(c - rowmax)``, ``e / rowsum(e)`` (``div_rn``), the row sum a
+    butterfly (``TREE``) or added in order.  Padded entries come out 0."""
     valid = (i3 < N) & (o3 < N)
     mx = extract(c, o3, 0, 2)
     for k in tl.static_range(1, N):
         mx = tl.maximum(mx, extract(c, o3, k, 2))
     e = tl.where(valid, exp_f32(c - mx[:, :, None]), 0.0)
-    s = ordered_sum(e, o3, N, 2)
+    if TREE:
+        s = tree_last(e)
+    else:
+        s = ordered_sum(e, o3, N, 2)
     s = tl.where(s > 0.0, s, 1.0)  # padded rows only (a real row's sum is >= 1)
     return tl.math.div_rn(e, s[:, :, None])
 
 
 @triton.jit
-def _sk_norm(a, i3, o3, eps, COLS, N: tl.constexpr):
+def _sk_norm(a, i3, o3, eps, COLS, TREE_ROWS: tl.constexpr, N: tl.constexpr):
     """One normalisation: ``COLS`` (run-time or constexpr bool): ``a / (colsum(a) + eps)`` with the sum over ``i``
-    (axis 1); else ``a / (rowsum(a) + eps)`` over ``o`` (axis 2).  Ordered sums, ``div_rn``."""
+    (axis 1, a butterfly); else ``a / (rowsum(a) + eps)`` over ``o`` (axis 2; a butterfly with ``TREE_ROWS``, else
+    added in order).  ``div_rn``."""
     if COLS:
-        r = tl.math.div_rn(a, ordered_sum(a, i3, N, 1)[:, None, :] + eps)
+        r = tl.math.div_rn(a, tree_mid(a)[:, None, :] + eps)
     else:
-        r = tl.math.div_rn(a, ordered_sum(a, o3, N, 2)[:, :, None] + eps)
+        if TREE_ROWS:
+            r = tl.math.div_rn(a, tree_last(a)[:, :, None] + eps)
+        else:
+            r = tl.math.div_rn(a, ordered_sum(a, o3, N, 2)[:, :, None] + eps)
     return r
 
 
 @triton.jit
 def sinkhorn_fwd(c, i3, o3, eps, N: tl.constexpr, REPEAT: tl.constexpr):
-    """Sinkhorn-Knopp of spec §1.3 on a ``[BT, BN, BN]`` fp32 block of logits ``c``.
+    """Sinkhorn-Knopp of spec §1.3 on a ``[BT, BN, BN]`` fp32 block of logits ``c``, in the order of TileKernels'
+    forward kernels (``sinkhorn_normalize``'s and ``pre_big_fuse``'s).
 
     ``i3 = tl.arange(0, BN)[None, :, None]``, ``o3 = tl.arange(0, BN)[None, None, :]``; ``REPEAT >= 1``.
-    Order: row softmax; ``+ eps``; column normalisation; then ``REPEAT - 1`` times (row, column).  Every sum runs
-    over ``k = 0..N-1`` left to right; every division is ``div_rn(a, sum + eps)``.  Padded entries are 0."""
+    Order: row softmax; ``+ eps``; column normalisation; then ``REPEAT - 1`` times (row, column).  Every row and
+    column sum is a butterfly over the ``BN`` (zero-padded) entries; every division is ``div_rn(a, sum + eps)``.
+    Padded entries are 0."""
     valid = (i3 < N) & (o3 < N)
-    a = tl.where(valid, _sk_softmax_rows(c, i3, o3, N) + eps, 0.0)
-    a = _sk_norm(a, i3, o3, eps, True, N)
+    a = tl.where(valid, _sk_softmax_rows(c, i3, o3, True, N) + eps, 0.0)
+    a = _sk_norm(a, i3, o3, eps, True, True, N)
     for _ in tl.static_range(REPEAT - 1):
-        a = _sk_norm(a, i3, o3, eps, False, N)
-        a = _sk_norm(a, i3, o3, eps, True, N)
+        a = _sk_norm(a, i3, o3, eps, False, True, N)
+        a = _sk_norm(a, i3, o3, eps, True, True, N)
     return tl.where(valid, a, 0.0)
 
 
 @triton.jit
+def _row_fma_sum(g, x, o3, N: tl.constexpr):
+    """``acc = fma(g_o, x_o, acc)`` over ``o = 0..N-1`` (axis 2) from 0: ``[BT, BN, BN]`` -> ``[BT, BN]``."""
+    acc = tl.zeros([g.shape[0], g.shape[1]], tl.float32)
+    for o in tl.static_range(N):
+        acc = tl.fma(extract(g, o3, o, 2), extract(x, o3, o, 2), acc)
+    return acc
+
+
+@triton.jit
 def sinkhorn_bwd(c, g, i3, o3, eps, tape_ptrs, tape_mask, slot_stride, N: tl.constexpr, REPEAT: tl.constexpr):
-    """Gradient of :func:`sinkhorn_fwd` w.r.t. the logits ``c`` given the output gradient ``g`` (both
-    ``[BT, BN, BN]`` fp32), by unrolled reverse mode, recomputing the forward from ``c``.
+    """Gradient of the Sinkhorn-Knopp w.r.t. the logits ``c`` given the output gradient ``g`` (both
+    ``[BT, BN, BN]`` fp32), by unrolled reverse mode, recomputing the forward from ``c``, in the order of
+    TileKernels' backward kernel: its recomputation sums rows in order and columns as butterflies (so its forward
+    values may differ from :func:`sinkhorn_fwd`'s in the last bit).
 
     ``tape_ptrs`` (fp32 pointers ``[BT, BN, BN]``, masked by ``tape_mask``) addresses this block's slot 0 of a
     scratch tape of ``2 * REPEAT - 1`` slots, slot ``k`` at ``tape_ptrs + k * slot_stride``: the forward pass
     stores the matrix entering each normalisation there, and the reverse pass reads it back (same program, same
     layout).  For a normalisation ``Y = X / (s + eps)`` along an axis:
-    ``gX = (gY - sum_axis(gY * X) / (s + eps)) / (s + eps)``; the ``+ eps`` after the softmax passes ``g``
-    through; the softmax: ``gC = (gS - rowsum(gS * S)) * S``."""
+    ``gX = (gY - sum_axis(gY * X) / (s + eps)) / (s + eps)``, the sum over columns a butterfly of the rounded
+    products, over rows a chain of fused multiply-adds from 0; the ``+ eps`` after the softmax passes ``g``
+    through; the softmax: ``gC = (gS - rowsum(gS * S)) * S`` (the row sum again a chain)."""
     valid = (i3 < N) & (o3 < N)
     g = tl.where(valid, g, 0.0)
     NSTEP: tl.constexpr = 2 * REPEAT - 1  # normalisations after the softmax: odd steps columns, even rows
-    s = _sk_softmax_rows(c, i3, o3, N)
+    s = _sk_softmax_rows(c, i3, o3, False, N)
     x = tl.where(valid, s + eps, 0.0)
     for j in range(1, NSTEP + 1):
         tl.store(tape_ptrs + (j - 1) * slot_stride, x, mask=tape_mask)
-        x = _sk_norm(x, i3, o3, eps, (j % 2) == 1, N)
+        x = _sk_norm(x, i3, o3, eps, (j % 2) == 1, False, N)
     for jj in range(NSTEP):
         j = NSTEP - jj
         x = tl.load(tape_ptrs + (j - 1) * slot_stride, mask=tape_mask, other=0.0)
         # (each branch names its own [BT, 1, BN] / [BT, BN, 1] values: a run-time `if` needs equal types)
         if (j % 2) == 1:
-            dcol = ordered_sum(x, i3, N, 1)[:, None, :] + eps
-            tcol = ordered_sum(g * x, i3, N, 1)[:, None, :]
+            dcol = tree_mid(x)[:, None, :] + eps
+            tcol = tree_mid(g * x)[:, None, :]
             g = tl.math.div_rn(g - tl.math.div_rn(tcol, dcol), dcol)
         else:
             drow = ordered_sum(x, o3, N, 2)[:, :, None] + eps
-            trow = ordered_sum(g * x, o3, N, 2)[:, :, None]
+            trow = _row_fma_sum(g, x, o3, N)[:, :, None]
             g = tl.math.div_rn(g - tl.math.div_rn(trow, drow), drow)
-    r = ordered_sum(g * s, o3, N, 2)[:, :, None]
+    r = _row_fma_sum(g, s, o3, N)[:, :, None]
     return tl.where(valid, (g - r) * s, 0.0)
 
 
@@ -303,10 +415,11 @@ def post_mix(y, x, post, comb, n2, n3, N: tl.constexpr):
 
     ``y``: ``[BT, BH]`` fp32 (layer output); ``x``: ``[BT, BN, BH]`` fp32 residual; ``post``: ``[BT, BN]``;
     ``comb``: ``[BT, BN, BN]`` (axis 1 = ``i``, axis 2 = ``o``); ``n2``/``n3`` as in :func:`apply_mix`.
-    Order: ``acc = post_o * y``; then ``acc = fma(comb[i, o], x_i, acc)`` for ``i = 0..N-1``.
-    Returns ``[BT, BN, BH]`` fp32 (padded streams hold garbage-free zeros times inputs; mask at the store)."""
-    acc = post[:, :, None] * y[:, None, :]
-    for i in tl.static_range(N):
+    Order (TileKernels'): ``acc = fma(post_o, y, comb[0, o] * x_0)``, then ``acc = fma(comb[i, o], x_i, acc)`` for
+    ``i = 1..N-1``.  Returns ``[BT, BN, BH]`` fp32 (padded streams: mask at the store)."""
+    first = extract(comb, n3, 0, 1)[:, :, None] * extract(x, n3, 0, 1)[:, None, :]
+    acc = tl.fma(post[:, :, None], y[:, None, :], first)
+    for i in tl.static_range(1, N):
         acc = tl.fma(extract(comb, n3, i, 1)[:, :, None], extract(x, n3, i, 1)[:, None, :], acc)
     return acc
 
@@ -314,6 +427,11 @@ def post_mix(y, x, post, comb, n2, n3, N: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 # Host-side launch rules (shared by the mHC kernel wrappers)
 # ------------------------------------------------------------------------------------------------
+# Launch option of every mHC kernel: no contraction of products into fused multiply-adds by the compiler, so that
+# the ones TileKernels' code has are the explicit ``tl.fma`` calls and no others (the interpreter never fuses).
+NO_FUSION = dict(enable_fp_fusion=False)
+
+
 def hidden_block(hidden: int, cap: int = 1024) -> int:
     """Hidden-chunk width: the largest power of two ``<= cap`` dividing ``hidden`` when that is at least 256
     (no masked lanes: 7168 -> 1024, 2560 -> 512, 7680 -> 512), else ``min(cap, next_pow2(hidden))`` (at least 16)."""
@@ -345,22 +463,55 @@ def token_config(gpu_bt: int, interp_bt: int) -> dict:
     return dict(BT=interp_bt if interpreter_configs() else gpu_bt, num_warps=4)
 
 
-def partial_programs(num_tokens: int, bt: int) -> int:
-    """Program count of the backward kernels that write one row of partial sums each (deterministic, no atomics):
-    one program per ``bt``-token block, at most one per SM (each then strides over the blocks)."""
-    return max(1, min(get_num_sms(), ceil_div(num_tokens, bt)))
-
-
 # ------------------------------------------------------------------------------------------------
 # Residual-gradient protocol (``residual.untyped_storage().grad_from_mhc_post``)
 # ------------------------------------------------------------------------------------------------
+def check_positive(name: str, value) -> float:
+    """A positive, finite real number (an epsilon): TypeError / ValueError naming ``name`` otherwise."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return v
+
+
+def check_nonzero(name: str, value) -> float:
+    """A non-zero, finite real number (a multiplier that the backward divides by)."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v == 0.0:
+        raise ValueError(f"{name} must be non-zero and finite (the backward divides by it), got {value!r}")
+    return v
+
+
 GRAD_ATTR = "grad_from_mhc_post"
+# Per-view buffers: several residuals can be views of one storage (``R[0:1]``, ``R[1:2]``), so the storage keeps a
+# dict from each view's geometry to its buffer beside TileKernels' single attribute.
+_VIEWS_ATTR = "grad_from_mhc_post_views"
 
 
-def get_post_grad_buffer(residual):
-    """The bf16 gradient buffer ``mhc_post``'s backward attached to ``residual``'s storage, or None (also when the
-    storage cannot carry Python attributes, e.g. while tracing).  ``mhc_post`` stores it with the residual's
-    shape ``(B, S, n, H)``; consumers view it as they need (it is contiguous).
+def _view_key(t):
+    return (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def get_post_grad_buffer(residual, take: bool = False):
+    """The bf16 gradient buffer ``mhc_post``'s backward attached to ``residual``, or None (also when the storage
+    cannot carry Python attributes, e.g. while tracing).  ``mhc_post`` stores it with the residual's shape
+    ``(B, S, n, H)``; consumers view it as they need (it is contiguous).
+
+    The buffer is looked up by the residual's storage and its view (offset, shape, strides), so residuals that are
+    views of one tensor each find their own.  A buffer set directly as ``residual.untyped_storage().
+    grad_from_mhc_post`` (TileKernels' protocol, one residual a storage; its tests set it by hand) is found too,
+    unless ``mhc_post`` registered it for another view of the storage.  ``take`` (``mhc_pre_norm_fn``, the last
+    consumer) removes the buffer: the view's entry, and the attribute if it holds this buffer.
 
     Under ``torch.compile`` the protocol is off (a storage attribute cannot be traced): ``mhc_post`` then returns
     its residual gradient only through autograd, the other consumers return theirs, and autograd adds them."""
@@ -369,20 +520,40 @@ def get_post_grad_buffer(residual):
     if torch.compiler.is_compiling():
         return None
     try:
-        return getattr(residual.untyped_storage(), GRAD_ATTR, None)
+        st = residual.untyped_storage()
+        views = getattr(st, _VIEWS_ATTR, None) or {}
+        key = _view_key(residual)
+        buf = views.get(key)
+        attr = getattr(st, GRAD_ATTR, None)
+        if buf is None and attr is not None and not any(attr is b for b in views.values()):
+            buf = attr
+        if take and buf is not None:
+            views.pop(key, None)
+            if attr is buf:
+                delattr(st, GRAD_ATTR)
+            if not views and hasattr(st, _VIEWS_ATTR):
+                delattr(st, _VIEWS_ATTR)
+        return buf
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
 
 
 def set_post_grad_buffer(residual, buf) -> bool:
-    """Attach ``buf`` to ``residual``'s storage (the protocol's step 1); False where the storage cannot carry it
-    (and under ``torch.compile``, see :func:`get_post_grad_buffer`)."""
+    """Attach ``buf`` to ``residual``'s view of its storage (the protocol's step 1), and as the storage's
+    ``grad_from_mhc_post`` (as TileKernels); False where the storage cannot carry it (and under ``torch.compile``,
+    see :func:`get_post_grad_buffer`)."""
     import torch
 
     if torch.compiler.is_compiling():
         return False
     try:
-        setattr(residual.untyped_storage(), GRAD_ATTR, buf)
+        st = residual.untyped_storage()
+        views = getattr(st, _VIEWS_ATTR, None)
+        if views is None:
+            views = {}
+            setattr(st, _VIEWS_ATTR, views)
+        views[_view_key(residual)] = buf
+        setattr(st, GRAD_ATTR, buf)
         return True
     except (RuntimeError, NotImplementedError, AttributeError):
         return False

@@ -46,12 +46,12 @@ def _expand_fwd_kernel(x_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr,
 @triton.jit
 def _expand_bwd_kernel(g_ptr, out_ptr, T, H: tl.constexpr, N: tl.constexpr,
                        BT: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
-    """``out[t, h] = bf16(sum_m fp32(g[t, m, h]))``, added ``m = 0..N-1`` left to right."""
+    """``out[t, h] = bf16(sum_m fp32(g[t, m, h]))``, added ``m = 0..N-1`` left to right from 0 (TileKernels')."""
     pdl_enter(PDL)
     tok, h, mask = _expand_tile(T, H, BT, BH)
     base = g_ptr + tok[:, None] * (N * H) + h[None, :]
-    acc = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-    for m in tl.static_range(1, N):
+    acc = tl.zeros([BT, BH], tl.float32)
+    for m in tl.static_range(N):
         acc = acc + tl.load(base + m * H, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(acc), mask=mask)
 

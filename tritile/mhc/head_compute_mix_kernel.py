@@ -1,7 +1,9 @@
 """``mhc_head_compute_mix`` kernels: ``sigmoid(mix * scale + base) + eps`` for the head, and its backward.
 
-The autograd op is ``tritile.modeling.mhc.ops.mhc_head_compute_mix``.  The backward writes per-program partial
-sums of the scale and base gradients (deterministic, no atomics) that the host adds up.
+The autograd op is ``tritile.modeling.mhc.ops.mhc_head_compute_mix``.  The backward writes one row of partial sums
+of the scale and base gradients per program, one program per SM (deterministic, no atomics), and the host adds the
+rows with ``torch.sum``: TileKernels' plan and order, so these gradients depend on ``get_num_sms()`` as
+TileKernels' do.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import triton
 import triton.language as tl
 
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import mix_affine, partial_programs, pre_from_logit, sigmoid_f32, token_config
+from tritile.config import get_num_sms
+from tritile.mhc._common import NO_FUSION, mix_affine, pre_from_logit, sigmoid_f32, token_config, tree_last
 from tritile.runtime import custom_op, empty
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -34,8 +37,11 @@ def _head_fwd_kernel(x_ptr, scale_ptr, base_ptr, out_ptr, T, pre_eps, N: tl.cons
 @triton.jit
 def _head_bwd_kernel(x_ptr, scale_ptr, base_ptr, g_ptr, dx_ptr, pscale_ptr, pbase_ptr, T, N: tl.constexpr,
                      BN: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
-    """``q = g * s * (1 - s)`` with ``s`` the recomputed sigmoid; ``dx = q * scale``; program ``p`` (token blocks
-    ``p, p + P, ...``) writes ``pscale[p, j] = sum q_j x_j`` and ``pbase[p, j] = sum q_j``."""
+    """``q = (s (1 - s)) g`` with ``s`` the recomputed sigmoid; ``dx = q * scale``.  Program ``p`` of ``P`` (the grid:
+    the SM count) takes the ``BT``-token blocks ``p, p + P, ...``; its lanes are (token slot, ``j``), each with a
+    chain of fused multiply-adds ``q x`` and a running sum of ``q`` over its blocks (TileKernels' order).  It
+    writes ``pscale[p] =`` the butterfly over all lanes (token-major) and ``pbase[p, j] =`` the butterfly over the
+    token slots."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -52,13 +58,17 @@ def _head_bwd_kernel(x_ptr, scale_ptr, base_ptr, g_ptr, dx_ptr, pscale_ptr, pbas
         x = tl.load(x_ptr + offs, mask=m2, other=0.0)
         g = tl.load(g_ptr + offs, mask=m2, other=0.0)
         s = sigmoid_f32(mix_affine(x, scale, base[None, :]))
-        q = tl.where(m2, g * (s * (1.0 - s)), 0.0)
+        q = tl.where(m2, (s * (1.0 - s)) * g, 0.0)
         tl.store(dx_ptr + offs, q * scale, mask=m2)
-        acc_s += q * x
-        acc_b += q
+        acc_s = tl.fma(q, x, acc_s)
+        acc_b = acc_b + q
         blk += nprog
-    tl.store(pscale_ptr + pid * BN + n, tl.sum(acc_s, axis=0))
-    tl.store(pbase_ptr + pid * BN + n, tl.sum(acc_b, axis=0))
+    tl.store(pscale_ptr + pid + tl.arange(0, 1), tree_last(tl.reshape(acc_s, [1, BT * BN])))
+    tl.store(pbase_ptr + pid * N + n, tree_last(tl.trans(acc_b)), mask=n < N)
+
+
+# Tokens per block of the backward: TileKernels' 32 (its sums over a block's tokens are butterflies of that width).
+_BWD_BLOCK = 32
 
 
 def _config(n: int) -> dict:
@@ -74,7 +84,8 @@ def head_fwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: 
         return out
     cfg = _config(n)
     _head_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, scale, base, out, t, float(pre_eps), N=n, BN=next_power_of_two(n),
-                                                BT=cfg["BT"], num_warps=cfg["num_warps"], **pdl_args(x.device))
+                                                BT=cfg["BT"], num_warps=cfg["num_warps"], **NO_FUSION,
+                                                **pdl_args(x.device))
     return out
 
 
@@ -88,11 +99,10 @@ def head_bwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
     dx = empty((t, n), torch.float32, dev)
     if t == 0 or n == 0:
         return dx, torch.zeros(1, dtype=torch.float32, device=dev), torch.zeros(n, dtype=torch.float32, device=dev)
-    cfg = _config(n)
     bn = next_power_of_two(n)
-    nprog = partial_programs(t, cfg["BT"])
-    pscale = empty((nprog, bn), torch.float32, dev)
-    pbase = empty((nprog, bn), torch.float32, dev)
-    _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=bn, BT=cfg["BT"],
-                               num_warps=cfg["num_warps"], **pdl_args(dev))
-    return dx, pscale[:, :n].sum().reshape(1), pbase[:, :n].sum(0)
+    nprog = get_num_sms()
+    pscale = empty((nprog, 1), torch.float32, dev)
+    pbase = empty((nprog, n), torch.float32, dev)
+    _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=bn, BT=_BWD_BLOCK, num_warps=4,
+                               **NO_FUSION, **pdl_args(dev))
+    return dx, pscale.sum(0), pbase.sum(0)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import apply_mix, post_mix, residual_tile_config, tile_prologue
+from tritile.mhc._common import NO_FUSION, apply_mix, post_mix, residual_tile_config, tile_prologue
 from tritile.runtime import check_contiguous, check_tensor, custom_op, tuned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -164,4 +164,4 @@ def _multilayer_op(initial_residual: torch.Tensor, pre_mix_list: List[torch.Tens
         initial_residual, _table(pre_mix_list, dev), _table(layer_output_list, dev), _table(post_mix_list, dev),
         _table(comb_mix_list, dev), _table(layer_input_list, dev), _table(residual_list, dev), t,
         H=h, N=n, BN=bn, L=num_layers, LP=num_post, BT=cfg["BT"], BH=cfg["BH"], num_warps=cfg["num_warps"],
-        **pdl_args(dev))
+        **NO_FUSION, **pdl_args(dev))

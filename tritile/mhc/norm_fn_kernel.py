@@ -41,7 +41,7 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import token_block
+from tritile.mhc._common import NO_FUSION, token_block, tree_last
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_tensor, custom_op, empty,
                              interpreter_configs, tuned)
 from tritile.utils import ceil_div
@@ -173,24 +173,26 @@ def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
 def _norm_fn_norm_kernel(p_part_ptr, s_part_ptr, mixes_ptr, p_ptr, s_ptr, num_tokens, D, eps,
                          N3: tl.constexpr, N3P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr,
                          SAVE: tl.constexpr, PDL: tl.constexpr):
-    """``mixes = p r`` from the split partials; with ``SAVE`` also the summed ``p`` and ``s``."""
+    """``mixes = fma(p, r, 0)`` (TileKernels' normalisation kernel) from the split partials; with ``SAVE`` also the
+    summed ``p`` and ``s``."""
     pdl_enter(PDL)
     rows, row_ok = token_block(num_tokens, BLOCK_T)
     j, j_ok, p, s, r = _normalise(p_part_ptr, s_part_ptr, rows, row_ok, num_tokens, D, eps, SPLITS, N3, N3P)
     m = row_ok[:, None] & j_ok[None, :]
     offs = rows[:, None] * N3 + j[None, :]
-    tl.store(mixes_ptr + offs, p * r[:, None], mask=m)
+    tl.store(mixes_ptr + offs, tl.fma(p, r[:, None], 0.0), mask=m)
     if SAVE:
         tl.store(p_ptr + offs, p, mask=m)
         tl.store(s_ptr + rows, s, mask=row_ok)
 
 
 @triton.jit
-def _norm_fn_bwd_norm_kernel(g_ptr, p_ptr, s_ptr, gp_ptr, gs_ptr, num_tokens, D, eps,
+def _norm_fn_bwd_norm_kernel(g_ptr, p_ptr, s_ptr, gp_ptr, gs_ptr, num_tokens, D, eps, eps_d,
                              N3: tl.constexpr, N3P: tl.constexpr, BLOCK_T: tl.constexpr, TF32: tl.constexpr,
                              PDL: tl.constexpr):
     """``g_p = g r`` (TF32-rounded with ``TF32``; zero-padded to ``N3P`` columns) and
-    ``g_s = (sum_j g_j p_j) r / (s + eps D) / -2``."""
+    ``g_s = ((sum_j g_j p_j) r / (s + eps_d)) / -2`` in TileKernels' order: the sum a butterfly over the ``N3P``
+    (zero-padded) rounded products, ``eps_d = fp32(eps D)`` rounded once on the host."""
     pdl_enter(PDL)
     rows, row_ok = token_block(num_tokens, BLOCK_T)
     j, j_ok = _mix_cols(N3, N3P)
@@ -202,7 +204,7 @@ def _norm_fn_bwd_norm_kernel(g_ptr, p_ptr, s_ptr, gp_ptr, gs_ptr, num_tokens, D,
     gp = g * r[:, None]
     if TF32:
         gp = _tf32(gp)
-    gs = tl.math.div_rn(tl.sum(g * p, axis=1) * r, s + eps * D) * -0.5
+    gs = tl.math.div_rn(tree_last(g * p) * r, s + eps_d) * -0.5
     tl.store(gp_ptr + rows[:, None] * N3P + j[None, :], gp, mask=row_ok[:, None])
     tl.store(gs_ptr + rows, gs, mask=row_ok)
 
@@ -335,6 +337,12 @@ def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch
     return p_part, s_part, cfg
 
 
+def eps_d_f32(eps: float, d: int) -> float:
+    """``eps * D`` computed in double and rounded once to float32, as TileKernels' kernels get it (a constant folded
+    at compile time)."""
+    return float(torch.tensor(float(eps) * d, dtype=torch.float32))
+
+
 def _norm_block_t() -> int:
     """Tokens per program of the small per-token kernels (normalisation, backward normalisation)."""
     return 64 if _INTERPRET else 32
@@ -361,8 +369,17 @@ def norm_fn_fwd(x: torch.Tensor, fn: torch.Tensor, eps: float) -> Tuple[torch.Te
     n3 = fn.shape[0]
     dev = x.device
     p_part, s_part, cfg = norm_fn_gemm(x, fn)
+    return normalise(p_part, s_part, D, eps)
+
+
+def normalise(p_part: torch.Tensor, s_part: torch.Tensor, D: int, eps: float
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``norm_fn``'s normalisation of the GEMM's float32 partials ``p_part (SPLITS, T, n3)`` and ``s_part (SPLITS,
+    T)`` (contiguous): ``(mixes, p, s)`` with ``p``, ``s`` the partials summed in split order and
+    ``mixes = fma(p, rsqrt(s / D + eps), 0)``."""
+    splits, T, n3 = p_part.shape
+    dev = p_part.device
     mixes = empty((T, n3), torch.float32, dev)
-    splits = cfg["SPLITS"]
     if splits == 1:
         p, s = p_part[0], s_part[0]
     else:
@@ -373,9 +390,26 @@ def norm_fn_fwd(x: torch.Tensor, fn: torch.Tensor, eps: float) -> Tuple[torch.Te
     bt = _norm_block_t()
     _norm_fn_norm_kernel[(ceil_div(T, bt),)](
         p_part, s_part, mixes, p, s, T, float(D), float(eps),
-        N3=n3, N3P=N3_PAD, SPLITS=splits, BLOCK_T=bt, SAVE=splits > 1, num_warps=4,
+        N3=n3, N3P=N3_PAD, SPLITS=splits, BLOCK_T=bt, SAVE=splits > 1, num_warps=4, **NO_FUSION,
         **pdl_args(dev, launch=False))
     return mixes, p, s
+
+
+def bwd_normalise(g: torch.Tensor, p: torch.Tensor, s: torch.Tensor, D: int, eps: float, tf32: bool
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The backward's normalisation step (TileKernels' order) for float32 ``g``, ``p`` ``(T, n3)`` and ``s (T,)``
+    (contiguous): ``g_p (T, 32)`` (``g r``, TF32-rounded with ``tf32``, zero columns past ``n3``) and ``g_s (T,)``."""
+    T, n3 = g.shape
+    dev = g.device
+    gp = empty((T, N3_PAD), torch.float32, dev)
+    gs = empty((T,), torch.float32, dev)
+    if T == 0:
+        return gp, gs
+    bt = _norm_block_t()
+    _norm_fn_bwd_norm_kernel[(ceil_div(T, bt),)](
+        g, p, s, gp, gs, T, float(D), float(eps), eps_d_f32(eps, D), N3=n3, N3P=N3_PAD, BLOCK_T=bt,
+        TF32=bool(tf32), num_warps=4, **NO_FUSION, **pdl_args(dev))
+    return gp, gs
 
 
 def _fake_bwd(g, x, fn, p, s, eps, x_grad, has_acc, tf32):
@@ -403,12 +437,7 @@ def norm_fn_bwd(g: torch.Tensor, x: torch.Tensor, fn: torch.Tensor, p: torch.Ten
     dev = x.device
     if T == 0:
         return torch.zeros((n3, D), dtype=torch.float32, device=dev)
-    gp = empty((T, N3_PAD), torch.float32, dev)
-    gs = empty((T,), torch.float32, dev)
-    bt = _norm_block_t()
-    _norm_fn_bwd_norm_kernel[(ceil_div(T, bt),)](
-        g, p, s, gp, gs, T, float(D), float(eps), N3=n3, N3P=N3_PAD, BLOCK_T=bt, TF32=bool(tf32), num_warps=4,
-        **pdl_args(dev))
+    gp, gs = bwd_normalise(g, p, s, D, eps, tf32)
     cfg = _bwd_config(T, D)
     splits = cfg["TOKEN_SPLITS"]
     gfn_part = empty((splits, n3, D), torch.float32, dev)

@@ -15,9 +15,9 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import (apply_mix, comb_block, extract, hidden_tile, post_mix, residual_offsets,
-                                 residual_tile_config, set_post_grad_buffer, stream_block, tile_prologue,
-                                 token_prologue)
+from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, comb_block, extract, hidden_tile, post_mix,
+                                 residual_offsets, residual_tile_config, set_post_grad_buffer, stream_block,
+                                 tile_prologue, token_config, token_prologue, tree_last)
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
                              empty, tuned)
 from tritile.utils import ceil_div, next_power_of_two
@@ -46,21 +46,24 @@ def _post_fwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, H: tl.constex
 
 @triton.jit
 def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dpost_ptr, dcomb_ptr, T,
-                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
-                     NCH: tl.constexpr, PDL: tl.constexpr):
-    """One pass over ``y``, ``x``, ``g``; one program owns ``BT`` whole tokens and walks their hidden chunks.
+                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NJ: tl.constexpr,
+                     PDL: tl.constexpr):
+    """One pass over ``y``, ``x``, ``g``; one program owns ``BT`` whole tokens and walks their rows of ``LANES``
+    hidden columns (``NJ`` rows: ``h = j LANES + lane``).
 
-    ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in
-    ``o`` order), ``dpost[t, o] = sum_h y[h] g_o[h]``, ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` (fp32)."""
+    ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in ``o``
+    order from 0); ``dpost[t, o] = sum_h y[h] g_o[h]`` and ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` in TileKernels'
+    order: per lane a chain of fused multiply-adds over the rows in order, then a butterfly over the lanes."""
     pdl_enter(PDL)
     tok, n2, n3, o3, tm = token_prologue(T, BT, BN)
     post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
     cmask = tm[:, None, None] & (n3 < N) & (o3 < N)
     comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cmask, other=0.0)
-    dpost = tl.zeros([BT, BN], tl.float32)
-    dcomb = tl.zeros([BT, BN, BN], tl.float32)
-    for c in range(NCH):
-        h = c * BH + tl.arange(0, BH)
+    lane = tl.arange(0, LANES)
+    dpost = tl.zeros([BT, BN, LANES], tl.float32)
+    dcomb = tl.zeros([BT, BN, BN, LANES], tl.float32)  # [token, i, o, lane]
+    for j in range(NJ):
+        h = j * LANES + lane
         hm = h < H
         m2 = tm[:, None] & hm[None, :]
         m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
@@ -69,16 +72,14 @@ def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dp
         x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + offs, mask=m3, other=0.0).to(tl.float32)
         tl.store(dy_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(apply_mix(g, post, n2, n3, N)), mask=m2)
-        dx = tl.zeros([BT, BN, BH], tl.float32)
+        dx = tl.zeros([BT, BN, LANES], tl.float32)
         for o in tl.static_range(N):
-            g_o = extract(g, n3, o, 1)
-            dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], g_o[:, None, :], dx)
-            dcomb += tl.where(o3 == o, tl.sum(x * g_o[:, None, :], axis=2)[:, :, None], 0.0)
+            dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], extract(g, n3, o, 1)[:, None, :], dx)
         tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
-        dpost += tl.sum(y[:, None, :] * g, axis=2)
-    tl.store(dpost_ptr + tok[:, None] * N + n2, dpost, mask=tm[:, None] & (n2 < N))
-    tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, dcomb, mask=cmask)
-
+        dpost = tl.fma(y[:, None, :], g, dpost)
+        dcomb = tl.fma(x[:, :, None, :], g[:, None, :, :], dcomb)
+    tl.store(dpost_ptr + tok[:, None] * N + n2, tree_last(dpost), mask=tm[:, None] & (n2 < N))
+    tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, tree_last(dcomb), mask=cmask)
 
 
 def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optional[int] = None) -> Tuple[int, int]:
@@ -138,7 +139,12 @@ def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     cfg = tuned("mhc_post_fwd", residual_tile_config(h, bn))
     grid = (ceil_div(t, cfg["BT"]), ceil_div(h, cfg["BH"]))
     _post_fwd_kernel[grid](x, residual, post_layer_mix, comb_res_mix, out, t, H=h, N=n, BN=bn, BT=cfg["BT"],
-                           BH=cfg["BH"], num_warps=cfg["num_warps"], **pdl_args(x.device))
+                           BH=cfg["BH"], num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(x.device))
+
+
+def _bwd_config(bn: int) -> dict:
+    """Backward launch plan: one token per program on the GPU (as TileKernels), a few under the interpreter."""
+    return token_config(1, max(1, 64 // (bn * bn)))
 
 
 def _post_bwd_fake(x, residual, post_layer_mix, comb_res_mix, d_o):
@@ -161,10 +167,10 @@ def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         d_comb.zero_()
     elif t > 0:
         bn = next_power_of_two(n)
-        cfg = tuned("mhc_post_bwd", residual_tile_config(h, bn, one_token=True))
+        cfg = tuned("mhc_post_bwd", _bwd_config(bn))
         _post_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
             x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, N=n, BN=bn,
-            BT=cfg["BT"], BH=cfg["BH"], NCH=ceil_div(h, cfg["BH"]), num_warps=cfg["num_warps"], **pdl_args(dev))
+            BT=cfg["BT"], NJ=ceil_div(h, LANE_COUNT), num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(dev))
     return d_x, d_res, d_post, d_comb
 
 

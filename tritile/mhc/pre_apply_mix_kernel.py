@@ -6,6 +6,7 @@ The autograd op is ``tritile.modeling.mhc.ops.mhc_pre_apply_mix``.  The forward 
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -14,8 +15,8 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import (apply_mix, hidden_range, hidden_tile, residual_offsets, residual_tile_config,
-                                 stream_block, tile_prologue, token_prologue)
+from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, fma_chain_last, residual_tile_config,
+                                 stream_block, tile_prologue, token_config, token_prologue, tree_last)
 from tritile.runtime import custom_op, empty, tuned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -36,32 +37,44 @@ def _apply_mix_fwd_kernel(x_ptr, mix_ptr, out_ptr, T, H: tl.constexpr, N: tl.con
 
 @triton.jit
 def _apply_mix_bwd_kernel(x_ptr, mix_ptr, g_ptr, dx_ptr, dmix_ptr, T, H: tl.constexpr, N: tl.constexpr,
-                          BN: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, NCH: tl.constexpr,
+                          BN: tl.constexpr, BT: tl.constexpr, V: tl.constexpr, NC: tl.constexpr,
                           ACC: tl.constexpr, PDL: tl.constexpr):
-    """One program owns ``BT`` whole tokens and walks their hidden chunks.
+    """One program owns ``BT`` whole tokens and walks their chunks of ``LANES * V`` hidden columns, lane ``l``
+    holding the ``V`` contiguous columns ``h = c LANES V + l V + k`` of chunk ``c``.
 
-    ``dmix[t, m] = sum_h g[t, h] * x[t, m, h]`` (fp32); ``dx[t, m, h] = bf16(fma(mix[t, m], g[t, h], acc))`` with
-    ``acc`` the fp32 value already in ``dx`` when ``ACC`` (in-place accumulation), else 0."""
+    ``dx[t, m, h] = bf16(fma(mix[t, m], g[t, h], acc))`` with ``acc`` the fp32 value already in ``dx`` when ``ACC``
+    (in-place accumulation), else 0.  ``dmix[t, m] = sum_h g[t, h] x[t, m, h]`` in TileKernels' order: per lane a
+    chain of fused multiply-adds over its columns (chunks, then ``k``), then a butterfly over the lanes."""
     pdl_enter(PDL)
     tok, n2, n3, _, tm = token_prologue(T, BT, BN)
     w_ptrs, ms = stream_block(mix_ptr, tok, tm, n2, N)
     w = tl.load(w_ptrs, mask=ms, other=0.0)
-    dmix = tl.zeros([BT, BN, BH], tl.float32)
-    for c in range(NCH):
-        h, hm = hidden_range(c, H, BH)
-        g_ptrs, m2 = hidden_tile(g_ptr, tok, tm, h, hm, H)
-        g = tl.load(g_ptrs, mask=m2, other=0.0).to(tl.float32)
-        offs, m3 = residual_offsets(tok, tm, n3, h, hm, N, H)
-        x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-        dmix += x * g[:, None, :]
+    lk = tl.arange(0, LANES)[:, None] * V + tl.arange(0, V)[None, :]      # [LANES, V]
+    n4 = n3[:, :, :, None]
+    dmix = tl.zeros([BT, BN, LANES], tl.float32)
+    for c in range(NC):
+        h = c * (LANES * V) + lk
+        hm = h < H
+        m3 = tm[:, None, None] & hm[None, :, :]
+        g = tl.load(g_ptr + tok[:, None, None] * H + h[None, :, :], mask=m3, other=0.0).to(tl.float32)
+        m4 = tm[:, None, None, None] & (n4 < N) & hm[None, None, :, :]
+        offs = tok[:, None, None, None] * (N * H) + n4 * H + h[None, None, :, :]
+        x = tl.load(x_ptr + offs, mask=m4, other=0.0).to(tl.float32)
         if ACC:
-            acc = tl.load(dx_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-            dx = tl.fma(w[:, :, None], g[:, None, :], acc)
+            acc = tl.load(dx_ptr + offs, mask=m4, other=0.0).to(tl.float32)
         else:
-            dx = w[:, :, None] * g[:, None, :]
-        tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
+            acc = tl.zeros([BT, BN, LANES, V], tl.float32)
+        tl.store(dx_ptr + offs, f32_to_bf16(tl.fma(w[:, :, None, None], g[:, None, :, :], acc)), mask=m4)
+        dmix = fma_chain_last(g[:, None, :, :], x, dmix)
     dmix_ptrs, _ = stream_block(dmix_ptr, tok, tm, n2, N)
-    tl.store(dmix_ptrs, tl.sum(dmix, axis=2), mask=ms)
+    tl.store(dmix_ptrs, tree_last(dmix), mask=ms)
+
+
+def apply_mix_vec(hidden: int) -> int:
+    """Columns a lane holds per chunk in the backward: ``gcd(1024, H) / LANES`` as TileKernels' ``1024``-wide (or
+    narrower) chunks over 128 threads give; 1 where ``H`` is not a multiple of 128."""
+    g = math.gcd(1024, hidden)
+    return g // LANE_COUNT if g >= LANE_COUNT else 1
 
 
 @custom_op("mhc_pre_apply_mix_fwd", mutates_args=("out",), fake=lambda x, mix, out: None)
@@ -75,7 +88,7 @@ def apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor) -> None
     cfg = tuned("mhc_pre_apply_mix_fwd", residual_tile_config(hdim, bn, interp_elems=4096))
     grid = (ceil_div(t, cfg["BT"]), ceil_div(hdim, cfg["BH"]))
     _apply_mix_fwd_kernel[grid](x, mix, out, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
-                                num_warps=cfg["num_warps"], **pdl_args(x.device))
+                                num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(x.device))
 
 
 def _apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor,
@@ -95,11 +108,11 @@ def _apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor,
         dmix.zero_()
         return dx, dmix
     bn = next_power_of_two(n)
-    cfg = tuned("mhc_pre_apply_mix_bwd", residual_tile_config(hdim, bn, one_token=True, interp_elems=4096))
+    v = apply_mix_vec(hdim)
+    cfg = tuned("mhc_pre_apply_mix_bwd", token_config(1, max(1, 64 // bn)))
     _apply_mix_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
-        x, mix, grad, dx, dmix, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], BH=cfg["BH"],
-        NCH=ceil_div(hdim, cfg["BH"]), ACC=acc,
-        num_warps=cfg["num_warps"], **pdl_args(x.device))
+        x, mix, grad, dx, dmix, t, H=hdim, N=n, BN=bn, BT=cfg["BT"], V=v, NC=ceil_div(hdim, LANE_COUNT * v),
+        ACC=acc, num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(x.device))
     return dx, dmix
 
 

@@ -24,7 +24,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.runtime import empty, interpreter_configs, tuned
 from tritile.utils import ceil_div, next_power_of_two
 
-from ._common import apply_mix, load_split_mixes, sinkhorn_fwd, token_block
+from ._common import NO_FUSION, apply_mix, load_split_mixes, sinkhorn_fwd, token_block
 from .norm_fn_kernel import N3_PAD, _normalise, norm_fn_gemm
 
 _INTERPRET = interpreter_configs()
@@ -40,7 +40,8 @@ def _pre_big_fuse_kernel(p_part_ptr, s_part_ptr, scale_ptr, base_ptr, x_ptr, mix
     and ``layer_input (T, H)`` bf16."""
     pdl_enter(PDL)
     tok, tok_ok = token_block(num_tokens, BLOCK_T)
-    # norm_fn's normalisation (the helper of _norm_fn_norm_kernel)
+    # norm_fn's normalisation (the helper of _norm_fn_norm_kernel; the mixes are the plain product p r here, as in
+    # TileKernels' fused kernel, where its normalisation kernel has fma(p, r, 0): they differ only in a zero's sign)
     j, j_ok, p, _, r = _normalise(p_part_ptr, s_part_ptr, tok, tok_ok, num_tokens, D_f, rms_eps, SPLITS, N3, N3P)
     tl.store(mixes_ptr + tok[:, None] * N3 + j[None, :], p * r[:, None], mask=tok_ok[:, None] & j_ok[None, :])
     tl.debug_barrier()  # the rows are read back below by other threads of the program
@@ -91,8 +92,23 @@ def pre_big_fuse(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: t
     Returns:
         float32 ``post (T, n)``, float32 ``comb (T, n, n)``, bfloat16 ``layer_input (T, H)``.
     """
-    T, D = x.shape
-    n3 = fn.shape[0]
+    T = x.shape[0]
+    if T == 0:
+        H = x.shape[1] // n
+        return (empty((0, n), torch.float32, x.device), empty((0, n, n), torch.float32, x.device),
+                empty((0, H), torch.bfloat16, x.device))
+    p_part, s_part, _ = norm_fn_gemm(x, fn)
+    return big_fuse_tail(p_part, s_part, x, scale, base, rms_eps, pre_eps, sk_eps, post_mult, repeat, n)
+
+
+def big_fuse_tail(p_part: torch.Tensor, s_part: torch.Tensor, x: torch.Tensor, scale: torch.Tensor,
+                  base: torch.Tensor, rms_eps: float, pre_eps: float, sk_eps: float, post_mult: float, repeat: int,
+                  n: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernel on the GEMM's float32 partials ``p_part (SPLITS, T, n3)`` and ``s_part (SPLITS, T)``
+    (contiguous; ``x``, ``scale``, ``base`` and the scalars as in :func:`pre_big_fuse`): ``(post, comb,
+    layer_input)``, in TileKernels' order from the partials on."""
+    splits, T, n3 = p_part.shape
+    D = x.shape[1]
     H = D // n
     dev = x.device
     post = empty((T, n), torch.float32, dev)
@@ -100,13 +116,12 @@ def pre_big_fuse(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: t
     out = empty((T, H), torch.bfloat16, dev)
     if T == 0:
         return post, comb, out
-    p_part, s_part, gcfg = norm_fn_gemm(x, fn)
     mixes = torch.empty((T, n3), dtype=torch.float32, device=dev)
     cfg = _config(T, H)
     _pre_big_fuse_kernel[(ceil_div(T, cfg["BLOCK_T"]),)](
         p_part, s_part, scale, base, x, mixes, post, comb, out,
         T, H, float(D), float(rms_eps), float(pre_eps), float(sk_eps), float(post_mult),
-        N=n, BN=next_power_of_two(n), N3=n3, N3P=N3_PAD, SPLITS=gcfg["SPLITS"], REPEAT=int(repeat),
+        N=n, BN=next_power_of_two(n), N3=n3, N3P=N3_PAD, SPLITS=splits, REPEAT=int(repeat),
         BLOCK_T=cfg["BLOCK_T"], BLOCK_H=cfg["BLOCK_H"], H_ITERS=ceil_div(H, cfg["BLOCK_H"]),
-        num_warps=cfg["num_warps"], **pdl_args(dev, launch=False))
+        num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(dev, launch=False))
     return post, comb, out

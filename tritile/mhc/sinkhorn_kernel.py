@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import comb_offsets, sinkhorn_bwd, sinkhorn_fwd, token_config, token_prologue
+from tritile.mhc._common import NO_FUSION, comb_offsets, sinkhorn_bwd, sinkhorn_fwd, token_config, token_prologue
 from tritile.runtime import custom_op, empty, tuned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -56,7 +56,7 @@ def sinkhorn_fwd_launch(x: torch.Tensor, repeat: int, eps: float) -> torch.Tenso
     cfg = tuned("mhc_sinkhorn_fwd", _config(n))
     _sinkhorn_fwd_kernel[(ceil_div(t, cfg["BT"]),)](x, out, t, float(eps), N=n, BN=next_power_of_two(n),
                                                     REPEAT=repeat, BT=cfg["BT"], num_warps=cfg["num_warps"],
-                                                    **pdl_args(x.device))
+                                                    **NO_FUSION, **pdl_args(x.device))
     return out
 
 
@@ -71,5 +71,5 @@ def sinkhorn_bwd_launch(x: torch.Tensor, grad: torch.Tensor, repeat: int, eps: f
     tape = torch.empty((t, 2 * repeat - 1, n, n), dtype=torch.float32, device=x.device)  # private scratch
     _sinkhorn_bwd_kernel[(ceil_div(t, cfg["BT"]),)](x, grad, dx, tape, t, float(eps), N=n, BN=next_power_of_two(n),
                                                     REPEAT=repeat, BT=cfg["BT"], num_warps=cfg["num_warps"],
-                                                    num_stages=1, **pdl_args(x.device))
+                                                    num_stages=1, **NO_FUSION, **pdl_args(x.device))
     return dx

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tritile.mhc._common import check_positive
 from tritile.mhc.head_compute_mix_kernel import head_bwd, head_fwd
 from tritile.runtime import check_device, check_same_device, check_shape, check_tensor
 
@@ -40,7 +41,7 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
         input_mix: fp32 ``(B, S, n)`` (any strides, e.g. the first ``n`` columns of the mixes).
         mhc_scale: fp32 with one element (``(1,)``).
         mhc_base: fp32 ``(n,)``.
-        mhc_pre_eps: added after the sigmoid.
+        mhc_pre_eps: added after the sigmoid, positive.
 
     Returns:
         fp32 ``(B, S, n)`` contiguous: ``sigmoid(input_mix * scale + base) + mhc_pre_eps``.
@@ -53,4 +54,5 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
     check_shape("mhc_base", mhc_base, (input_mix.shape[-1],))
     check_device("input_mix", input_mix)
     check_same_device(input_mix=input_mix, mhc_scale=mhc_scale, mhc_base=mhc_base)
-    return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, float(mhc_pre_eps))
+    mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
+    return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, mhc_pre_eps)

@@ -9,6 +9,7 @@ import torch
 
 from tritile.mhc.norm_fn_kernel import (check_norm_fn_inputs, empty_grad_like, flatten_residual, norm_fn_bwd,
                                         norm_fn_fwd)
+from tritile.mhc._common import check_positive, get_post_grad_buffer
 from tritile.runtime import check_same_device, check_shape, check_tensor
 
 __all__ = ["mhc_pre_norm_fn", "merge_norm_weight", "MHCPreNormFn"]
@@ -98,9 +99,7 @@ class MHCPreNormFn(torch.autograd.Function):
         n3, D = fn.shape
         x2 = x.view(-1, D)
         g2 = g.reshape(-1, n3).contiguous().float()
-        buf = None
-        if ctx.fuse_grad_acc:
-            buf = getattr(x.untyped_storage(), "grad_from_mhc_post", None)
+        buf = get_post_grad_buffer(x, take=True) if ctx.fuse_grad_acc else None
         if buf is not None:
             if buf.dtype != torch.bfloat16 or buf.numel() != x.numel() or not buf.is_contiguous():
                 raise ValueError(f"grad_from_mhc_post must be a contiguous bfloat16 tensor of {x.numel()} elements, "
@@ -110,7 +109,6 @@ class MHCPreNormFn(torch.autograd.Function):
             x_grad = empty_grad_like(x2)
         g_fn = norm_fn_bwd(g2, x2, fn, p, s, ctx.norm_eps, x_grad, buf is not None, _tf32_policy(x.device))
         if buf is not None:
-            del x.untyped_storage().grad_from_mhc_post
             return None, g_fn, None, None, None
         return x_grad.view_as(x), g_fn, None, None, None
 
@@ -125,7 +123,7 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
         mhc_fn: float32 ``(n3, n H)`` with ``n3 = n (n + 2) = 24`` (``n = 4``, the only supported value); used
             with TF32 operands (``round_to_tf32``), as TileKernels' tensor-core GEMM.
         mhc_norm_weight: ``None`` or float32 ``(n H,)``: the RMSNorm weight, folded into ``mhc_fn``'s columns.
-        mhc_norm_eps: the RMS epsilon (inside the square root).
+        mhc_norm_eps: the RMS epsilon (inside the square root), positive.
         fuse_grad_acc: accumulate the residual gradient into ``residual.untyped_storage().grad_from_mhc_post``
             when ``mhc_post``'s backward has set it (see :class:`MHCPreNormFn`).
         n_splits: accepted for compatibility and ignored (the split over ``D`` is chosen by shape).
@@ -134,6 +132,7 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
         float32 ``(..., n3)``.
     """
     n, H, n3 = check_norm_fn_inputs(residual, mhc_fn)
+    mhc_norm_eps = check_positive("mhc_norm_eps", mhc_norm_eps)
     if mhc_norm_weight is not None:
         check_tensor("mhc_norm_weight", mhc_norm_weight, dtypes=(torch.float32,), ndim=1)
         check_shape("mhc_norm_weight", mhc_norm_weight, (n * H,))

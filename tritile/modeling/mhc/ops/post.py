@@ -57,8 +57,9 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tens
 
     Args:
         x: bf16 ``(B, S, H)``, contiguous: the sublayer output.
-        residual: bf16 ``(B, S, n, H)``, contiguous (it must own its storage: the backward attaches the residual
-            gradient buffer to it).
+        residual: bf16 ``(B, S, n, H)``, contiguous (the backward attaches the residual gradient buffer to its
+            storage, per view: residuals that are views of one tensor, e.g. ``R[0:1]`` and ``R[1:2]``, keep separate
+            buffers).
         post_layer_mix: fp32 ``(B, S, n, 1)``, contiguous.
         comb_res_mix: fp32 ``(B, S, n, n)``, contiguous, ``[input stream i, output stream o]``.
         out: optional bf16 ``(B, S, n, H)``, contiguous, written in place (the result aliases it).

@@ -9,7 +9,8 @@ import torch
 
 from tritile.mhc.norm_fn_kernel import check_norm_fn_inputs, flatten_residual
 from tritile.mhc.pre_big_fuse_kernel import pre_big_fuse
-from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
+from tritile.mhc._common import check_nonzero, check_positive
+from tritile.runtime import check_contiguous, check_int, check_same_device, check_shape, check_tensor, custom_op
 
 __all__ = ["mhc_pre_big_fuse"]
 
@@ -41,8 +42,8 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
         residual: bfloat16 ``(..., n, H)`` contiguous, ``n = 4``.
         fn: float32 ``(n3, n H)`` with ``n3 = n (n + 2) = 24``, contiguous (fold a norm weight in beforehand).
         mhc_scale: float32 ``(3,)``; mhc_base: float32 ``(n3,)``.
-        rms_eps, mhc_pre_eps, mhc_sinkhorn_eps: the epsilons of the RMS, the pre sigmoid and Sinkhorn.
-        mhc_post_mult_value: the post multiplier (non-zero).
+        rms_eps, mhc_pre_eps, mhc_sinkhorn_eps: the epsilons of the RMS, the pre sigmoid and Sinkhorn (positive).
+        mhc_post_mult_value: the post multiplier (non-zero and finite).
         sinkhorn_repeat: Sinkhorn iterations, ``>= 1``.
         n_splits: accepted for compatibility and ignored.
 
@@ -58,10 +59,11 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
     check_same_device(residual=residual, mhc_scale=mhc_scale, mhc_base=mhc_base)
     check_contiguous("mhc_scale", mhc_scale)
     check_contiguous("mhc_base", mhc_base)
-    if int(sinkhorn_repeat) < 1:
-        raise ValueError(f"sinkhorn_repeat must be >= 1, got {sinkhorn_repeat}")
-    if float(mhc_post_mult_value) == 0.0:
-        raise ValueError("mhc_post_mult_value must be non-zero, got 0.0")
+    check_int("sinkhorn_repeat", sinkhorn_repeat, 1)
+    rms_eps = check_positive("rms_eps", rms_eps)
+    mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
+    mhc_sinkhorn_eps = check_positive("mhc_sinkhorn_eps", mhc_sinkhorn_eps)
+    mhc_post_mult_value = check_nonzero("mhc_post_mult_value", mhc_post_mult_value)
     x = flatten_residual(residual)
     post, comb, out = _big_fuse_op(x, fn, mhc_scale, mhc_base, float(rms_eps), float(mhc_pre_eps),
                                    float(mhc_sinkhorn_eps), float(mhc_post_mult_value), int(sinkhorn_repeat), n)

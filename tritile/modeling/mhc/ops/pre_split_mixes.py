@@ -7,6 +7,7 @@ from typing import Tuple
 
 import torch
 
+from tritile.mhc._common import check_nonzero, check_positive
 from tritile.mhc.pre_split_mixes_kernel import split_bwd, split_fwd
 from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor
 
@@ -53,8 +54,8 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
         input_mixes: fp32 ``(B, S, n3)``, contiguous, ``n3 = n (n + 2)``.
         mhc_scale: fp32 ``(3,)``; mhc_base: fp32 ``(n3,)``.
         mhc_mult: ``n``.
-        mhc_post_mult_value: post multiplier (non-zero: the backward divides by it).
-        mhc_pre_eps: added to the pre weights.
+        mhc_post_mult_value: post multiplier (non-zero and finite: the backward divides by it).
+        mhc_pre_eps: added to the pre weights, positive.
 
     Returns:
         fp32 ``pre (B, S, n, 1) = sigmoid(z[:n]) + pre_eps``, ``post (B, S, n, 1) = mult * sigmoid(z[n:2n])`` and
@@ -76,8 +77,8 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     check_contiguous("input_mixes", input_mixes)
     check_contiguous("mhc_scale", mhc_scale)
     check_contiguous("mhc_base", mhc_base)
-    if float(mhc_post_mult_value) == 0.0:
-        raise ValueError("mhc_post_mult_value must be non-zero (the backward divides by it), got 0")
+    mhc_post_mult_value = check_nonzero("mhc_post_mult_value", mhc_post_mult_value)
+    mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
     check_device("input_mixes", input_mixes)
     check_same_device(input_mixes=input_mixes, mhc_scale=mhc_scale, mhc_base=mhc_base)
     return MHCPreSplitMixes.apply(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)

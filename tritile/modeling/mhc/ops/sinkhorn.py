@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tritile.mhc._common import check_positive
 from tritile.mhc.sinkhorn_kernel import sinkhorn_bwd_launch, sinkhorn_fwd_launch
 from tritile.runtime import check_device, check_tensor
 
@@ -39,7 +40,7 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
         x: fp32 ``(..., n, n)`` logits (any strides: made contiguous).
         repeat: number of column normalisations (``>= 1``): row softmax, ``+ eps``, a column normalisation, then
             ``repeat - 1`` (row, column) pairs.
-        eps: added to every normalisation's denominator (and once after the softmax).
+        eps: added to every normalisation's denominator (and once after the softmax), positive.
 
     Returns:
         fp32 ``(..., n, n)``, every column summing to about 1.
@@ -52,4 +53,4 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
         raise TypeError(f"repeat must be an int, got {type(repeat).__name__}")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    return MHCSinkhorn.apply(x, repeat, float(eps))
+    return MHCSinkhorn.apply(x, repeat, check_positive("eps", eps))
