@@ -293,3 +293,88 @@ def test_torch_compile_no_grad(device):
         out = compiled(residual, fn, scale, base)
     assert torch.equal(out[0], eager[0])
     assert torch.equal(out[1][0], eager[1][0]) and torch.equal(out[1][1], eager[1][1])
+
+
+def _layers(parts, fn, scale, base, w):
+    """One sublayer on each residual of ``parts``, step by step across them (as a batched model interleaves them):
+    ``mhc_pre`` on each, a bf16 nonlinearity on each, ``mhc_post`` on each."""
+    pres = [mhc_pre(R, fn, scale, base, norm_weight=w) for R in parts]
+    ys = [(u.float().tanh() * 2).bfloat16() for u, _ in pres]
+    return [mhc_post(y, R, post, comb) for y, R, (_, (post, comb)) in zip(ys, parts, pres)]
+
+
+@pytest.mark.parametrize("split", ["batch", "seq"])
+def test_residual_views_share_storage(device, split):
+    """Residuals that are views of one tensor (``R[0:1]``, ``R[1:2]``: slices of a batch) share a storage, the key
+    of the residual-gradient buffer: each keeps its own buffer, and the gradients are those of separate storages
+    (bit for bit)."""
+    H = 64
+    fn, scale, base, w = _params(H, device, True)
+    R0 = _residual(2, 6, H, device) if split == "batch" else _residual(1, 12, H, device)
+    gs = [torch.randn(1, 6, N, H, device=device).bfloat16() for _ in range(2)]
+    results = []
+    for shared in (True, False):
+        R = R0.clone().requires_grad_()
+        ts = [t.clone().requires_grad_() for t in (fn, scale, base, w)]
+        parts = (R[0:1], R[1:2]) if split == "batch" else (R[:, 0:6], R[:, 6:12])
+        if not shared:
+            parts = tuple(p.clone() for p in parts)  # own storages; the gradient still reaches R
+        outs = _layers(parts, *ts)
+        torch.autograd.backward(outs, gs)
+        results.append([R.grad] + [t.grad for t in ts])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_same_checks_with_and_without_grad(device, grad):
+    """Every argument is checked by its public name, with and without grad alike (TileKernels' no-grad path accepts
+    ``mhc_mult=4.0``, ``sinkhorn_repeat=2.5`` and negative epsilons)."""
+    H = 32
+    residual = _residual(1, 3, H, device)
+    fn, scale, base, w = _params(H, device, True)
+    cases = [
+        (dict(mhc_mult=4.0), TypeError, "mhc_mult must be an int"),
+        (dict(sinkhorn_repeat=2.5), TypeError, "sinkhorn_repeat must be an int"),
+        (dict(sinkhorn_repeat=0), ValueError, "sinkhorn_repeat"),
+        (dict(norm_eps=-1e-6), ValueError, "norm_eps must be positive"),
+        (dict(pre_eps=0.0), ValueError, "pre_eps must be positive"),
+        (dict(sinkhorn_eps=-1e-6), ValueError, "sinkhorn_eps must be positive"),
+        (dict(sinkhorn_eps=float("nan")), ValueError, "sinkhorn_eps must be positive"),
+        (dict(post_mult_value=0.0), ValueError, "post_mult_value must be non-zero"),
+        (dict(norm_weight=w[:-1]), ValueError, "norm_weight"),
+        (dict(n_splits=1.5), TypeError, "n_splits"),
+    ]
+    with torch.set_grad_enabled(grad):
+        for kwargs, exc, msg in cases:
+            with pytest.raises(exc, match=msg):
+                mhc_pre(residual, fn, scale, base, **kwargs)
+        with pytest.raises(ValueError, match=r"fn must have shape \(24, mhc_mult \* hidden_size = 128\), got \(24, 127\)"):
+            mhc_pre(residual, fn[:, :-1].contiguous(), scale, base)
+        with pytest.raises(ValueError, match="fn must be contiguous"):
+            mhc_pre(residual, fn.t().contiguous().t(), scale, base)
+        with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
+            mhc_pre(residual, fn, scale[:2], base)
+        with pytest.raises(ValueError, match=r"base must have shape \(24,\)"):
+            mhc_pre(residual, fn, scale, base[:-1])
+        with pytest.raises(TypeError, match="fn must be"):
+            mhc_pre(residual, fn.double(), scale, base)
+        # mhc_head: fn's shape is reported as passed, not padded to 24 rows
+        fn_h, scale_h, base_h, _ = _params(H, device, False, rows=N)
+        with pytest.raises(ValueError, match=r"fn must have shape \(4 or 24, .*\), got \(4, 127\)"):
+            mhc_head(residual, fn_h[:, :-1].contiguous(), scale_h, base_h)
+        with pytest.raises(ValueError, match="pre_eps must be positive"):
+            mhc_head(residual, fn_h, scale_h, base_h, pre_eps=-1.0)
+        with pytest.raises(ValueError, match="norm_eps must be positive"):
+            mhc_head(residual, fn_h, scale_h, base_h, norm_eps=0.0)
+        with pytest.raises(TypeError, match="mhc_mult must be an int"):
+            mhc_head(residual, fn_h, scale_h, base_h, mhc_mult=4.0)
+        with pytest.raises(ValueError, match=r"base must have shape \(4,\)"):
+            mhc_head(residual, fn_h, scale_h, base_h[:3])
+    # expand_from_embedding names its own argument
+    with pytest.raises(TypeError, match="x must be"):
+        expand_from_embedding(torch.randn(2, 8, device=device))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        expand_from_embedding(torch.randn(8, 2, device=device).bfloat16().t())
+    with pytest.raises(TypeError, match="mhc_mult"):
+        expand_from_embedding(torch.randn(2, 8, device=device).bfloat16(), 4.0)
