@@ -11,8 +11,8 @@
 # deep_ep/utils/*.py, unchanged) and changes only the environment: device (TRITILE_DEEPEP_DEVICE=cpu maps the
 # tests' "cuda" tensors to the CPU), backend (TRITILE_DEEPEP_BACKEND=gloo), world size (--num-processes), shapes on
 # the CPU, EP_USE_NVIDIA_TOOLS=1 (DeepEP's switch that skips its CUPTI timing of DeepEP's own kernel names; not
-# for test_barrier, whose only work is inside that timing) and --skip-perf-test for test_ep (its timing reads
-# those kernel names too).  The tests' checks are untouched.
+# for test_barrier on a GPU, whose only work is inside that timing: a CPU-only torch has no CUDA profiler) and
+# --skip-perf-test for test_ep (its timing reads those kernel names too).  The tests' checks are untouched.
 #
 # Logs and summary.md go to --out (default: $OUT if set, else ./deepep_out).  A test is PASS when it exits 0;
 # "PASS (checks)" when every check ran and passed and the test then stopped in a section that needs hardware or
@@ -110,7 +110,7 @@ for entry in "${TESTS[@]}"; do
       continue
     fi
     args="$cpu_args"; [ "$MODE" = gpu ] && args="$gpu_args"
-    tools=1; [ "$script" = test_barrier ] && tools=0
+    tools=1; [ "$script" = test_barrier ] && [ "$MODE" = gpu ] && tools=0
     PORT=$((PORT + 1))
     start=$(date +%s)
     limit=$TIMEOUT

@@ -1,4 +1,5 @@
-"""tritile.ep.ElasticBuffer (DeepEP v2's API) across processes: gloo ranks on the CPU, NCCL ranks on GPUs.
+"""tritile.ep.ElasticBuffer (DeepEP v2's API) across processes: gloo ranks on the CPU, NCCL ranks on GPUs; with two
+ranks also the cross-rank errors and the DeepEP v1 surface of ``_ep_checks.py``.
 
 One spawn per world size runs every check inside.  Dispatch is compared bit for bit with
 :func:`tritile.ep.ref.dispatch_reference` (``all_to_all_single`` of rows); combine with a reference written here
@@ -391,6 +392,11 @@ def _worker(rank: int, world: int, seed: int) -> None:
     buf.destroy()
     with pytest.raises(RuntimeError, match="destroyed"):
         buf.barrier()
+    if world == 2:
+        from _ep_checks import check_errors, check_v1_surface
+
+        check_v1_surface(rank, world, dev)
+        check_errors(rank, dev)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -326,19 +326,22 @@ def exchange_header(group, device: torch.device, header: Header, extra: Optional
 _DOMAINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def physical_domain(group, extra=None) -> Tuple[int, int, List]:
-    """``(num_rdma_ranks, num_nvlink_ranks, gathered)``: ranks sharing a host form an NVLink domain (ranks are
-    expected in blocks of ``num_nvlink_ranks`` per host); ``gathered`` holds every rank's ``(host, extra)``.
+def physical_domain(group) -> Tuple[int, int, List[str]]:
+    """``(num_rdma_ranks, num_nvlink_ranks, hosts)``: ranks sharing a host form an NVLink domain (ranks are
+    expected in blocks of ``num_nvlink_ranks`` per host, else every rank is its own domain); ``hosts`` holds
+    every rank's host name.
 
     A collective (``all_gather_object``) on the first call per group: every rank must make it."""
     group = group if group is not None else dist.group.WORLD
-    got = _DOMAINS.get(group) if extra is None else None
+    try:
+        got = _DOMAINS.get(group)
+    except TypeError:  # a group object that cannot be weakly referenced: not cached
+        got = None
     if got is not None:
         return got
     world = dist.get_world_size(group)
-    gathered: List = [None] * world
-    dist.all_gather_object(gathered, (socket.gethostname(), extra), group=group)
-    hosts = [g[0] for g in gathered]
+    hosts: List = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
     per_host: Dict[str, int] = {}
     for h in hosts:
         per_host[h] = per_host.get(h, 0) + 1
@@ -346,7 +349,7 @@ def physical_domain(group, extra=None) -> Tuple[int, int, List]:
     blocks_ok = world % nvl == 0 and all(len(set(hosts[i:i + nvl])) == 1 for i in range(0, world, nvl))
     if not blocks_ok:
         nvl = 1
-    res = (world // nvl, nvl, gathered)
+    res = (world // nvl, nvl, hosts)
     try:
         _DOMAINS[group] = res
     except TypeError:  # a group object that cannot be weakly referenced: do not cache

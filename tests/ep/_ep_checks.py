@@ -1,10 +1,10 @@
-"""tritile.ep across two gloo ranks (NCCL ranks on GPUs): arguments that differ across ranks, a rank that fails
-locally, bad FP8 scales, and DeepEP v1 surface that DeepEP's own tests use (handle tuples, static ``capture``,
-``internode_*``, the low-latency rank mask, the local buffer, the domain sizes).
+"""Checks run inside two ranks by ``test_elastic_multiproc.py`` (in its two-rank spawn, to spawn once):
+arguments that differ across ranks, a rank that fails locally, bad FP8 scales, and DeepEP v1 surface that DeepEP's
+own tests use (handle tuples, static ``capture``, ``internode_*``, the low-latency rank mask and two dispatches in
+flight, the local buffer, the domain sizes).
 
 Every cross-rank error must raise on every rank (the same ``ValueError`` for a mismatch; the failing rank's own
-error there and :class:`tritile.ep.PeerFailure` naming it on the others) and leave the group usable.  One spawn
-runs every check.
+error there and :class:`tritile.ep.PeerFailure` naming it on the others) and leave the group usable.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _dist_utils import can_run, spawn, use_nccl
 
 
 def _same_everywhere(text: str) -> None:
@@ -31,7 +30,7 @@ def _raises_everywhere(fn, exc, match: str) -> None:
     _same_everywhere(str(info.value))
 
 
-def _check_errors(rank, dev) -> None:
+def check_errors(rank, dev) -> None:
     from tritile.ep import Buffer, ElasticBuffer, PeerFailure
 
     buf = Buffer(None)
@@ -107,7 +106,7 @@ def _check_errors(rank, dev) -> None:
         dist.barrier()
 
 
-def _check_v1_surface(rank, world, dev) -> None:
+def check_v1_surface(rank, world, dev) -> None:
     from tritile.ep import Buffer, EventOverlap, get_physical_domain_size
 
     assert Buffer.is_sm90_compiled() is True
@@ -184,16 +183,3 @@ def _check_v1_surface(rank, world, dev) -> None:
             c = int(want[1][e])
             assert torch.equal(got[0][e, :c], want[0][e, :c])
     buf.destroy()
-
-
-def _worker(rank: int, world: int) -> None:
-    dev = torch.device("cuda", rank) if use_nccl() else torch.device("cpu")
-    _check_v1_surface(rank, world, dev)
-    _check_errors(rank, dev)
-
-
-def test_ep_errors_multiproc():
-    """Cross-rank errors and DeepEP v1 surface on two ranks."""
-    if not can_run(2):
-        pytest.skip(f"needs 2 GPUs for NCCL ranks, found {torch.cuda.device_count()}")
-    spawn(_worker, 2)
