@@ -150,6 +150,7 @@ if [ "$MODE" = gpu ]; then
   # the low-latency figure of DeepEP's test (CUDA events, dispatch + combine), with and without tritile's
   # cross-rank header checks (TRITILE_EP_PEER_CHECKS=0: no header exchange, no host sync in the calls)
   for r in $RANKS; do
+    [ -f "$OUTDIR/test_low_latency_${MODE}_${r}.log" ] || continue  # only after test_low_latency ran
     for checks in 1 0; do
       log="$OUTDIR/test_low_latency_${MODE}_${r}_checks${checks}.log"
       [ "$checks" = 1 ] && [ -f "$OUTDIR/test_low_latency_${MODE}_${r}.log" ] && cp "$OUTDIR/test_low_latency_${MODE}_${r}.log" "$log"

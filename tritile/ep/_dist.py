@@ -270,8 +270,8 @@ def exchange_header(group, device: torch.device, header: Header, extra: Optional
     this long for the other ranks (then ``RuntimeError`` naming the call), else the group's timeout.
     """
     world = dist.get_world_size(group)
-    mine = torch.zeros((HEADER_WORDS + world,), dtype=torch.int64)
-    mine[:HEADER_WORDS] = torch.tensor(header.words(0 if error is None else 1), dtype=torch.int64)
+    mine = torch.zeros((HEADER_WORDS + world,), dtype=torch.int64, device="cpu")
+    mine[:HEADER_WORDS] = torch.tensor(header.words(0 if error is None else 1), dtype=torch.int64, device="cpu")
     if extra is not None and error is None:
         mine[HEADER_WORDS:] = extra.to(torch.int64).cpu()
     mine = mine.to(device)

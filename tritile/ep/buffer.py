@@ -146,7 +146,7 @@ class DispatchHandle:
         if self.counts_dev is not None:
             return self.counts_dev
         dev = self.send_slot.device
-        return self._lazy("counts", lambda: torch.tensor(self.counts_host, dtype=torch.int32).to(dev))
+        return self._lazy("counts", lambda: torch.tensor(self.counts_host, dtype=torch.int32, device="cpu").to(dev))
 
     @property
     def recv_counts_t(self) -> torch.Tensor:
@@ -438,7 +438,7 @@ class Buffer:
         check_tensor("mask_status", mask_status, dtypes=(torch.int32,), ndim=1)
         if mask_status.numel() != self.group_size:
             raise ValueError(f"mask_status must have {self.group_size} elements, got {mask_status.numel()}")
-        mask_status.copy_(torch.tensor([int(m) for m in self._mask], dtype=torch.int32))
+        mask_status.copy_(torch.tensor([int(m) for m in self._mask], dtype=torch.int32, device="cpu"))
 
     def low_latency_clean_mask_buffer(self) -> None:
         """Unmask every rank."""
@@ -455,8 +455,8 @@ class Buffer:
         key = ("mask_table", num_experts)
         table = self._cache.get(key)
         if table is None:
-            owner_masked = torch.tensor(self._mask, dtype=torch.bool).repeat_interleave(per)
-            table = torch.cat([owner_masked, torch.ones(1, dtype=torch.bool)]).to(self.device)
+            owner_masked = torch.tensor(self._mask, dtype=torch.bool, device="cpu").repeat_interleave(per)
+            table = torch.cat([owner_masked, torch.ones(1, dtype=torch.bool, device="cpu")]).to(self.device)
             self._cache[key] = table
         idx = topk_idx.long()
         e = torch.where((idx >= 0) & (idx < num_experts), idx, num_experts)
@@ -867,7 +867,7 @@ class Buffer:
             for c in send_counts:
                 excl.append(acc)
                 acc += c
-            base = torch.tensor(excl, dtype=torch.int32).to(dev, non_blocking=True)
+            base = torch.tensor(excl, dtype=torch.int32, device="cpu").to(dev, non_blocking=True)
             with self._phase("pack"):
                 send_x = pack_rows(x_words, slot, base, s_total)
                 send_meta = pack_meta(topk_idx, topk_weights, sf_words, slot, base, s_total, per, num_topk)
@@ -1436,7 +1436,7 @@ def _start_d2h(t: torch.Tensor):
     tensor, event)`` for :func:`_finish_d2h`."""
     if t.device.type != "cuda":
         return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
     host.copy_(t, non_blocking=True)
     ev = torch.cuda.Event()
     ev.record()

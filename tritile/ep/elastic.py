@@ -658,7 +658,7 @@ class ElasticBuffer:
         with eng._phase("exchange"):
             back = eng._exchange(send, recv_counts, send_counts)
         with eng._phase("reduce"):
-            start = torch.tensor([0] + recv_counts[:-1], dtype=torch.int64).cumsum(0).to(dev)
+            start = torch.tensor([0] + recv_counts[:-1], dtype=torch.int64, device="cpu").cumsum(0).to(dev)
             before = (hit.cumsum(0) - hit).gather(1, ranks.clamp(min=0).reshape(-1, 1)).reshape(t, k)
             table = torch.where(ranks >= 0, start[ranks.clamp(min=0)] + before, -1).to(torch.int32)
             out, _ = combine_reduce(back, table, eng._zeros_int32(k), b0, b1)
@@ -929,14 +929,11 @@ class ElasticBuffer:
     def agrs_get_inplace_tensor(self, shapes, dtype: torch.dtype):
         """This rank's slot of the next gather's output, to fill in place and pass to :meth:`all_gather` (no
         copy).  ``shapes``: one shape, or a sequence of shapes (then a tuple of tensors is returned)."""
-        try:
-            batched = _is_batch(shapes)
-            seq = tuple(shapes) if batched else (shapes,)
-            if not isinstance(dtype, torch.dtype):
-                raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
-            self._agrs_open("agrs_get_inplace_tensor", 0)
-        except _ERRORS as e:
-            raise e
+        batched = _is_batch(shapes)
+        seq = tuple(shapes) if batched else (shapes,)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        self._agrs_open("agrs_get_inplace_tensor", 0)
         s, R = self._agrs, self.num_ranks
         out = []
         for shape in seq:
