@@ -18,6 +18,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.mhc._common import hidden_block
 from tritile.runtime import (check_contiguous, check_device, check_shape, check_tensor, custom_op, empty,
                              interpreter_configs, tuned)
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div
 
 __all__ = ["expand_to_mhc_fwd_tl", "expand_to_mhc_bwd_tl"]
@@ -74,6 +75,7 @@ def _launch(kernel, src: torch.Tensor, dst: torch.Tensor, num_tokens: int, hidde
                  num_warps=cfg["num_warps"], **pdl_args(src.device))
 
 
+@planned("mhc_expand_fwd")
 @custom_op("mhc_expand_fwd", mutates_args=("out",), fake=lambda x, out: None)
 def expand_fwd(x: torch.Tensor, out: torch.Tensor) -> None:
     """Write bf16 ``x (T, H)`` into every stream of bf16 ``out (T, n, H)`` (both contiguous, checked by the
@@ -85,6 +87,7 @@ def _expand_fake(x: torch.Tensor, mhc_mult: int) -> torch.Tensor:
     return x.new_empty(tuple(x.shape[:-1]) + (mhc_mult, x.shape[-1]))
 
 
+@planned("mhc_expand_alloc")
 @custom_op("mhc_expand_alloc", fake=_expand_fake)
 def expand_alloc(x: torch.Tensor, mhc_mult: int) -> torch.Tensor:
     """bf16 ``(..., mhc_mult, H)`` with every stream equal to bf16 ``x (..., H)`` (contiguous, checked by the
@@ -103,6 +106,7 @@ def _expand_bwd_into(grad: torch.Tensor, out: torch.Tensor) -> None:
     _launch(_expand_bwd_kernel, grad, out, grad.shape[0], grad.shape[2], grad.shape[1])
 
 
+@planned("mhc_expand_bwd")
 @custom_op("mhc_expand_bwd", fake=lambda g: g.new_empty((g.shape[0], g.shape[2])))
 def expand_bwd(grad: torch.Tensor) -> torch.Tensor:
     """bf16 ``(T, H) = bf16(sum_m grad[:, m, :])`` (fp32 sum in stream order) for bf16 ``grad (T, n, H)``

@@ -18,6 +18,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.config import get_num_sms
 from tritile.mhc._common import NO_FUSION, mix_affine, pre_from_logit, sigmoid_f32, token_config, tree_last
 from tritile.runtime import custom_op, empty
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
 
@@ -75,6 +76,7 @@ def _config(n: int) -> dict:
     return token_config(max(1, 512 // next_power_of_two(n)), 1024)
 
 
+@planned("mhc_head_compute_mix_fwd")
 @custom_op("mhc_head_compute_mix_fwd", fake=lambda x, scale, base, eps: x.new_empty(x.shape))
 def head_fwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: float) -> torch.Tensor:
     """fp32 ``x (T, n)`` (contiguous, checked by the caller), ``scale (1,)``, ``base (n,)`` -> fp32 ``(T, n)``."""
@@ -89,20 +91,29 @@ def head_fwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: 
     return out
 
 
-@custom_op("mhc_head_compute_mix_bwd",
-           fake=lambda x, scale, base, g: (x.new_empty(x.shape), x.new_empty((1,)), x.new_empty((x.shape[1],))))
-def head_bwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-             grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward of :func:`head_fwd` for fp32 ``grad (T, n)`` -> ``(dx (T, n), dscale (1,), dbase (n,))``."""
+@planned("mhc_head_compute_mix_bwd")
+def _head_bwd_parts(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                    grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dx (T, n)`` and the per-program partials of ``dscale`` ``(P, 1)`` and ``dbase`` ``(P, n)`` (one zero row
+    when there is nothing to sum)."""
     t, n = x.shape
     dev = x.device
     dx = empty((t, n), torch.float32, dev)
     if t == 0 or n == 0:
-        return dx, torch.zeros(1, dtype=torch.float32, device=dev), torch.zeros(n, dtype=torch.float32, device=dev)
-    bn = next_power_of_two(n)
+        return dx, empty((1, 1), torch.float32, dev).zero_(), empty((1, n), torch.float32, dev).zero_()
     nprog = get_num_sms()
     pscale = empty((nprog, 1), torch.float32, dev)
     pbase = empty((nprog, n), torch.float32, dev)
-    _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=bn, BT=_BWD_BLOCK, num_warps=4,
-                               **NO_FUSION, **pdl_args(dev))
+    _head_bwd_kernel[(nprog,)](x, scale, base, grad, dx, pscale, pbase, t, N=n, BN=next_power_of_two(n),
+                               BT=_BWD_BLOCK, num_warps=4, **NO_FUSION, **pdl_args(dev))
+    return dx, pscale, pbase
+
+
+@custom_op("mhc_head_compute_mix_bwd",
+           fake=lambda x, scale, base, g: (x.new_empty(x.shape), x.new_empty((1,)), x.new_empty((x.shape[1],))))
+def head_bwd(x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+             grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`head_fwd` for fp32 ``grad (T, n)`` -> ``(dx (T, n), dscale (1,), dbase (n,))`` (the
+    per-program partials added by ``torch.sum``, as TileKernels)."""
+    dx, pscale, pbase = _head_bwd_parts(x, scale, base, grad)
     return dx, pscale.sum(0), pbase.sum(0)

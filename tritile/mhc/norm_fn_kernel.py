@@ -33,6 +33,7 @@ and unfused paths there, so the forward keeps float32 operands on TF32 MMAs.)
 
 from __future__ import annotations
 
+import struct
 from typing import Tuple
 
 import torch
@@ -44,6 +45,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.mhc._common import NO_FUSION, token_block, tree_last
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_tensor, custom_op, empty,
                              interpreter_configs, tuned)
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div
 
 __all__ = ["round_to_tf32"]
@@ -340,7 +342,7 @@ def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch
 def eps_d_f32(eps: float, d: int) -> float:
     """``eps * D`` computed in double and rounded once to float32, as TileKernels' kernels get it (a constant folded
     at compile time)."""
-    return float(torch.tensor(float(eps) * d, dtype=torch.float32))
+    return struct.unpack("<f", struct.pack("<f", float(eps) * d))[0]
 
 
 def _norm_block_t() -> int:
@@ -354,6 +356,7 @@ def _fake_fwd(x, fn, eps):
         x.new_empty((T,), dtype=torch.float32)
 
 
+@planned("mhc_pre_norm_fn_fwd")
 @custom_op("mhc_pre_norm_fn_fwd", fake=_fake_fwd)
 def norm_fn_fwd(x: torch.Tensor, fn: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of ``mhc_pre_norm_fn`` on flattened tokens.
@@ -416,6 +419,28 @@ def _fake_bwd(g, x, fn, p, s, eps, x_grad, has_acc, tf32):
     return fn.new_empty(fn.shape)
 
 
+@planned("mhc_pre_norm_fn_bwd")
+def _norm_fn_bwd_parts(g: torch.Tensor, x: torch.Tensor, fn: torch.Tensor, p: torch.Tensor, s: torch.Tensor,
+                       eps: float, x_grad: torch.Tensor, has_acc: bool, tf32: bool) -> torch.Tensor:
+    """:func:`norm_fn_bwd`'s kernels: ``x_grad`` written, and ``fn``'s gradient as float32 ``(TOKEN_SPLITS, n3,
+    D)`` partials over token ranges (one zero partial when there are no tokens)."""
+    T, D = x.shape
+    n3 = fn.shape[0]
+    dev = x.device
+    if T == 0:
+        return empty((1, n3, D), torch.float32, dev).zero_()
+    gp, gs = bwd_normalise(g, p, s, D, eps, tf32)
+    cfg = _bwd_config(T, D)
+    splits = cfg["TOKEN_SPLITS"]
+    gfn_part = empty((splits, n3, D), torch.float32, dev)
+    _norm_fn_bwd_mul_kernel[(ceil_div(D, cfg["BLOCK_D"]), splits)](
+        gp, gs, x, fn, x_grad, x_grad, gfn_part, T, D, cfg["TOKENS_PER_SPLIT"],
+        N3=n3, N3P=N3_PAD, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=cfg["BLOCK_D"], HAS_ACC=bool(has_acc),
+        PRECISION=_precision(dev), SPLIT_BF16=bool(tf32) and not _INTERPRET, num_warps=cfg["num_warps"],
+        num_stages=cfg.get("num_stages", 3), **pdl_args(dev, launch=False))
+    return gfn_part
+
+
 @custom_op("mhc_pre_norm_fn_bwd", mutates_args=("x_grad",), fake=_fake_bwd)
 def norm_fn_bwd(g: torch.Tensor, x: torch.Tensor, fn: torch.Tensor, p: torch.Tensor, s: torch.Tensor, eps: float,
                 x_grad: torch.Tensor, has_acc: bool, tf32: bool) -> torch.Tensor:
@@ -430,23 +455,11 @@ def norm_fn_bwd(g: torch.Tensor, x: torch.Tensor, fn: torch.Tensor, p: torch.Ten
         tf32: round ``g_p`` to TF32 before the GEMMs (as a TF32 reference does).
 
     Returns:
-        float32 ``(n3, D)``: the gradient of ``fn`` (straight through the TF32 rounding).
+        float32 ``(n3, D)``: the gradient of ``fn`` (straight through the TF32 rounding; the token ranges'
+        partials added by ``torch.sum``).
     """
-    T, D = x.shape
-    n3 = fn.shape[0]
-    dev = x.device
-    if T == 0:
-        return torch.zeros((n3, D), dtype=torch.float32, device=dev)
-    gp, gs = bwd_normalise(g, p, s, D, eps, tf32)
-    cfg = _bwd_config(T, D)
-    splits = cfg["TOKEN_SPLITS"]
-    gfn_part = empty((splits, n3, D), torch.float32, dev)
-    _norm_fn_bwd_mul_kernel[(ceil_div(D, cfg["BLOCK_D"]), splits)](
-        gp, gs, x, fn, x_grad, x_grad, gfn_part, T, D, cfg["TOKENS_PER_SPLIT"],
-        N3=n3, N3P=N3_PAD, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=cfg["BLOCK_D"], HAS_ACC=bool(has_acc),
-        PRECISION=_precision(dev), SPLIT_BF16=bool(tf32) and not _INTERPRET, num_warps=cfg["num_warps"],
-        num_stages=cfg.get("num_stages", 3), **pdl_args(dev, launch=False))
-    return gfn_part[0] if splits == 1 else gfn_part.sum(0)
+    gfn_part = _norm_fn_bwd_parts(g, x, fn, p, s, eps, x_grad, has_acc, tf32)
+    return gfn_part[0] if gfn_part.shape[0] == 1 else gfn_part.sum(0)
 
 
 def check_norm_fn_inputs(residual: torch.Tensor, fn: torch.Tensor, fn_name: str = "mhc_fn") -> Tuple[int, int, int]:

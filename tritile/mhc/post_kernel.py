@@ -20,6 +20,7 @@ from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, comb_b
                                  tile_prologue, token_config, token_prologue, tree_last)
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
                              empty, tuned)
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
 __all__ = ["mhc_post_fwd", "mhc_post_bwd"]
@@ -100,6 +101,7 @@ def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optiona
     return n, h
 
 
+@planned("mhc_post_fwd")
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """mHC post combination (no autograd).
@@ -128,6 +130,7 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     return out
 
 
+@planned("mhc_post_fwd_launch")
 @custom_op("mhc_post_fwd", mutates_args=("out",), fake=lambda x, r, p, c, out: None)
 def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  out: torch.Tensor) -> None:
@@ -152,6 +155,7 @@ def _post_bwd_fake(x, residual, post_layer_mix, comb_res_mix, d_o):
             comb_res_mix.new_empty(comb_res_mix.shape))
 
 
+@planned("mhc_post_bwd_launch")
 @custom_op("mhc_post_bwd", fake=_post_bwd_fake)
 def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  d_o: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

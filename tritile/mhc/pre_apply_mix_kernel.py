@@ -18,6 +18,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, fma_chain_last, residual_tile_config,
                                  stream_block, tile_prologue, token_config, token_prologue, tree_last)
 from tritile.runtime import custom_op, empty, tuned
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
 
@@ -77,6 +78,7 @@ def apply_mix_vec(hidden: int) -> int:
     return g // LANE_COUNT if g >= LANE_COUNT else 1
 
 
+@planned("mhc_pre_apply_mix_fwd")
 @custom_op("mhc_pre_apply_mix_fwd", mutates_args=("out",), fake=lambda x, mix, out: None)
 def apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor) -> None:
     """bf16 ``x (T, n, H)`` and fp32 ``mix (T, n)`` (contiguous, checked by the caller) -> bf16 ``out (T, H)``,
@@ -116,6 +118,7 @@ def _apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor,
     return dx, dmix
 
 
+@planned("mhc_pre_apply_mix_bwd")
 @custom_op("mhc_pre_apply_mix_bwd",
            fake=lambda x, mix, g: (x.new_empty(x.shape), mix.new_empty(mix.shape)))
 def apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +127,7 @@ def apply_mix_bwd(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor) -> Tup
     return _apply_mix_bwd(x, mix, grad)
 
 
+@planned("mhc_pre_apply_mix_bwd_acc")
 @custom_op("mhc_pre_apply_mix_bwd_acc", mutates_args=("dx",), fake=lambda x, mix, g, dx: mix.new_empty(mix.shape))
 def apply_mix_bwd_acc(x: torch.Tensor, mix: torch.Tensor, grad: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     """Backward of :func:`apply_mix_fwd` accumulating into bf16 ``dx (T, n, H)`` in place

@@ -20,6 +20,7 @@ from tritile.config import get_num_sms
 from tritile.mhc._common import (NO_FUSION, extract, load_split_mixes, mix_affine, mix_group, sigmoid_f32,
                                  token_block, token_config, tree_last)
 from tritile.runtime import custom_op, empty
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
 
@@ -103,6 +104,7 @@ def _split_fwd_fake(mixes, scale, base, n, post_mult, pre_eps):
     return mixes.new_empty((t, n)), mixes.new_empty((t, n)), mixes.new_empty((t, n, n))
 
 
+@planned("mhc_pre_split_mixes_fwd")
 @custom_op("mhc_pre_split_mixes_fwd", fake=_split_fwd_fake)
 def split_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int, post_mult: float,
               pre_eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,23 +128,32 @@ def _split_bwd_fake(mixes, scale, base, post, g_pre, g_post, g_comb, n, post_mul
     return mixes.new_empty(mixes.shape), mixes.new_empty((3,)), mixes.new_empty((mixes.shape[1],))
 
 
+@planned("mhc_pre_split_mixes_bwd")
+def _split_bwd_parts(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, post: torch.Tensor,
+                     g_pre: torch.Tensor, g_post: torch.Tensor, g_comb: torch.Tensor, n: int,
+                     post_mult: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``g_mixes (T, n3)`` and the per-program partials of ``g_scale`` ``(P, 3)`` and ``g_base`` ``(P, n3)`` (one
+    zero row when there is nothing to sum)."""
+    t, nj = mixes.shape
+    dev = mixes.device
+    g_mixes = empty((t, nj), torch.float32, dev)
+    if t == 0:
+        return g_mixes, empty((1, 3), torch.float32, dev).zero_(), empty((1, nj), torch.float32, dev).zero_()
+    nprog = get_num_sms()
+    pscale = empty((nprog, 3), torch.float32, dev)
+    pbase = empty((nprog, nj), torch.float32, dev)
+    _split_bwd_kernel[(nprog,)](mixes, scale, base, post, g_pre, g_post, g_comb, g_mixes, pscale, pbase, t,
+                                float(post_mult), N=n, BJ=next_power_of_two(nj), BT=_BWD_BLOCK, num_warps=4,
+                                **NO_FUSION, **pdl_args(dev))
+    return g_mixes, pscale, pbase
+
+
 @custom_op("mhc_pre_split_mixes_bwd", fake=_split_bwd_fake)
 def split_bwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, post: torch.Tensor,
               g_pre: torch.Tensor, g_post: torch.Tensor, g_comb: torch.Tensor, n: int,
               post_mult: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`split_fwd`: fp32 contiguous ``(T, n)`` / ``(T, n)`` / ``(T, n, n)`` gradients and the
-    saved ``post`` output -> ``(g_mixes (T, n3), g_scale (3,), g_base (n3,))``, fp32."""
-    t, nj = mixes.shape
-    dev = mixes.device
-    g_mixes = empty((t, nj), torch.float32, dev)
-    if t == 0:
-        return g_mixes, torch.zeros(3, dtype=torch.float32, device=dev), torch.zeros(nj, dtype=torch.float32,
-                                                                                        device=dev)
-    bj = next_power_of_two(nj)
-    nprog = get_num_sms()
-    pscale = empty((nprog, 3), torch.float32, dev)
-    pbase = empty((nprog, nj), torch.float32, dev)
-    _split_bwd_kernel[(nprog,)](mixes, scale, base, post, g_pre, g_post, g_comb, g_mixes, pscale, pbase, t,
-                                float(post_mult), N=n, BJ=bj, BT=_BWD_BLOCK, num_warps=4, **NO_FUSION,
-                                **pdl_args(dev))
+    saved ``post`` output -> ``(g_mixes (T, n3), g_scale (3,), g_base (n3,))``, fp32 (the per-program partials
+    added by ``torch.sum``, as TileKernels)."""
+    g_mixes, pscale, pbase = _split_bwd_parts(mixes, scale, base, post, g_pre, g_post, g_comb, n, post_mult)
     return g_mixes, pscale.sum(0), pbase.sum(0)

@@ -13,6 +13,7 @@ import triton.language as tl
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.mhc._common import NO_FUSION, comb_offsets, sinkhorn_bwd, sinkhorn_fwd, token_config, token_prologue
 from tritile.runtime import custom_op, empty, tuned
+from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
 
@@ -46,6 +47,7 @@ def _config(n: int) -> dict:
     return token_config(max(1, 512 // (bn * bn)), max(1, 8192 // (bn * bn)))
 
 
+@planned("mhc_sinkhorn_fwd")
 @custom_op("mhc_sinkhorn_fwd", fake=lambda x, repeat, eps: x.new_empty(x.shape))
 def sinkhorn_fwd_launch(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     """fp32 ``x (T, n, n)`` contiguous (checked by the caller) -> fp32 ``(T, n, n)``."""
@@ -60,6 +62,7 @@ def sinkhorn_fwd_launch(x: torch.Tensor, repeat: int, eps: float) -> torch.Tenso
     return out
 
 
+@planned("mhc_sinkhorn_bwd")
 @custom_op("mhc_sinkhorn_bwd", fake=lambda x, g, repeat, eps: x.new_empty(x.shape))
 def sinkhorn_bwd_launch(x: torch.Tensor, grad: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     """Gradient w.r.t. the logits ``x (T, n, n)`` of the output gradient ``grad (T, n, n)`` (fp32, contiguous)."""

@@ -302,7 +302,10 @@ class _Recorder:
                         if i >= n_in + len(self.allocs):
                             raise _Unplannable("returns a workspace")
                         return ("t", i)
-                raise _Unplannable("returns a tensor that is no input or output")
+                i, off, dtype, shape, stride, _ = self.locate(v)  # a view of one input or output
+                if i >= n_in + len(self.allocs):
+                    raise _Unplannable("returns a view of a workspace")
+                return ("v", i, off, dtype, shape, stride)
             if isinstance(v, (tuple, list)):
                 if type(v) not in (tuple, list):
                     raise _Unplannable("returns a structured tuple")
@@ -468,6 +471,8 @@ def _build(spec, bases):
         return bases[spec[1]]
     if kind == "c":
         return spec[1]
+    if kind == "v":
+        return _view(bases[spec[1]], *spec[2:])
     return spec[1](_build(s, bases) for s in spec[2])
 
 

@@ -11,6 +11,7 @@ from tritile.mhc.norm_fn_kernel import check_norm_fn_inputs, flatten_residual
 from tritile.mhc.pre_big_fuse_kernel import pre_big_fuse
 from tritile.mhc._common import check_nonzero, check_positive
 from tritile.runtime import check_contiguous, check_int, check_same_device, check_shape, check_tensor, custom_op
+from tritile.runtime.plan import planned
 
 __all__ = ["mhc_pre_big_fuse"]
 
@@ -28,6 +29,7 @@ def _big_fuse_op(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: t
     return pre_big_fuse(x, fn, scale, base, rms_eps, pre_eps, sk_eps, post_mult, repeat, n)
 
 
+@planned("mhc_pre_big_fuse")
 def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
                      rms_eps: float, mhc_pre_eps: float, mhc_sinkhorn_eps: float, mhc_post_mult_value: float,
                      sinkhorn_repeat: int, n_splits: int = 16) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
