@@ -191,3 +191,67 @@ def test_streams_and_cuda_graphs():
         eager = moe.group_count(idx, 64)
     torch.cuda.synchronize()
     assert_equal(c, eager)
+
+
+def _mhc_chain(device, tokens, hidden, norm_weight, seed=0):
+    """expand -> mhc_pre (norm_fn, split, Sinkhorn, apply-mix) -> mhc_post -> mhc_head, forward and backward, and
+    mhc_pre_big_fuse: every output and gradient."""
+    from tritile.modeling.mhc import expand_from_embedding, mhc_head, mhc_pre
+    from tritile.modeling.mhc.ops import mhc_post, mhc_pre_big_fuse
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(device)
+
+    emb = rnd(1, tokens, hidden).bfloat16().requires_grad_()
+    fn = rnd(24, 4 * hidden, s=0.01).requires_grad_()
+    scale = (1 + rnd(3, s=0.1)).requires_grad_()
+    base = rnd(24, s=0.1).requires_grad_()
+    w = (rnd(4 * hidden).abs() + 0.5) if norm_weight else None
+    r = expand_from_embedding(emb, mhc_mult=4)
+    u, (post, comb) = mhc_pre(r, fn, scale, base, norm_weight=w)
+    r2 = mhc_post(u * 2, r, post, comb)
+    fh = rnd(4, 4 * hidden, s=0.01).requires_grad_()
+    sh = (1 + rnd(1, s=0.1)).requires_grad_()
+    bh = rnd(4, s=0.1).requires_grad_()
+    h = mhc_head(r2, fh, sh, bh)
+    h.float().square().sum().backward()
+    with torch.no_grad():
+        fused = mhc_pre_big_fuse(r.detach(), fn.detach(), scale.detach(), base.detach(), 1e-6, 1e-6, 1e-6, 2.0, 20)
+    return [h, u, post, comb, emb.grad, fn.grad, scale.grad, base.grad, fh.grad, sh.grad, bh.grad, *fused]
+
+
+def test_mhc_chain_replayed_bit_for_bit(device):
+    """Every mHC launcher is planned: the chain's forward and backward replayed (token counts interleaved, zero
+    included) give the bits of the unplanned run, and every plan is a real one (none unplannable)."""
+    hidden = pick(cpu=128, gpu=1280)
+    for tokens in pick(cpu=(40, 0, 7, 40), gpu=(4096, 0, 333, 4096)):
+        for nw in (False, True):
+            _same(_replayed(_mhc_chain, device, tokens, hidden, nw),
+                  _unplanned(_mhc_chain, device, tokens, hidden, nw))
+    stats = P.plan_stats()
+    for name in ("mhc_pre_norm_fn_fwd", "mhc_pre_norm_fn_bwd", "mhc_pre_split_mixes_fwd", "mhc_pre_split_mixes_bwd",
+                 "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd", "mhc_pre_apply_mix_fwd", "mhc_post_fwd",
+                 "mhc_post_bwd_launch", "mhc_head_compute_mix_fwd", "mhc_head_compute_mix_bwd", "mhc_expand_alloc",
+                 "mhc_expand_bwd", "mhc_pre_big_fuse"):
+        assert stats.get(name, (0, 0))[0] > 0, (name, stats.get(name))
+    assert not any(v[1] for k, v in stats.items() if k.startswith("mhc")), \
+        {c.name: list(c.why.values()) for c in P._CACHES if c.why}
+
+
+def test_plan_returns_views_of_outputs(device):
+    """A planned op may return a view of an output it allocated (norm_fn's single-split partial): rebuilt on replay
+    as the same view of the new output."""
+    from tritile.mhc.norm_fn_kernel import norm_fn_fwd
+    from tritile.runtime import override_config
+
+    x = torch.randn(24, 4 * 64, device=device).bfloat16()
+    fn = torch.randn(24, 4 * 64, device=device) * 0.01
+    with override_config("mhc_norm_fn_gemm", SPLITS=1):
+        a = _replayed(norm_fn_fwd, x, fn, 1e-6)
+        b = _unplanned(norm_fn_fwd, x, fn, 1e-6)
+        _same(a, b)
+        out = norm_fn_fwd(x, fn, 1e-6)
+        assert out[1].data_ptr() != norm_fn_fwd(x, fn, 1e-6)[1].data_ptr()  # a fresh output each call
+        assert P.plan_stats()["mhc_pre_norm_fn_fwd"] == (1, 0)

@@ -49,7 +49,7 @@ from ..runtime import (check_contiguous, check_device, check_tensor, checks_enab
                        interpreter_configs, override_key, tuned)
 from ..config import get_num_sms
 from ..utils import align, ceil_div, next_power_of_two
-from ..runtime.plan import planned
+from ..runtime.plan import planned, unplannable
 
 __all__ = ["get_fused_mapping"]
 
@@ -550,6 +550,7 @@ def get_fused_mapping(
     per_expert_list: List[int] = []
     if fixed is None:
         # the one host sync: num_tokens_per_expert is the buffer's words [sync_start, sync_start + E)
+        unplannable("reads the expert counts back")
         per_expert_list = buf[sync_start:sync_start + num_experts].tolist()
         num_view, na, ea = sum(per_expert_list), align(num_expanded, 32), align(num_experts, 32)
     else:

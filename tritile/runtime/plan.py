@@ -20,7 +20,8 @@ tensors' metadata, never their data.  Recording checks this with a ``TorchDispat
 (``tritile.runtime.empty`` / ``empty_strided`` / ``zeroed_workspace``, ``torch.empty*``, and a whole-tensor fill of a
 fresh allocation), views, and Triton launches, any torch op (a copy, a sum, ``.item()``, ...) makes the call
 unplannable, and so does a launch argument that is neither a scalar nor a view of an input, an output or a
-workspace (a TMA descriptor, a cached table).  Such calls run the host code every time, correct as before.
+workspace (a TMA descriptor, a cached table).  Host code that reads data where the dispatcher does not see it (``tolist()`` of a CPU tensor) calls
+:func:`unplannable`.  Such calls run the host code every time, correct as before.
 ``check_no_overlap`` calls made while recording are replayed on every call, as data-pointer checks must be.
 
 **Replay.**  Outputs are allocated as recorded (``runtime.empty_strided``, so test poisoning applies), workspaces are
@@ -52,7 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import checks_enabled, is_interpreter
 
-__all__ = ["planned", "PlanCache", "clear_plans", "plan_cache_enabled", "set_plan_cache", "plan_stats"]
+__all__ = ["planned", "PlanCache", "clear_plans", "plan_cache_enabled", "set_plan_cache", "plan_stats",
+           "unplannable"]
 
 _FALSE = ("0", "false", "no", "off")
 _ENABLED = os.environ.get("TRITILE_PLAN_CACHE", "1").lower() not in _FALSE
@@ -122,6 +124,7 @@ class PlanCache:
 
 
 _UNPLANNABLE = object()
+_Tensor = torch.Tensor
 
 
 class _NoKey(Exception):
@@ -164,6 +167,14 @@ def recording():
 
 class _Unplannable(Exception):
     pass
+
+
+def unplannable(reason: str) -> None:
+    """Mark the call being recorded (if any) as unplannable: for host code that reads data where the recorder cannot
+    see it (``tolist()`` of a CPU tensor does not pass the dispatcher)."""
+    rec = recording()
+    if rec is not None and rec.bad is None:
+        rec.bad = reason
 
 
 _ALLOC_OPS = None
@@ -302,6 +313,8 @@ class _Recorder:
                         if i >= n_in + len(self.allocs):
                             raise _Unplannable("returns a workspace")
                         return ("t", i)
+                if v.numel() == 0:  # no data: a new empty tensor of the same metadata serves
+                    return ("e", tuple(v.shape), tuple(v.stride()), v.dtype, v.device)
                 i, off, dtype, shape, stride, _ = self.locate(v)  # a view of one input or output
                 if i >= n_in + len(self.allocs):
                     raise _Unplannable("returns a view of a workspace")
@@ -397,36 +410,37 @@ class Plan:
             fast = []
             for fn, g, values, slots, n_pos, kwargs, ck in launches:
                 ptrs = tuple((pos, i, off) for pos, i, off, *_ in slots)
-                fast.append((ck.run, ck.function, ck.packed_metadata, g, tuple(values), ptrs))
+                fast.append((ck.run, ck.function, ck.packed_metadata, g[0], g[1], g[2], tuple(values), ptrs))
             self.fast = fast
 
     def __call__(self, inputs: List[torch.Tensor], dev: int) -> Any:
-        from . import empty_strided, zeroed_workspace
-
-        bases = list(inputs)
+        rt = _runtime()
+        bases = inputs
+        poison = rt._poison
         for kind, (shape, stride, dtype, device), fill in self.allocs:
-            t = empty_strided(shape, stride, dtype, device) if kind == "empty" else \
-                torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            if poison and kind == "empty":
+                t = rt.empty_strided(shape, stride, dtype, device)
+            else:
+                t = _empty_strided(shape, stride, dtype=dtype, device=device)
             if fill is not None:
                 t.fill_(fill)
             bases.append(t)
         for name, numel, dtype, device in self.ws:
-            bases.append(zeroed_workspace(name, numel, dtype, device))
+            bases.append(rt.zeroed_workspace(name, numel, dtype, device))
         if self.overlap:
-            from . import check_no_overlap
             for outs, ins in self.overlap:
-                check_no_overlap({k: None if i is None else bases[i] for k, i in outs.items()},
+                rt.check_no_overlap({k: None if i is None else bases[i] for k, i in outs.items()},
                                  {k: None if i is None else bases[i] for k, i in ins.items()})
         fast = self.fast
         if fast is not None:
             if _VERIFY:
                 self._verify(bases, dev)
             stream = _raw_stream(dev)
-            for run, function, meta, g, values, ptrs in fast:
+            for run, function, meta, g0, g1, g2, values, ptrs in fast:
                 vals = list(values)
                 for pos, i, off in ptrs:
                     vals[pos] = bases[i].data_ptr() + off
-                run(g[0], g[1], g[2], stream, function, meta, None, None, None, *vals)
+                run(g0, g1, g2, stream, function, meta, None, None, None, *vals)
         else:
             for fn, g, values, slots, n_pos, kwargs, ck in self.launches:
                 vals, kw = self._args(values, slots, kwargs, bases)
@@ -465,6 +479,19 @@ class Plan:
                                    "an alignment or an integer)")
 
 
+_empty_strided = torch.empty_strided
+_RT = None
+
+
+def _runtime():
+    """``tritile.runtime`` (imported once: it imports this module)."""
+    global _RT
+    if _RT is None:
+        from tritile import runtime
+        _RT = runtime
+    return _RT
+
+
 def _build(spec, bases):
     kind = spec[0]
     if kind == "t":
@@ -473,6 +500,8 @@ def _build(spec, bases):
         return spec[1]
     if kind == "v":
         return _view(bases[spec[1]], *spec[2:])
+    if kind == "e":
+        return _empty_strided(spec[1], spec[2], dtype=spec[3], device=spec[4])
     return spec[1](_build(s, bases) for s in spec[2])
 
 
@@ -498,7 +527,12 @@ def planned(name: str, maxsize: int = 512, recheck: Optional[Callable[..., None]
             tensors: list = []
             try:
                 for a in args:
-                    _walk(a, key, tensors)
+                    if a.__class__ is _Tensor:
+                        key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
+                                    a.requires_grad))
+                        tensors.append(a)
+                    else:
+                        _walk(a, key, tensors)
                 if kwargs:
                     for k in sorted(kwargs):
                         key.append(k)
