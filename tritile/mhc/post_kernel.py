@@ -19,7 +19,7 @@ from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, comb_b
                                  residual_offsets, residual_tile_config, set_post_grad_buffer, stream_block,
                                  tile_prologue, token_config, token_prologue, tree_last)
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
-                             empty, tuned)
+                             empty, interpreter_configs, tuned)
 from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -47,10 +47,11 @@ def _post_fwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, H: tl.constex
 
 @triton.jit
 def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dpost_ptr, dcomb_ptr, T,
-                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NJ: tl.constexpr,
-                     PDL: tl.constexpr):
+                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NC: tl.constexpr,
+                     U: tl.constexpr, PDL: tl.constexpr):
     """One pass over ``y``, ``x``, ``g``; one program owns ``BT`` whole tokens and walks their rows of ``LANES``
-    hidden columns (``NJ`` rows: ``h = j LANES + lane``).
+    hidden columns (``h = j LANES + lane``), ``U`` rows a step (``NC`` steps; rows past ``H`` are masked: their zero
+    products leave the sums unchanged), so that ``U`` rows' loads are in flight at once.
 
     ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in ``o``
     order from 0); ``dpost[t, o] = sum_h y[h] g_o[h]`` and ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` in TileKernels'
@@ -63,22 +64,23 @@ def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dp
     lane = tl.arange(0, LANES)
     dpost = tl.zeros([BT, BN, LANES], tl.float32)
     dcomb = tl.zeros([BT, BN, BN, LANES], tl.float32)  # [token, i, o, lane]
-    for j in range(NJ):
-        h = j * LANES + lane
-        hm = h < H
-        m2 = tm[:, None] & hm[None, :]
-        m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
-        offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
-        y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=m2, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-        tl.store(dy_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(apply_mix(g, post, n2, n3, N)), mask=m2)
-        dx = tl.zeros([BT, BN, LANES], tl.float32)
-        for o in tl.static_range(N):
-            dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], extract(g, n3, o, 1)[:, None, :], dx)
-        tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
-        dpost = tl.fma(y[:, None, :], g, dpost)
-        dcomb = tl.fma(x[:, :, None, :], g[:, None, :, :], dcomb)
+    for c in range(NC):
+        for u in tl.static_range(U):
+            h = (c * U + u) * LANES + lane
+            hm = h < H
+            m2 = tm[:, None] & hm[None, :]
+            m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
+            offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
+            y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=m2, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + offs, mask=m3, other=0.0).to(tl.float32)
+            tl.store(dy_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(apply_mix(g, post, n2, n3, N)), mask=m2)
+            dx = tl.zeros([BT, BN, LANES], tl.float32)
+            for o in tl.static_range(N):
+                dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], extract(g, n3, o, 1)[:, None, :], dx)
+            tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
+            dpost = tl.fma(y[:, None, :], g, dpost)
+            dcomb = tl.fma(x[:, :, None, :], g[:, None, :, :], dcomb)
     tl.store(dpost_ptr + tok[:, None] * N + n2, tree_last(dpost), mask=tm[:, None] & (n2 < N))
     tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, tree_last(dcomb), mask=cmask)
 
@@ -145,9 +147,14 @@ def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
                            BH=cfg["BH"], num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(x.device))
 
 
-def _bwd_config(bn: int) -> dict:
-    """Backward launch plan: one token per program on the GPU (as TileKernels), a few under the interpreter."""
-    return token_config(1, max(1, 64 // (bn * bn)))
+def _bwd_config(bn: int, rows: int) -> dict:
+    """Backward launch plan: one token per program on the GPU (as TileKernels), a few under the interpreter; ``U``
+    rows of ``LANES`` columns a step (8 on the GPU: 1024 columns, as TileKernels' 4-deep pipeline of 256; 2 under
+    the interpreter, so that its tests walk several steps and a masked tail), at most ``rows``."""
+    cfg = dict(token_config(1, max(1, 64 // (bn * bn))), U=2 if interpreter_configs() else 8)
+    cfg = dict(tuned("mhc_post_bwd", cfg))
+    cfg["U"] = max(1, min(int(cfg["U"]), rows))
+    return cfg
 
 
 def _post_bwd_fake(x, residual, post_layer_mix, comb_res_mix, d_o):
@@ -171,10 +178,12 @@ def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         d_comb.zero_()
     elif t > 0:
         bn = next_power_of_two(n)
-        cfg = tuned("mhc_post_bwd", _bwd_config(bn))
+        rows = ceil_div(h, LANE_COUNT)
+        cfg = _bwd_config(bn, rows)
         _post_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
             x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, N=n, BN=bn,
-            BT=cfg["BT"], NJ=ceil_div(h, LANE_COUNT), num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(dev))
+            BT=cfg["BT"], NC=ceil_div(rows, cfg["U"]), U=cfg["U"], num_warps=cfg["num_warps"], **NO_FUSION,
+            **pdl_args(dev))
     return d_x, d_res, d_post, d_comb
 
 
