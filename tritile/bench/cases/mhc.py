@@ -132,7 +132,12 @@ _GEMM_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=
               for bt, bd, w, st, p in ((64, 128, 4, 4, 512), (64, 128, 4, 3, 512), (64, 128, 4, 5, 512),
                                        (64, 128, 4, 4, 1024), (64, 256, 8, 3, 512), (128, 64, 4, 3, 512),
                                        (128, 128, 8, 3, 512), (256, 64, 8, 3, 512), (32, 128, 4, 4, 512),
-                                       (64, 64, 4, 4, 512))]
+                                       (64, 64, 4, 4, 512), (128, 128, 8, 4, 512), (128, 64, 8, 4, 1024),
+                                       (256, 64, 8, 4, 512), (128, 128, 4, 4, 264))] + \
+             [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p, SQ2D=True)
+              for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 64, 4, 4, 512), (128, 64, 8, 4, 512),
+                                       (64, 128, 8, 4, 1024))]
+_POST_BWD_TUNE = [dict(U=u, num_warps=w) for u in (1, 2, 4, 8, 16) for w in (4, 8)]
 _NORM_BWD_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
              for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 128, 4, 4, 512), (64, 128, 4, 2, 512),
                                       (64, 128, 4, 3, 1024), (64, 128, 4, 3, 264), (32, 128, 4, 3, 512),
@@ -418,7 +423,7 @@ def _post_cases(device, quick):
                    impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_post", [x, r, p, c], [g]),
                    ref=lambda x=x, r=r, p=p, c=c, g=g: _fwd_bwd(mhc_post_ref, [x, r, p, c], [g]),
                    check=_post_tol, nbytes=fwd_b + bwd_b,
-                   anchor=("mhc_post/fwd+bwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_bwd", _BWD_TUNE))
+                   anchor=("mhc_post/fwd+bwd", dict(n0=n0, n1=n1, h=h)), tune=("mhc_post_bwd", _POST_BWD_TUNE))
         liger = _liger()
         if liger is not None:
             post_fn = liger.LigerMHCPostResFunction.apply
