@@ -325,7 +325,7 @@ def test_norm_fn(T, H, normw):
     xs = x.double().square().sum(1)
     r = torch.rsqrt(xs / (N * H) + EPS)
     # mixes = p r: p's float32 sum in another order, and r's through the sum of squares
-    bound = _sum_bound(x.abs(), fnt.abs().t()) * r[:, None] + 2.0 ** -14 * out_k.double().abs()
+    bound = _sum_bound(x.abs(), fnt.abs().t()) * r[:, None] + 2.0 ** -14 * out_k.view(T, N3).double().abs()
     _within("mixes", out_k.view(T, N3), out_t.view(T, N3), bound)
     _within("d_residual", rg_k, rg_t, _bf16_ulp(rg_k, rg_t))
     gp = _tf32((g.view(T, N3) * r.float()[:, None]))

@@ -15,9 +15,9 @@ import triton.language as tl
 
 from tritile.language import f32_to_bf16
 from tritile.language.pdl import pdl_args, pdl_enter
-from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, apply_mix, comb_block, extract, hidden_tile, post_mix,
+from tritile.mhc._common import (LANE_COUNT, LANES, NO_FUSION, comb_block, hidden_tile, post_mix,
                                  residual_offsets, residual_tile_config, set_post_grad_buffer, stream_block,
-                                 tile_prologue, token_config, token_prologue, tree_last)
+                                 tile_prologue, token_block, token_config, tree_last)
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
                              empty, interpreter_configs, tuned)
 from tritile.runtime.plan import planned
@@ -46,43 +46,89 @@ def _post_fwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, H: tl.constex
 
 
 @triton.jit
+def _rows4(ptr, base, H, h, m):
+    """A token's four stream rows at columns ``h`` (``base``: the token's first element), fp32 ``[BT, LANES]`` each."""
+    r0 = tl.load(ptr + base + h, mask=m, other=0.0).to(tl.float32)
+    r1 = tl.load(ptr + base + H + h, mask=m, other=0.0).to(tl.float32)
+    r2 = tl.load(ptr + base + 2 * H + h, mask=m, other=0.0).to(tl.float32)
+    r3 = tl.load(ptr + base + 3 * H + h, mask=m, other=0.0).to(tl.float32)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _mix4(w0, w1, w2, w3, g0, g1, g2, g3):
+    """``sum_o w_o g_o`` as TileKernels: ``acc = 0``, then ``acc = fma(w_o, g_o, acc)`` for ``o = 0..3``."""
+    return tl.fma(w3, g3, tl.fma(w2, g2, tl.fma(w1, g1, tl.fma(w0, g0, 0.0))))
+
+
+@triton.jit
+def _fma4(x, g0, g1, g2, g3, a0, a1, a2, a3):
+    """One step of four per-lane chains: ``a_o = fma(x, g_o, a_o)``."""
+    return tl.fma(x, g0, a0), tl.fma(x, g1, a1), tl.fma(x, g2, a2), tl.fma(x, g3, a3)
+
+
+@triton.jit
+def _store4(ptr, tok, tm, stride, a0, a1, a2, a3):
+    """The lanes' butterfly sums of four ``[BT, LANES]`` chains to ``ptr + tok * stride + o``."""
+    tl.store(ptr + tok * stride, tree_last(a0), mask=tm)
+    tl.store(ptr + tok * stride + 1, tree_last(a1), mask=tm)
+    tl.store(ptr + tok * stride + 2, tree_last(a2), mask=tm)
+    tl.store(ptr + tok * stride + 3, tree_last(a3), mask=tm)
+
+
+@triton.jit
 def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dpost_ptr, dcomb_ptr, T,
-                     H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NC: tl.constexpr,
-                     U: tl.constexpr, PDL: tl.constexpr):
-    """One pass over ``y``, ``x``, ``g``; one program owns ``BT`` whole tokens and walks their rows of ``LANES``
-    hidden columns (``h = j LANES + lane``), ``U`` rows a step (``NC`` steps; rows past ``H`` are masked: their zero
-    products leave the sums unchanged), so that ``U`` rows' loads are in flight at once.
+                     H: tl.constexpr, BT: tl.constexpr, NC: tl.constexpr, U: tl.constexpr, PDL: tl.constexpr):
+    """The backward for four streams, one pass over ``y``, ``x``, ``g``.  One program owns ``BT`` whole tokens and
+    walks their rows of ``LANES`` hidden columns (``h = j LANES + lane``), ``U`` rows a step (``NC`` steps; rows past
+    ``H`` are masked: their zero products leave the sums unchanged).  Every stream is its own ``[BT, LANES]`` tile,
+    so all the work is per lane until the final butterflies.
 
     ``dy[t, h] = bf16(sum_o post[o] g_o[h])``, ``dx[t, i, h] = bf16(sum_o comb[i, o] g_o[h])`` (fma chains in ``o``
     order from 0); ``dpost[t, o] = sum_h y[h] g_o[h]`` and ``dcomb[t, i, o] = sum_h x_i[h] g_o[h]`` in TileKernels'
     order: per lane a chain of fused multiply-adds over the rows in order, then a butterfly over the lanes."""
     pdl_enter(PDL)
-    tok, n2, n3, o3, tm = token_prologue(T, BT, BN)
-    post = tl.load(post_ptr + tok[:, None] * N + n2, mask=tm[:, None] & (n2 < N), other=0.0)
-    cmask = tm[:, None, None] & (n3 < N) & (o3 < N)
-    comb = tl.load(comb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, mask=cmask, other=0.0)
-    lane = tl.arange(0, LANES)
-    dpost = tl.zeros([BT, BN, LANES], tl.float32)
-    dcomb = tl.zeros([BT, BN, BN, LANES], tl.float32)  # [token, i, o, lane]
+    tok, tm = token_block(T, BT)
+    t2 = tok[:, None]
+    m2 = tm[:, None]
+    p0 = tl.load(post_ptr + t2 * 4, mask=m2, other=0.0)
+    p1 = tl.load(post_ptr + t2 * 4 + 1, mask=m2, other=0.0)
+    p2 = tl.load(post_ptr + t2 * 4 + 2, mask=m2, other=0.0)
+    p3 = tl.load(post_ptr + t2 * 4 + 3, mask=m2, other=0.0)
+    c00, c01, c02, c03 = _rows4(comb_ptr, t2 * 16, 1, 0, m2)  # comb[i, o] at t * 16 + i * 4 + o
+    c10, c11, c12, c13 = _rows4(comb_ptr, t2 * 16 + 4, 1, 0, m2)
+    c20, c21, c22, c23 = _rows4(comb_ptr, t2 * 16 + 8, 1, 0, m2)
+    c30, c31, c32, c33 = _rows4(comb_ptr, t2 * 16 + 12, 1, 0, m2)
+    zero = tl.zeros([BT, LANES], tl.float32)
+    dp0, dp1, dp2, dp3 = zero, zero, zero, zero
+    d00, d01, d02, d03 = zero, zero, zero, zero
+    d10, d11, d12, d13 = zero, zero, zero, zero
+    d20, d21, d22, d23 = zero, zero, zero, zero
+    d30, d31, d32, d33 = zero, zero, zero, zero
+    lane = tl.arange(0, LANES)[None, :]
     for c in range(NC):
         for u in tl.static_range(U):
             h = (c * U + u) * LANES + lane
-            hm = h < H
-            m2 = tm[:, None] & hm[None, :]
-            m3 = tm[:, None, None] & (n3 < N) & hm[None, None, :]
-            offs = tok[:, None, None] * (N * H) + n3 * H + h[None, None, :]
-            y = tl.load(y_ptr + tok[:, None] * H + h[None, :], mask=m2, other=0.0).to(tl.float32)
-            x = tl.load(x_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + offs, mask=m3, other=0.0).to(tl.float32)
-            tl.store(dy_ptr + tok[:, None] * H + h[None, :], f32_to_bf16(apply_mix(g, post, n2, n3, N)), mask=m2)
-            dx = tl.zeros([BT, BN, LANES], tl.float32)
-            for o in tl.static_range(N):
-                dx = tl.fma(extract(comb, o3, o, 2)[:, :, None], extract(g, n3, o, 1)[:, None, :], dx)
-            tl.store(dx_ptr + offs, f32_to_bf16(dx), mask=m3)
-            dpost = tl.fma(y[:, None, :], g, dpost)
-            dcomb = tl.fma(x[:, :, None, :], g[:, None, :, :], dcomb)
-    tl.store(dpost_ptr + tok[:, None] * N + n2, tree_last(dpost), mask=tm[:, None] & (n2 < N))
-    tl.store(dcomb_ptr + tok[:, None, None] * (N * N) + n3 * N + o3, tree_last(dcomb), mask=cmask)
+            m = m2 & (h < H)
+            y = tl.load(y_ptr + t2 * H + h, mask=m, other=0.0).to(tl.float32)
+            x0, x1, x2, x3 = _rows4(x_ptr, t2 * (4 * H), H, h, m)
+            g0, g1, g2, g3 = _rows4(g_ptr, t2 * (4 * H), H, h, m)
+            tl.store(dy_ptr + t2 * H + h, f32_to_bf16(_mix4(p0, p1, p2, p3, g0, g1, g2, g3)), mask=m)
+            dxp = dx_ptr + t2 * (4 * H) + h
+            tl.store(dxp, f32_to_bf16(_mix4(c00, c01, c02, c03, g0, g1, g2, g3)), mask=m)
+            tl.store(dxp + H, f32_to_bf16(_mix4(c10, c11, c12, c13, g0, g1, g2, g3)), mask=m)
+            tl.store(dxp + 2 * H, f32_to_bf16(_mix4(c20, c21, c22, c23, g0, g1, g2, g3)), mask=m)
+            tl.store(dxp + 3 * H, f32_to_bf16(_mix4(c30, c31, c32, c33, g0, g1, g2, g3)), mask=m)
+            dp0, dp1, dp2, dp3 = _fma4(y, g0, g1, g2, g3, dp0, dp1, dp2, dp3)
+            d00, d01, d02, d03 = _fma4(x0, g0, g1, g2, g3, d00, d01, d02, d03)
+            d10, d11, d12, d13 = _fma4(x1, g0, g1, g2, g3, d10, d11, d12, d13)
+            d20, d21, d22, d23 = _fma4(x2, g0, g1, g2, g3, d20, d21, d22, d23)
+            d30, d31, d32, d33 = _fma4(x3, g0, g1, g2, g3, d30, d31, d32, d33)
+    _store4(dpost_ptr, tok, tm, 4, dp0, dp1, dp2, dp3)
+    _store4(dcomb_ptr, tok, tm, 16, d00, d01, d02, d03)
+    _store4(dcomb_ptr + 4, tok, tm, 16, d10, d11, d12, d13)
+    _store4(dcomb_ptr + 8, tok, tm, 16, d20, d21, d22, d23)
+    _store4(dcomb_ptr + 12, tok, tm, 16, d30, d31, d32, d33)
 
 
 def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optional[int] = None) -> Tuple[int, int]:
@@ -147,11 +193,11 @@ def _post_fwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
                            BH=cfg["BH"], num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(x.device))
 
 
-def _bwd_config(bn: int, rows: int) -> dict:
-    """Backward launch plan: one token per program on the GPU (as TileKernels), a few under the interpreter; ``U``
-    rows of ``LANES`` columns a step (8 on the GPU: 1024 columns, as TileKernels' 4-deep pipeline of 256; 2 under
+def _bwd_config(rows: int) -> dict:
+    """Backward launch plan: one token per program on the GPU (as TileKernels: 128 threads, a lane each), four under
+    the interpreter; ``U`` rows of ``LANES`` columns a step (4 on the GPU, so that a token's loads overlap; 2 under
     the interpreter, so that its tests walk several steps and a masked tail), at most ``rows``."""
-    cfg = dict(token_config(1, max(1, 64 // (bn * bn))), U=2 if interpreter_configs() else 8)
+    cfg = dict(token_config(1, 4), U=2 if interpreter_configs() else 4)
     cfg = dict(tuned("mhc_post_bwd", cfg))
     cfg["U"] = max(1, min(int(cfg["U"]), rows))
     return cfg
@@ -177,13 +223,11 @@ def _post_bwd_op(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         d_post.zero_()
         d_comb.zero_()
     elif t > 0:
-        bn = next_power_of_two(n)
         rows = ceil_div(h, LANE_COUNT)
-        cfg = _bwd_config(bn, rows)
+        cfg = _bwd_config(rows)
         _post_bwd_kernel[(ceil_div(t, cfg["BT"]),)](
-            x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, N=n, BN=bn,
-            BT=cfg["BT"], NC=ceil_div(rows, cfg["U"]), U=cfg["U"], num_warps=cfg["num_warps"], **NO_FUSION,
-            **pdl_args(dev))
+            x, residual, post_layer_mix, comb_res_mix, d_o, d_x, d_res, d_post, d_comb, t, H=h, BT=cfg["BT"],
+            NC=ceil_div(rows, cfg["U"]), U=cfg["U"], num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(dev))
     return d_x, d_res, d_post, d_comb
 
 

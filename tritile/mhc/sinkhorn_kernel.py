@@ -12,7 +12,7 @@ import triton.language as tl
 
 from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.mhc._common import NO_FUSION, comb_offsets, sinkhorn_bwd, sinkhorn_fwd, token_config, token_prologue
-from tritile.runtime import custom_op, empty, tuned
+from tritile.runtime import custom_op, empty, interpreter_configs, tuned
 from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -42,9 +42,12 @@ def _sinkhorn_bwd_kernel(x_ptr, g_ptr, dx_ptr, tape_ptr, T, eps, N: tl.constexpr
 
 
 def _config(n: int) -> dict:
-    """Blocks of about 512 matrix entries (32 tokens at n = 4); the interpreter takes 16x larger blocks."""
+    """One warp per block of about 128 matrix entries (8 tokens at n = 4: four entries a thread, so a token's row and
+    column sums stay within a few lanes and the backward's tape round trips overlap across many small programs);
+    the interpreter takes 8192-entry blocks."""
     bn = next_power_of_two(n)
-    return token_config(max(1, 512 // (bn * bn)), max(1, 8192 // (bn * bn)))
+    cfg = token_config(max(1, 128 // (bn * bn)), max(1, 8192 // (bn * bn)))
+    return cfg if interpreter_configs() else dict(cfg, num_warps=1)
 
 
 @planned("mhc_sinkhorn_fwd")
