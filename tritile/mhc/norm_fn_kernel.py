@@ -150,15 +150,13 @@ def _split_tf32(v):
 @triton.jit
 def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
                          N3: tl.constexpr, N3P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                         ITERS: tl.constexpr, PRECISION: tl.constexpr, SQ2D: tl.constexpr, PDL: tl.constexpr):
+                         ITERS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """Program ``(t, k)``: tokens ``[t BLOCK_T, (t+1) BLOCK_T)``, columns ``[k ITERS BLOCK_D, (k+1) ITERS BLOCK_D)``.
-    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32; with ``SQ2D`` the squares
-    summed per column position over the steps first, then across the row once)."""
+    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32)."""
     pdl_enter(PDL)
     pid_k, rows, row_ok, j, j_ok = _split_grid_block(num_tokens, BLOCK_T, N3, N3P)
     acc = tl.zeros([BLOCK_T, N3P], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T], dtype=tl.float32)
-    sq2 = tl.zeros([BLOCK_T, BLOCK_D] if SQ2D else [1, 1], dtype=tl.float32)
     d0 = pid_k * (ITERS * BLOCK_D)
     for it in range(ITERS):
         cols = d0 + it * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -167,12 +165,7 @@ def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
                     other=0.0).to(tl.float32)
         f = tl.load(fn_ptr + j[:, None] * D + cols[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(_tf32(f)), acc, input_precision=PRECISION)
-        if SQ2D:
-            sq2 += x * x
-        else:
-            sq += tl.sum(x * x, axis=1)
-    if SQ2D:
-        sq = tl.sum(sq2, axis=1)
+        sq += tl.sum(x * x, axis=1)
     out = pid_k * num_tokens + rows
     tl.store(p_ptr + out[:, None] * N3 + j[None, :], acc, mask=row_ok[:, None] & j_ok[None, :])
     tl.store(s_ptr + out, sq, mask=row_ok)
@@ -342,8 +335,8 @@ def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch
     _norm_fn_gemm_kernel[(ceil_div(T, cfg["BLOCK_T"]), cfg["SPLITS"])](
         x, fn, p_part, s_part, T, D, x.stride(0),
         N3=n3, N3P=N3_PAD, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=cfg["BLOCK_D"], ITERS=cfg["ITERS"],
-        PRECISION=_precision(dev), SQ2D=bool(cfg.get("SQ2D", False)), num_warps=cfg["num_warps"],
-        num_stages=cfg.get("num_stages", 3), **pdl_args(dev, cfg.get("PDL", True)))
+        PRECISION=_precision(dev), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3),
+        **pdl_args(dev, cfg.get("PDL", True)))
     return p_part, s_part, cfg
 
 

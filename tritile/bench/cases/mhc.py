@@ -133,11 +133,8 @@ _GEMM_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=
                                        (64, 128, 4, 4, 1024), (64, 256, 8, 3, 512), (128, 64, 4, 3, 512),
                                        (128, 128, 8, 3, 512), (256, 64, 8, 3, 512), (32, 128, 4, 4, 512),
                                        (64, 64, 4, 4, 512), (128, 128, 8, 4, 512), (128, 64, 8, 4, 1024),
-                                       (256, 64, 8, 4, 512), (128, 128, 4, 4, 264))] + \
-             [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p, SQ2D=True)
-              for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 64, 4, 4, 512), (128, 64, 8, 4, 512),
-                                       (64, 128, 8, 4, 1024))]
-_POST_BWD_TUNE = [dict(U=u, num_warps=w) for u in (1, 2, 4, 8, 16) for w in (4, 8)]
+                                       (256, 64, 8, 4, 512), (128, 128, 4, 4, 264))]
+_POST_BWD_TUNE = [dict(U=u, num_warps=w) for u in (1, 2, 4, 8) for w in (4, 8)]
 _NORM_BWD_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
              for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 128, 4, 4, 512), (64, 128, 4, 2, 512),
                                       (64, 128, 4, 3, 1024), (64, 128, 4, 3, 264), (32, 128, 4, 3, 512),
