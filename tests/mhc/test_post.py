@@ -139,6 +139,12 @@ def test_mhc_post_bad_input(device):
         mhc_post_bwd(*_data(1, 3, 64, device, n=2))
     with pytest.raises(ValueError, match="d_o"):
         mhc_post_bwd(x, residual, post, comb, g[..., :32])
+    # two streams: the forward runs, the autograd backward names the residual's stream count
+    x2, r2, p2, c2, g2 = _data(1, 3, 64, device, n=2)
+    r2.requires_grad_()
+    out = mhc_post(x2, r2, p2, c2)
+    with pytest.raises(ValueError, match="4 streams"):
+        out.backward(g2)
 
 
 def test_mhc_post_compile(device):

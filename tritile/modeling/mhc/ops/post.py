@@ -7,7 +7,8 @@ from typing import Optional
 
 import torch
 
-from tritile.mhc.post_kernel import _check_post_args, mhc_post_bwd, mhc_post_fwd
+from tritile.mhc._common import set_post_grad_buffer
+from tritile.mhc.post_kernel import _check_post_args, _post_bwd_op, mhc_post_bwd, mhc_post_fwd
 from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
 
 __all__ = ["mhc_post", "mhc_post_fwd", "mhc_post_bwd", "MHCPost"]
@@ -45,9 +46,13 @@ class MHCPost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # the forward checked every input (mhc_post): only the stream count the backward supports is left
         x, residual, post_layer_mix, comb_res_mix = ctx.saved_tensors
-        d_x, d_res, d_post, d_comb = mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, grad,
-                                                  fuse_grad_acc=True)
+        if residual.shape[2] != 4:
+            raise ValueError(f"mhc_post's backward supports 4 streams (mhc_mult = 4, as TileKernels), got residual "
+                             f"of shape {tuple(residual.shape)}")
+        d_x, d_res, d_post, d_comb = _post_bwd_op(x, residual, post_layer_mix, comb_res_mix, grad.contiguous())
+        set_post_grad_buffer(residual, d_res)
         return d_x, d_res, d_post, d_comb, None
 
 
