@@ -390,6 +390,8 @@ def _patch_launchers() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 def _view(base: torch.Tensor, off: int, dtype, shape, stride) -> torch.Tensor:
     """The view of ``base``'s storage at byte offset ``off`` from ``base``'s first element."""
+    if dtype is base.dtype:  # one op
+        return base.as_strided(shape, stride, base.storage_offset() + off // base.itemsize)
     esz = torch.empty((), dtype=dtype).element_size() if dtype.itemsize is None else dtype.itemsize
     start = base.data_ptr() - base.untyped_storage().data_ptr() + off
     t = torch.empty(0, dtype=dtype, device=base.device)
