@@ -255,3 +255,34 @@ def test_plan_returns_views_of_outputs(device):
         out = norm_fn_fwd(x, fn, 1e-6)
         assert out[1].data_ptr() != norm_fn_fwd(x, fn, 1e-6)[1].data_ptr()  # a fresh output each call
         assert P.plan_stats()["mhc_pre_norm_fn_fwd"] == (1, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_mhc_inference_chain_in_a_cuda_graph():
+    """mHC's inference chain (big_fuse, then mhc_post_fwd) captured as planned replays: the graph's replay on new
+    residual data gives the eager bits."""
+    from tritile.mhc import mhc_post_fwd
+    from tritile.modeling.mhc.ops import mhc_pre_big_fuse
+
+    T, H = 1024, 1280
+    r = torch.randn(1, T, 4, H, device="cuda").bfloat16()
+    fn = torch.randn(24, 4 * H, device="cuda") * 1e-3
+    scale, base = torch.ones(3, device="cuda"), torch.zeros(24, device="cuda")
+
+    def chain():
+        post, comb, li = mhc_pre_big_fuse(r, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20)
+        return mhc_post_fwd(li, r, post, comb)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()  # recorded
+        chain()  # replayed
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = chain()
+    r.copy_(torch.randn_like(r.float()).bfloat16())
+    g.replay()
+    torch.cuda.synchronize()
+    assert_equal(out, _unplanned(chain)[0])
