@@ -12,6 +12,7 @@
 #   STAGES=grid GRID_OPS="quant:per_channel_cast quant:cast_back" bash scripts/gpu_check.sh  # grids, JSON an op
 #   STAGES=tests PYTEST_ARGS="-n 12" RETRY_FAILED=2 bash scripts/gpu_check.sh  # failures run again on 2 workers
 #   STAGES=tune TUNE_SPECS="normalize_weight|'num_topk': 9;aux_fi" bash scripts/gpu_check.sh  # CUPTI tune sweeps
+#   STAGES=multigpu DEEPEP=/tmp/deepep bash scripts/gpu_check.sh   # 2+ GPUs: multi-rank tests, DeepEP's, ep bench
 #
 # memcheck covers every tests/<module>/test_*.py (new modules are picked up by themselves); PART=i/n takes every
 # n-th file from the i-th (1-based), so n calls cover all of them; MEMCHECK_JOBS=n runs n files at once.
@@ -174,6 +175,24 @@ if has tune; then
       python3 -m tritile tune --op "$op" --grid --cupti ${text:+--case "$text"} --json "$OUT/tunes/$i-$op.json" \
       || break
   done
+fi
+
+if has multigpu; then
+  # Several GPUs of one host (NCCL, NVLink multicast off): tritile's multi-rank tests on NCCL, DeepEP's own tests
+  # against tritile.ep with one rank per GPU (DEEPEP: a DeepEP checkout at dd758ca, carried in), and the multi-rank
+  # dispatch / combine benchmark against all_to_all_single in the same run.
+  export NCCL_NVLS_ENABLE=0
+  ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  echo "== multi-GPU: $ngpu GPUs"
+  timeout "$TEST_TIMEOUT" python3 -m pytest -v -p no:cacheprovider tests/ep tests/modeling > "$OUT/multigpu_tests.log" 2>&1
+  rc=$?; [ "$rc" -ne 0 ] && status=1
+  outcomes "$OUT/multigpu_tests.log"
+  if [ -n "${DEEPEP:-}" ]; then
+    bash scripts/deepep_tests.sh "$DEEPEP" --gpu --ranks "$ngpu" --out "$OUT/deepep" || status=1
+  fi
+  timeout "$TEST_TIMEOUT" python3 -m tritile bench --module ep --ranks "$ngpu" --json "$OUT/ep_ranks.json" \
+    2>"$OUT/ep_ranks.err" | tee "$OUT/ep_ranks.md"
+  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && status=1
 fi
 
 if has bench; then
