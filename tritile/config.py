@@ -42,7 +42,11 @@ def get_num_sms() -> int:
 
 
 def set_num_sms(num_sms: int) -> None:
-    """Limit persistent grids to ``num_sms`` programs (launch-only: results do not change)."""
+    """Limit persistent grids to ``num_sms`` programs.
+
+    Launch-only for every op but two mHC backwards: ``mhc_pre_split_mixes``' gradients of ``mhc_scale`` /
+    ``mhc_base`` and ``mhc_head_compute_mix``'s are sums of one partial a program (as TileKernels sums one partial an
+    SM), so their last bits follow the count, as TileKernels' follow the GPU's SM count."""
     global _num_sms
     from .runtime.plan import clear_plans  # plans hold grids sized by the SM count
 
