@@ -30,12 +30,12 @@ from tritile.runtime import (check_contiguous, check_device, check_int, check_sa
                              check_tensor)
 
 from .ops.expand import expand_to_mhc
-from .ops.head_compute_mix import mhc_head_compute_mix
-from .ops.norm_fn import merge_norm_weight, mhc_pre_norm_fn
-from .ops.pre_apply_mix import mhc_pre_apply_mix
+from .ops.head_compute_mix import MHCHeadComputeMix
+from .ops.norm_fn import MHCPreNormFn, merge_norm_weight
+from .ops.pre_apply_mix import MHCPreApplyMix
 from .ops.pre_big_fuse import mhc_pre_big_fuse
-from .ops.pre_split_mixes import mhc_pre_split_mixes
-from .ops.sinkhorn import sinkhorn_normalize
+from .ops.pre_split_mixes import MHCPreSplitMixes
+from .ops.sinkhorn import MHCSinkhorn
 
 __all__ = ["expand_from_embedding", "mhc_pre", "mhc_head"]
 
@@ -139,11 +139,22 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     if residual.dim() != 4:
         raise ValueError(f"residual must be 4D (batch, seq, mhc_mult, hidden_size) when grad is enabled, "
                          f"got shape {tuple(residual.shape)}")
-    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)
-    pre_mix, post_mix, comb_mix = mhc_pre_split_mixes(mixes, scale, base, mhc_mult, post_mult_value, pre_eps)
-    comb_mix = sinkhorn_normalize(comb_mix, repeat=sinkhorn_repeat, eps=sinkhorn_eps)
-    layer_input = mhc_pre_apply_mix(residual, pre_mix)
+    # every argument is checked above: the four autograd nodes directly, as their public ops would build them
+    mixes = _norm_fn_node(residual, fn, norm_weight, norm_eps, n_splits)
+    pre_mix, post_mix, comb_mix = MHCPreSplitMixes.apply(mixes, scale, base, mhc_mult, float(post_mult_value),
+                                                         float(pre_eps))
+    comb_mix = MHCSinkhorn.apply(comb_mix, sinkhorn_repeat, float(sinkhorn_eps))
+    layer_input = MHCPreApplyMix.apply(residual, pre_mix, None)
     return layer_input, (post_mix, comb_mix)
+
+
+def _norm_fn_node(residual: torch.Tensor, fn: torch.Tensor, norm_weight: Optional[torch.Tensor], norm_eps: float,
+                  n_splits: int) -> torch.Tensor:
+    """``mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps)`` on arguments already checked (residual-gradient
+    fusion on)."""
+    if norm_weight is not None:
+        fn = merge_norm_weight(fn, norm_weight)
+    return MHCPreNormFn.apply(residual, fn, float(norm_eps), True, n_splits)
 
 
 def mhc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
@@ -180,7 +191,7 @@ def mhc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     check_same_device(residual=residual, scale=scale, base=base)
     if fn.shape[0] < mhc_mult3:
         fn = F.pad(fn, (0, 0, 0, mhc_mult3 - fn.shape[0]))
-    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)
+    mixes = _norm_fn_node(residual, fn, norm_weight, norm_eps, n_splits)
     mixes = mixes[..., :mhc_mult].contiguous()
-    mix = mhc_head_compute_mix(mixes, scale.reshape(1), base, pre_eps)
-    return mhc_pre_apply_mix(residual, mix.unsqueeze(-1))
+    mix = MHCHeadComputeMix.apply(mixes, scale.reshape(1), base, float(pre_eps))
+    return MHCPreApplyMix.apply(residual, mix.unsqueeze(-1), None)
