@@ -131,14 +131,12 @@ def _post_bwd_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, g_ptr, dy_ptr, dx_ptr, dp
     _store4(dcomb_ptr + 12, tok, tm, 16, d30, d31, d32, d33)
 
 
-def _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n: Optional[int] = None) -> Tuple[int, int]:
+def _check_post_args(x, residual, post_layer_mix, comb_res_mix) -> Tuple[int, int]:
     check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=3)
     check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=4)
     check_tensor("post_layer_mix", post_layer_mix, dtypes=(torch.float32,), ndim=4)
     check_tensor("comb_res_mix", comb_res_mix, dtypes=(torch.float32,), ndim=4)
     b, s, n, h = residual.shape
-    if exact_n is not None and n != exact_n:
-        raise ValueError(f"residual must have {exact_n} streams (mhc_mult), got {n} (shape {tuple(residual.shape)})")
     check_shape("x", x, (b, s, h))
     check_shape("post_layer_mix", post_layer_mix, (b, s, n, 1))
     check_shape("comb_res_mix", comb_res_mix, (b, s, n, n))
@@ -248,11 +246,26 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         ``(B, S, 4, H)`` ``d_residual_i = sum_o comb[i, o] g_o``, fp32 ``(B, S, 4, 1)`` ``sum_h x g_o`` and fp32
         ``(B, S, 4, 4)`` ``[i, o] = sum_h residual_i g_o``.
     """
-    n, h = _check_post_args(x, residual, post_layer_mix, comb_res_mix, exact_n=4)
+    _check_post_args(x, residual, post_layer_mix, comb_res_mix)
+    check_four_streams(residual)
     check_contiguous("residual", residual)
     check_tensor("d_o", d_o, dtypes=(torch.bfloat16,))
     check_shape("d_o", d_o, residual.shape)
     check_same_device(d_o=d_o, residual=residual)
+    return post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc)
+
+
+def check_four_streams(residual: torch.Tensor) -> None:
+    """The backward's one limit beyond the forward's checks: four streams (``mhc_mult = 4``, as TileKernels)."""
+    if residual.shape[2] != 4:
+        raise ValueError(f"mhc_post's backward supports 4 streams (mhc_mult = 4, as TileKernels), got residual of "
+                         f"shape {tuple(residual.shape)}")
+
+
+def post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+             d_o: torch.Tensor, fuse_grad_acc: bool = True
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`mhc_post_bwd` on arguments already checked (the autograd op's backward: its forward checked them)."""
     d_x, d_res, d_post, d_comb = _post_bwd_op(x, residual, post_layer_mix, comb_res_mix, d_o.contiguous())
     if fuse_grad_acc:
         set_post_grad_buffer(residual, d_res)

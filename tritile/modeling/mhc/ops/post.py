@@ -7,8 +7,7 @@ from typing import Optional
 
 import torch
 
-from tritile.mhc._common import set_post_grad_buffer
-from tritile.mhc.post_kernel import _check_post_args, _post_bwd_op, mhc_post_bwd, mhc_post_fwd
+from tritile.mhc.post_kernel import _check_post_args, check_four_streams, mhc_post_bwd, mhc_post_fwd, post_bwd
 from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
 
 __all__ = ["mhc_post", "mhc_post_fwd", "mhc_post_bwd", "MHCPost"]
@@ -48,12 +47,8 @@ class MHCPost(torch.autograd.Function):
     def backward(ctx, grad):
         # the forward checked every input (mhc_post): only the stream count the backward supports is left
         x, residual, post_layer_mix, comb_res_mix = ctx.saved_tensors
-        if residual.shape[2] != 4:
-            raise ValueError(f"mhc_post's backward supports 4 streams (mhc_mult = 4, as TileKernels), got residual "
-                             f"of shape {tuple(residual.shape)}")
-        d_x, d_res, d_post, d_comb = _post_bwd_op(x, residual, post_layer_mix, comb_res_mix, grad.contiguous())
-        set_post_grad_buffer(residual, d_res)
-        return d_x, d_res, d_post, d_comb, None
+        check_four_streams(residual)
+        return (*post_bwd(x, residual, post_layer_mix, comb_res_mix, grad), None)
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
