@@ -529,7 +529,7 @@ def planned(name: str, maxsize: int = 512, recheck: Optional[Callable[..., None]
             tensors: list = []
             try:
                 for a in args:
-                    if a.__class__ is _Tensor:
+                    if a.__class__ is _Tensor:  # _walk's tensor key, inline: the common argument
                         key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
                                     a.requires_grad))
                         tensors.append(a)
