@@ -157,6 +157,21 @@ def test_unplannable_calls_run_unplanned(device):
     assert plans == 0 and unplannable == 1
 
 
+def test_no_cuda_runs_the_host_code(device, monkeypatch):
+    """Where this build or process has no CUDA (the current device cannot be read: e.g. tritile.ep's CPU path on
+    a CPU-only torch), a planned op runs its host code and records nothing."""
+    def no_cuda():
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    x = torch.randn(9, 128, device=device, dtype=torch.bfloat16)
+    want = quant.per_token_cast(x, "e4m3", 32)
+    P.clear_plans()
+    monkeypatch.setattr(P, "_current_device", no_cuda)
+    got = quant.per_token_cast(x, "e4m3", 32)
+    _same(_bits(got), _bits(want))
+    assert "per_token_cast" not in P.plan_stats()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="streams and CUDA graphs")
 def test_streams_and_cuda_graphs():
     x = torch.randn(4001, 7168, device="cuda", dtype=torch.bfloat16)

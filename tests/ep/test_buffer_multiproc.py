@@ -496,3 +496,37 @@ def test_buffer_multiproc(world):
     if not can_run(world):
         pytest.skip(f"needs {world} GPUs for NCCL ranks, found {torch.cuda.device_count()}")
     spawn(_worker, world, world)
+
+
+def _worker_one_rank(rank: int, world: int, seed: int) -> None:
+    """A one-rank group: the exchanges are local copies (no collective); the results are the references'."""
+    import tritile.ep._dist as D
+    from tritile.ep import Buffer
+    from tritile.testing import pick
+
+    dev = torch.device("cuda", 0) if use_nccl() else torch.device("cpu")
+    gen = torch.Generator().manual_seed(seed)
+    gpu = pick(cpu=False, gpu=True)
+    # a2a_rows by itself: split rows copied, rows past the split untouched, mismatched splits refused
+    inp = torch.arange(12, dtype=torch.int32, device=dev).view(6, 2)
+    out = torch.full((6, 2), -1, dtype=torch.int32, device=dev)
+    assert D.a2a_rows(out, inp, [4], [4], None) is None
+    assert torch.equal(out[:4], inp[:4]) and bool((out[4:] == -1).all())
+    assert D.a2a_rows(out, inp, None, None, None, async_op=True).wait()
+    assert torch.equal(out, inp)
+    with pytest.raises(ValueError, match="one-rank exchange"):
+        D.a2a_rows(out, inp, [3], [4], None)
+    buf = Buffer(None)
+    base = pick(cpu=12, gpu=1024)
+    _check_ht(buf, 0, 1, dev, gen, base, pick(cpu=72, gpu=7168), 8, 3, "skewed", "fp8" if gpu else "bf16", 4, base)
+    _check_ht(buf, 0, 1, dev, gen, 0, 40, 2, 2, "balanced", "bf16", 2, base)
+    for mode in (("bf16", "fp8", "ue8m0") if gpu else ("fp8",)):
+        _check_ll(buf, 0, 1, dev, gen, base, pick(cpu=128, gpu=7168), 4, 3, base + 1, mode)
+    if gpu:
+        _check_gpu_async_graph(buf, 0, 1, dev, gen)
+    buf.destroy()
+
+
+def test_buffer_one_rank():
+    """Dispatch, combine and the low-latency pair in a group of one rank (local copies instead of collectives)."""
+    spawn(_worker_one_rank, 1, 7)

@@ -43,15 +43,39 @@ def _bytes2d(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).reshape(rows, width)
 
 
+class _DoneWork:
+    """The completed work of a one-rank exchange (its copy is already ordered on the stream)."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+_DONE = _DoneWork()
+
+
 def a2a_rows(out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[List[int]], in_splits: Optional[List[int]],
              group, async_op: bool = False):
     """``all_to_all_single`` of 2D row blocks through uint8 views (gloo has no FP8 / 16-bit integer support).
 
     ``out`` and ``inp`` are contiguous; splits count rows (None: equal splits).  A zero-byte exchange still
-    runs (every rank must enter the collective).  Returns the ``Work`` with ``async_op=True``, else None."""
+    runs (every rank must enter the collective).  Returns the ``Work`` with ``async_op=True``, else None.
+
+    A one-rank group exchanges with itself: the rows are copied on the current stream (one copy kernel, no
+    collective), and ``async_op=True`` returns a completed work."""
     o, i = _bytes2d(out), _bytes2d(inp)
     if o.shape[1] != i.shape[1] and o.shape[0] and i.shape[0]:
         raise ValueError(f"row widths differ: out has {o.shape[1]} bytes per row, inp {i.shape[1]}")
+    if dist.get_world_size(group) == 1:
+        n = i.shape[0] if in_splits is None else int(in_splits[0])
+        if out_splits is not None and int(out_splits[0]) != n or n > o.shape[0] or n > i.shape[0]:
+            raise ValueError(f"a one-rank exchange sends and receives the same rows, got splits {in_splits} and "
+                             f"{out_splits} for {i.shape[0]} and {o.shape[0]} rows")
+        if n and o.shape[1]:
+            o[:n].copy_(i[:n])
+        return _DONE if async_op else None
     if o.shape[1] == 0 or i.shape[1] == 0:
         # rows of zero bytes: keep the collective (all ranks enter it) on a one-byte view of nothing
         o = torch.empty((0,), dtype=torch.uint8, device=out.device)

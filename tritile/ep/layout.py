@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..language.pdl import pdl_enter
 from ..runtime import check_tensor, checks_enabled, custom_op, empty, interpreter_configs, kernel_device_ok
+from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["dispatch_layout", "check_layout_args"]
@@ -160,6 +161,7 @@ def _dispatch_layout_op(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     return _layout_kernels(topk_idx, num_experts, num_ranks)
 
 
+@planned("ep_dispatch_layout")
 def dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Layout of one dispatch: the rank mask, counts and send slots.

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..language.pdl import pdl_enter
 from ..runtime import check_tensor, custom_op, empty, interpreter_configs, kernel_device_ok
+from ..runtime.plan import planned
 from ..utils import next_power_of_two
 
 __all__ = ["ll_positions"]
@@ -106,6 +107,7 @@ def _ll_positions_op(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_e
     return pos, count, info, rng
 
 
+@planned("ep_ll_positions")
 def ll_positions(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_experts: int, num_ranks: int,
                  capacity: int):
     """Slab positions of the rows received in fixed-capacity blocks.

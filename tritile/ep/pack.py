@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..language.pdl import pdl_enter
 from ..runtime import check_tensor, custom_op, empty, interpreter_configs, kernel_device_ok
+from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["as_words", "pack_rows", "pack_meta", "gather_rows", "unpack_meta", "meta_width", "scatter_rows_into",
@@ -113,6 +114,7 @@ def _pack_rows_op(x: torch.Tensor, send_slot: torch.Tensor, base: torch.Tensor, 
     return scatter_rows_into(x, send_slot, base, empty((num_rows, x.shape[1]), x.dtype, x.device))
 
 
+@planned("ep_scatter_rows_into")
 def scatter_rows_into(x: torch.Tensor, send_slot: torch.Tensor, base: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """:func:`pack_rows` into a given contiguous ``out`` (internal: no checks; rows no slot targets keep their
     contents)."""
@@ -137,6 +139,7 @@ def scatter_rows_into(x: torch.Tensor, send_slot: torch.Tensor, base: torch.Tens
     return out
 
 
+@planned("ep_pack_rows")
 def pack_rows(x: torch.Tensor, send_slot: torch.Tensor, base: torch.Tensor, num_rows: int) -> torch.Tensor:
     """Scatter token rows into a send buffer grouped by destination rank.
 
@@ -215,6 +218,7 @@ def _pack_meta_op(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch
     return pack_meta_into(topk_idx, topk_weights, sf, send_slot, base, experts_per_rank, num_topk, out)
 
 
+@planned("ep_pack_meta_into")
 def pack_meta_into(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
                    send_slot: torch.Tensor, base: torch.Tensor, experts_per_rank: int, num_topk: int,
                    out: torch.Tensor) -> torch.Tensor:
@@ -252,6 +256,7 @@ def pack_meta_into(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torc
     return out
 
 
+@planned("ep_pack_meta")
 def pack_meta(topk_idx: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
               send_slot: torch.Tensor, base: torch.Tensor, num_rows: int, experts_per_rank: int,
               num_topk: int, fill: Optional[int] = None) -> torch.Tensor:
@@ -310,6 +315,7 @@ def _gather_rows_op(src: torch.Tensor, row_map: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@planned("ep_gather_rows")
 def gather_rows(src: torch.Tensor, row_map: torch.Tensor) -> torch.Tensor:
     """``out[o] = src[row_map[o]]``, zeros where ``row_map[o] < 0``.
 
@@ -394,6 +400,7 @@ def _unpack_meta_op(meta: torch.Tensor, row_map: Optional[torch.Tensor], num_top
     return idx, w, src, sf
 
 
+@planned("ep_unpack_meta")
 def unpack_meta(meta: torch.Tensor, row_map: Optional[torch.Tensor], num_topk: int, has_idx: bool, has_w: bool,
                 sf_words: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split received metadata rows (the layout of :func:`pack_meta`).

@@ -21,6 +21,7 @@ from ..language import bf16_bits_to_f32, f32_to_bf16_bits
 from ..language.pdl import pdl_enter
 from ..runtime import check_inner_contiguous, check_shape, check_tensor, custom_op, empty, interpreter_configs
 from ..runtime import kernel_device_ok
+from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 
 __all__ = ["combine_reduce"]
@@ -114,6 +115,7 @@ def _combine_reduce_op(buf: torch.Tensor, send_slot: torch.Tensor, base: torch.T
     return out, wout
 
 
+@planned("ep_combine_reduce")
 def combine_reduce(buf: torch.Tensor, send_slot: torch.Tensor, base: torch.Tensor,
                    bias0: Optional[torch.Tensor] = None, bias1: Optional[torch.Tensor] = None,
                    wbuf: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -525,7 +525,10 @@ def planned(name: str, maxsize: int = 512, recheck: Optional[Callable[..., None]
             if not _ENABLED or getattr(_REC, "r", None) is not None or torch.compiler.is_compiling() \
                     or checks_enabled():
                 return fn(*args, **kwargs)
-            key: list = [_current_device()]
+            try:
+                key: list = [_current_device()]
+            except (AssertionError, RuntimeError):  # no CUDA in this build or process: only host code can run
+                return fn(*args, **kwargs)
             tensors: list = []
             try:
                 for a in args:
