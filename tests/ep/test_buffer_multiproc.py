@@ -516,6 +516,11 @@ def _worker_one_rank(rank: int, world: int, seed: int) -> None:
     assert torch.equal(out, inp)
     with pytest.raises(ValueError, match="one-rank exchange"):
         D.a2a_rows(out, inp, [3], [4], None)
+    # the header exchange of one rank: its own header, the extra words read back, a local error re-raised
+    table = D.exchange_header(None, dev, D.Header("barrier", []), extra=torch.tensor([5], device=dev))
+    assert tuple(table.shape) == (1, D.HEADER_WORDS + 1) and int(table[0, D.HEADER_WORDS]) == 5
+    with pytest.raises(ValueError, match="local failure"):
+        D.exchange_header(None, dev, D.Header("barrier", []), error=ValueError("local failure"))
     buf = Buffer(None)
     base = pick(cpu=12, gpu=1024)
     _check_ht(buf, 0, 1, dev, gen, base, pick(cpu=72, gpu=7168), 8, 3, "skewed", "fp8" if gpu else "bf16", 4, base)

@@ -291,13 +291,18 @@ def exchange_header(group, device: torch.device, header: Header, extra: Optional
       of every rank.
 
     Returns the int64 table ``(R, HEADER_WORDS + R)`` on the host (one host sync).  ``timeout_s``: wait at most
-    this long for the other ranks (then ``RuntimeError`` naming the call), else the group's timeout.
+    this long for the other ranks (then ``RuntimeError`` naming the call), else the group's timeout.  A one-rank
+    group exchanges nothing: its table is its own header (no collective; a host sync only to read ``extra``).
     """
     world = dist.get_world_size(group)
     mine = torch.zeros((HEADER_WORDS + world,), dtype=torch.int64, device="cpu")
     mine[:HEADER_WORDS] = torch.tensor(header.words(0 if error is None else 1), dtype=torch.int64, device="cpu")
     if extra is not None and error is None:
         mine[HEADER_WORDS:] = extra.to(torch.int64).cpu()
+    if world == 1:  # a one-rank group: nothing to exchange or to agree on (the counts above were its one sync)
+        if error is not None:
+            raise error
+        return mine.view(1, HEADER_WORDS + 1)
     mine = mine.to(device)
     table = torch.empty((world * (HEADER_WORDS + world),), dtype=torch.int64, device=device)
     try:
