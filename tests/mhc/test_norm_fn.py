@@ -87,6 +87,34 @@ def _tf32_exact(x):
     return ((x.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
 
 
+@pytest.mark.parametrize("split_bf16", [False, True])
+@pytest.mark.parametrize("n1,H", pick(cpu=[(37, 64)], gpu=[(4001, 2560), (8192, 7168)]))
+def test_forward_exact(device, n1, H, split_bf16):
+    """The forward GEMM's operands, both ways (``x`` widened to float32 on TF32 MMAs, or ``tf32(fn)`` as exact bf16
+    hi/lo pairs on bf16 MMAs): ``p`` within float32 accumulation error of the float64 ``x . tf32(fn)^T``
+    (``2^-17 sum |x f|``; an operand off by bf16's or TF32's rounding moves ``p`` past it) and ``s = sum x^2``
+    within ``2^-17 s``."""
+    from tritile.mhc.norm_fn_kernel import norm_fn_fwd
+
+    if split_bf16 and device.type != "cuda":
+        pytest.skip("Triton's interpreter computes tl.dot on bfloat16 operands wrongly (off by ~1e10 on unit values)")
+    residual, fn, _, _ = _data(n1, H, False, device)
+    fn[:, :N] *= 1e3  # a few large columns: a lost low part of fn would show against the bound
+    D = N * H
+    x = residual.view(-1, D)
+    with override_config("mhc_norm_fn_gemm", SPLIT_BF16=split_bf16):
+        _, p, s = norm_fn_fwd(x, fn, EPS)
+    xd, fd = x.double(), _tf32_exact(fn).double()
+    p_ref = xd @ fd.t()
+    mag = xd.abs() @ fd.abs().t()
+    assert bool(((p.double() - p_ref).abs() <= mag * 2.0 ** -17).all())
+    s_ref = (xd * xd).sum(1)
+    assert bool(((s.double() - s_ref).abs() <= s_ref * 2.0 ** -17).all())
+    # not vacuous: fn unrounded, or only its bf16 high part, misses the bound somewhere
+    for wrong in (fn.double(), fn.bfloat16().double()):
+        assert not bool((((xd @ wrong.t()) - p_ref).abs() <= mag * 2.0 ** -17).all())
+
+
 @pytest.mark.parametrize("n1,H,acc", pick(cpu=[(37, 96, True), (5, 64, False)], gpu=[(4001, 2560, True),
                                                                                      (33, 7168, False)]))
 def test_backward_exact(device, n1, H, acc):

@@ -26,9 +26,11 @@ operand is exact for any ``tl.dot``: the products of bf16 and TF32 values are ex
 rounds ``g_p`` the same way where the reference GEMMs run in TF32 (CUDA, ``tf32=True``), and keeps it in float32
 elsewhere (the CPU, whose torch reference has no TF32).  On the GPU the backward runs both TF32 operands (``fn``
 and ``g_p``) as their exact bf16 hi/lo pairs (``_split_tf32``) through bf16 MMAs against the bf16 residual: the
-same exact products as TF32 MMAs, at the bf16 rate and without widening the residual to float32.  (The forward
-GEMM on such pairs measured 3x faster on the H200, but its mixes were not bitwise reproducible between the fused
-and unfused paths there, so the forward keeps float32 operands on TF32 MMAs.)
+same exact products as TF32 MMAs, at the bf16 rate and without widening the residual to float32.  The forward GEMM
+does the same with ``fn`` (``SPLIT_BF16``, the GPU default; the interpreter, whose ``tl.dot`` mishandles bf16
+operands, keeps float32 ones).  The products are TileKernels' exactly; the sums differ from its TF32 GEMM's by
+float32 accumulation order only (``tests/mhc/test_norm_fn.py::test_forward_exact`` bounds ``p`` by ``2^-17 sum |x
+f|`` against float64; ``tests/mhc/test_mhc_vs_tilekernels.py`` bounds the mixes against TileKernels).
 """
 
 from __future__ import annotations
@@ -150,22 +152,37 @@ def _split_tf32(v):
 @triton.jit
 def _norm_fn_gemm_kernel(x_ptr, fn_ptr, p_ptr, s_ptr, num_tokens, D, stride_x,
                          N3: tl.constexpr, N3P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                         ITERS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                         ITERS: tl.constexpr, PRECISION: tl.constexpr, SPLIT_BF16: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program ``(t, k)``: tokens ``[t BLOCK_T, (t+1) BLOCK_T)``, columns ``[k ITERS BLOCK_D, (k+1) ITERS BLOCK_D)``.
-    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32)."""
+    Writes ``p[k, rows, :N3] = x . tf32(fn)^T`` and ``s[k, rows] = sum x^2`` (float32).  ``SPLIT_BF16``: the TF32
+    ``fn`` as its exact bf16 hi/lo pair (:func:`_split_tf32`) through two bf16 MMAs against the bf16 ``x`` (exact
+    products, float32 accumulation), the low parts into an accumulator of their own, added once at the end: the
+    tensor cores' float32 accumulation is not round-to-nearest, and adding the small low products into the large
+    accumulator step by step doubled its error (H100, D = 28672); otherwise ``x`` widened to float32 on
+    ``PRECISION`` MMAs."""
     pdl_enter(PDL)
     pid_k, rows, row_ok, j, j_ok = _split_grid_block(num_tokens, BLOCK_T, N3, N3P)
     acc = tl.zeros([BLOCK_T, N3P], dtype=tl.float32)
+    acc_lo = tl.zeros([BLOCK_T, N3P], dtype=tl.float32)  # the low parts' products, ~2^-8 of acc's (SPLIT_BF16)
     sq = tl.zeros([BLOCK_T], dtype=tl.float32)
     d0 = pid_k * (ITERS * BLOCK_D)
     for it in range(ITERS):
         cols = d0 + it * BLOCK_D + tl.arange(0, BLOCK_D)
         c_ok = cols < D
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & c_ok[None, :],
-                    other=0.0).to(tl.float32)
-        f = tl.load(fn_ptr + j[:, None] * D + cols[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(_tf32(f)), acc, input_precision=PRECISION)
+        xb = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & c_ok[None, :],
+                     other=0.0)
+        x = xb.to(tl.float32)
+        f = _tf32(tl.load(fn_ptr + j[:, None] * D + cols[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0))
+        if SPLIT_BF16:
+            f_hi, f_lo = _split_tf32(f)
+            acc = tl.dot(xb, tl.trans(f_hi), acc)
+            acc_lo = tl.dot(xb, tl.trans(f_lo), acc_lo)
+        else:
+            acc = tl.dot(x, tl.trans(f), acc, input_precision=PRECISION)
         sq += tl.sum(x * x, axis=1)
+    if SPLIT_BF16:
+        acc += acc_lo
     out = pid_k * num_tokens + rows
     tl.store(p_ptr + out[:, None] * N3 + j[None, :], acc, mask=row_ok[:, None] & j_ok[None, :])
     tl.store(s_ptr + out, sq, mask=row_ok)
@@ -270,13 +287,14 @@ def gemm_config(num_tokens: int, D: int) -> dict:
     """Launch plan of the forward GEMM, shared by ``mhc_pre_norm_fn`` and ``mhc_pre_big_fuse`` (their mixes are
     bitwise equal only if both use the same partitioning).  Keys (``tuned("mhc_norm_fn_gemm", ...)``): ``BLOCK_T``,
     ``BLOCK_D``, ``num_warps``, ``PROGRAMS`` (the split count over ``D`` is the smallest that reaches this many
-    programs, each split keeping at least ``MIN_ITERS`` column blocks), or ``SPLITS`` to fix the split count.
+    programs, each split keeping at least ``MIN_ITERS`` column blocks), or ``SPLITS`` to fix the split count;
+    ``SPLIT_BF16`` (the GPU default: ``fn`` as exact bf16 hi/lo pairs on bf16 MMAs, not ``x`` widened to float32).
     The plan depends on the shape only (not on the GPU's SM count), so the mixes' bits do too.  Returns the config
     with ``SPLITS`` and ``ITERS`` (column blocks per split) filled."""
     if _INTERPRET:
-        cfg = dict(BLOCK_T=32, BLOCK_D=128, num_warps=4, PROGRAMS=16, MIN_ITERS=2)
+        cfg = dict(BLOCK_T=32, BLOCK_D=128, num_warps=4, PROGRAMS=16, MIN_ITERS=2, SPLIT_BF16=False)
     else:  # about four programs per SM of an H100/H200 (132 SMs); 128-token tiles read fn half as often as 64
-        cfg = dict(BLOCK_T=128, BLOCK_D=64, num_warps=4, num_stages=3, PROGRAMS=512, MIN_ITERS=8)
+        cfg = dict(BLOCK_T=128, BLOCK_D=128, num_warps=4, num_stages=2, PROGRAMS=512, MIN_ITERS=8, SPLIT_BF16=True)
     cfg = dict(tuned("mhc_norm_fn_gemm", cfg))
     n_blocks = max(1, ceil_div(D, cfg["BLOCK_D"]))
     splits = cfg.get("SPLITS")
@@ -335,8 +353,8 @@ def norm_fn_gemm(x: torch.Tensor, fn: torch.Tensor) -> Tuple[torch.Tensor, torch
     _norm_fn_gemm_kernel[(ceil_div(T, cfg["BLOCK_T"]), cfg["SPLITS"])](
         x, fn, p_part, s_part, T, D, x.stride(0),
         N3=n3, N3P=N3_PAD, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=cfg["BLOCK_D"], ITERS=cfg["ITERS"],
-        PRECISION=_precision(dev), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3),
-        **pdl_args(dev, cfg.get("PDL", True)))
+        PRECISION=_precision(dev), SPLIT_BF16=bool(cfg["SPLIT_BF16"]), num_warps=cfg["num_warps"],
+        num_stages=cfg.get("num_stages", 3), **pdl_args(dev, cfg.get("PDL", True)))
     return p_part, s_part, cfg
 
 

@@ -129,11 +129,12 @@ EPS = 1e-6
 # Launch-config candidates (python -m tritile tune --module mhc).  The GEMM's split count and tile change the
 # float32 summation order of p and s ("output differs" is expected; the tests' tolerances hold for each).
 _GEMM_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
-              for bt, bd, w, st, p in ((64, 128, 4, 4, 512), (64, 128, 4, 3, 512), (64, 128, 4, 5, 512),
-                                       (64, 128, 4, 4, 1024), (64, 256, 8, 3, 512), (128, 64, 4, 3, 512),
-                                       (128, 128, 8, 3, 512), (256, 64, 8, 3, 512), (32, 128, 4, 4, 512),
-                                       (64, 64, 4, 4, 512), (128, 128, 8, 4, 512), (128, 64, 8, 4, 1024),
-                                       (256, 64, 8, 4, 512), (128, 128, 4, 4, 264))]
+              for bt, bd, w, st, p in ((128, 64, 4, 3, 512), (128, 128, 4, 3, 512), (128, 128, 8, 3, 512),
+                                       (64, 128, 4, 3, 512), (64, 256, 4, 3, 512), (128, 256, 8, 3, 512),
+                                       (256, 64, 8, 3, 512), (256, 128, 8, 3, 512), (128, 128, 4, 4, 512),
+                                       (128, 64, 4, 4, 1024), (128, 128, 4, 4, 264), (128, 128, 4, 2, 512),
+                                       (256, 128, 8, 4, 264), (64, 128, 4, 4, 1024))]
+_GEMM_TUNE.append(dict(_GEMM_TUNE[0], SPLIT_BF16=False))  # x widened to float32 on TF32 MMAs
 _POST_BWD_TUNE = [dict(U=u, num_warps=w) for u in (1, 2, 4, 8) for w in (4, 8)]
 _NORM_BWD_TUNE = [dict(BLOCK_T=bt, BLOCK_D=bd, num_warps=w, num_stages=st, PROGRAMS=p)
              for bt, bd, w, st, p in ((64, 128, 4, 3, 512), (64, 128, 4, 4, 512), (64, 128, 4, 2, 512),
