@@ -67,9 +67,11 @@ def _config(num_tokens: int, hidden: int) -> dict:
 
 
 def _launch(kernel, src: torch.Tensor, dst: torch.Tensor, num_tokens: int, hidden: int, mhc_mult: int) -> None:
+    """``kernel`` over ``[BT, BH]`` tiles (``tuned("mhc_expand")`` for the copy, ``tuned("mhc_expand_bwd")`` for the
+    stream sum)."""
     if num_tokens == 0 or hidden == 0:
         return
-    cfg = tuned("mhc_expand", _config(num_tokens, hidden))
+    cfg = tuned("mhc_expand_bwd" if kernel is _expand_bwd_kernel else "mhc_expand", _config(num_tokens, hidden))
     grid = (ceil_div(num_tokens, cfg["BT"]), ceil_div(hidden, cfg["BH"]))
     kernel[grid](src, dst, num_tokens, H=hidden, N=mhc_mult, BT=cfg["BT"], BH=cfg["BH"],
                  num_warps=cfg["num_warps"], **pdl_args(src.device))

@@ -19,7 +19,7 @@ from tritile.language.pdl import pdl_args, pdl_enter
 from tritile.config import get_num_sms
 from tritile.mhc._common import (NO_FUSION, extract, load_split_mixes, mix_affine, mix_group, sigmoid_f32,
                                  token_block, token_config, tree_last)
-from tritile.runtime import custom_op, empty
+from tritile.runtime import custom_op, empty, tuned
 from tritile.runtime.plan import planned
 from tritile.utils import ceil_div, next_power_of_two
 
@@ -117,7 +117,7 @@ def split_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: i
     comb = empty((t, n, n), torch.float32, dev)
     if t == 0:
         return pre, post, comb
-    cfg = _config()
+    cfg = tuned("mhc_pre_split_mixes_fwd", _config())
     _split_fwd_kernel[(ceil_div(t, cfg["BT"]),)](mixes, scale, base, pre, post, comb, t, float(pre_eps),
                                                  float(post_mult), N=n, BN=next_power_of_two(n), BT=cfg["BT"],
                                                  num_warps=cfg["num_warps"], **NO_FUSION, **pdl_args(dev))

@@ -69,6 +69,9 @@ _TILE_TUNE = [dict(BT=bt, BH=bh, num_warps=w) for bt, bh, w in
 _BWD_TUNE = [dict(BT=1, BH=bh, num_warps=w) for bh in (512, 1024, 2048) for w in (2, 4, 8)] + [
     dict(BT=2, BH=512, num_warps=4), dict(BT=2, BH=1024, num_warps=8)]
 _SK_TUNE = [dict(BT=bt, num_warps=w) for bt in (8, 16, 32, 64, 128) for w in (1, 2, 4)]
+_EXPAND_TUNE = [dict(BT=bt, BH=bh, num_warps=w) for bt, bh, w in
+                ((1, 1024, 4), (2, 1024, 4), (4, 1024, 4), (8, 512, 4), (2, 2048, 8), (4, 1024, 8), (1, 2048, 4),
+                 (2, 512, 2), (16, 256, 4))]
 
 
 def _gpu(device) -> bool:
@@ -314,11 +317,12 @@ def _expand_cases(device, quick):
         g = torch.randn(n0, n1, N, h, dtype=torch.bfloat16, device=device)
         nb = t * h * 2 + t * N * h * 2
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd"), impl=op("modeling.mhc.ops.expand_to_mhc", x, N),
-                   ref=lambda x=x: expand_to_mhc_ref(x, N), check=_close(dict(atol=0, rtol=0)), nbytes=nb)
+                   ref=lambda x=x: expand_to_mhc_ref(x, N), check=_close(dict(atol=0, rtol=0)), nbytes=nb,
+                   tune=("mhc_expand", _EXPAND_TUNE))
         yield Case(params=dict(n0=n0, n1=n1, h=h, op="fwd+bwd"),
                    impl=_fwd_bwd_impl("modeling.mhc.ops.expand_to_mhc", [x], [g], N),
                    ref=lambda x=x, g=g: _fwd_bwd(lambda a: expand_to_mhc_ref(a, N), [x], [g]),
-                   check=_close(), nbytes=2 * nb)
+                   check=_close(), nbytes=2 * nb, tune=("mhc_expand_bwd", _EXPAND_TUNE))
 
 
 @register(_M, "mhc_pre_split_mixes")
@@ -334,7 +338,8 @@ def _split_cases(device, quick):
         yield Case(params=dict(n0=n0, n1=n1, op="fwd+bwd"),
                    impl=_fwd_bwd_impl("modeling.mhc.ops.mhc_pre_split_mixes", args, grads, N, 2.0, 1e-2),
                    ref=lambda: _fwd_bwd(lambda m, s, b: mhc_pre_split_mixes_ref(m, s, b, N, 2.0, 1e-2), args, grads),
-                   check=_close(dict(rtol=1e-5, atol=2e-5)), nbytes=2 * nb, latency_bound=True)
+                   check=_close(dict(rtol=1e-5, atol=2e-5)), nbytes=2 * nb, latency_bound=True,
+                   tune=("mhc_pre_split_mixes_fwd", _SK_TUNE))
 
 
 @register(_M, "sinkhorn_normalize")
