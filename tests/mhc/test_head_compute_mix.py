@@ -95,3 +95,20 @@ def test_head_compute_mix_compile(device):
     fn = torch.compile(mhc_head_compute_mix, fullgraph=True, backend=pick(cpu="eager", gpu="inductor"))
     for u, v in zip(_tester(fn, x, s, b, grad), _tester(mhc_head_compute_mix, x, s, b, grad)):
         assert torch.equal(u, v)
+
+
+def test_head_compute_mix_without_a_graph(device):
+    """With nothing to differentiate (no input requiring grad, or grad mode off) the op launches its kernel without
+    an autograd node: the same bits as the recorded forward, strided input included, and no ``grad_fn``."""
+    x = torch.randn(2, 9, 8, device=device)[..., ::2]
+    scale, base = torch.randn(1, device=device), torch.randn(4, device=device)
+    with_graph = mhc_head_compute_mix(x, scale.clone().requires_grad_(), base, EPS)
+    for out in (mhc_head_compute_mix(x, scale, base, EPS),
+                _no_grad(mhc_head_compute_mix, x, scale.clone().requires_grad_(), base, EPS)):
+        assert out.grad_fn is None and out.shape == (2, 9, 4)
+        assert torch.equal(out, with_graph.detach())
+
+
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)

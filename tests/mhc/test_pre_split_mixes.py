@@ -127,3 +127,17 @@ def test_pre_split_mixes_compile(device):
     fn = torch.compile(mhc_pre_split_mixes, fullgraph=True, backend=pick(cpu="eager", gpu="inductor"))
     for a, b in zip(_tester(fn, mixes, scale, base, grads), _tester(mhc_pre_split_mixes, mixes, scale, base, grads)):
         assert torch.equal(a, b)
+
+
+def test_pre_split_mixes_without_a_graph(device):
+    """With nothing to differentiate the op launches its kernel without an autograd node: the same bits as the
+    recorded forward and no ``grad_fn``."""
+    mixes = torch.randn(2, 7, 24, device=device)
+    scale, base = torch.randn(3, device=device), torch.randn(24, device=device)
+    with_graph = mhc_pre_split_mixes(mixes, scale.clone().requires_grad_(), base, 4, 2.0, 1e-2)
+    with torch.no_grad():
+        off = mhc_pre_split_mixes(mixes.clone().requires_grad_(), scale, base, 4, 2.0, 1e-2)
+    for outs in (mhc_pre_split_mixes(mixes, scale, base, 4, 2.0, 1e-2), off):
+        for a, b in zip(outs, with_graph):
+            assert a.grad_fn is None and a.shape == b.shape
+            assert torch.equal(a, b.detach())

@@ -85,3 +85,15 @@ def test_sinkhorn_compile(device):
     out_e, g_e = _tester(sinkhorn_normalize, x, grad, 3, 1e-6)
     assert torch.equal(out, out_e)
     assert torch.equal(g, g_e)
+
+
+def test_sinkhorn_without_a_graph(device):
+    """With nothing to differentiate the op launches its kernel without an autograd node: the same bits as the
+    recorded forward (strided input included) and no ``grad_fn``."""
+    x = torch.randn(3, 5, 4, 8, device=device)[..., ::2]
+    with_graph = sinkhorn_normalize(x.clone().requires_grad_(), 10, 1e-6)
+    with torch.no_grad():
+        off = sinkhorn_normalize(x.clone().requires_grad_(), 10, 1e-6)
+    for out in (sinkhorn_normalize(x, 10, 1e-6), off):
+        assert out.grad_fn is None and out.shape == x.shape
+        assert torch.equal(out, with_graph.detach())

@@ -12,19 +12,26 @@ from tritile.runtime import check_device, check_same_device, check_shape, check_
 __all__ = ["mhc_head_compute_mix", "MHCHeadComputeMix"]
 
 
+def _flat(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor):
+    """The kernels' operands: ``input_mix`` as a contiguous ``(B S, n)``, ``mhc_scale`` as ``(1,)``, ``mhc_base``
+    contiguous."""
+    b, s, n = input_mix.shape
+    x = input_mix if input_mix.is_contiguous() else input_mix.contiguous()
+    scale = mhc_scale if mhc_scale.is_contiguous() else mhc_scale.contiguous()
+    base = mhc_base if mhc_base.is_contiguous() else mhc_base.contiguous()
+    return x.view(b * s, n), scale.view(1), base
+
+
 class MHCHeadComputeMix(torch.autograd.Function):
     """Backward (``s`` the sigmoid, recomputed): ``q = g s (1 - s)``, ``g_in = q * scale``, ``g_scale = sum q * in``,
     ``g_base[j] = sum_tokens q_j`` (per-program partials, then a deterministic sum)."""
 
     @staticmethod
     def forward(ctx, input_mix, mhc_scale, mhc_base, mhc_pre_eps):
-        b, s, n = input_mix.shape
-        x = input_mix.contiguous().view(b * s, n)
-        scale = mhc_scale.contiguous().view(1)
-        base = mhc_base.contiguous()
+        x, scale, base = _flat(input_mix, mhc_scale, mhc_base)
         ctx.save_for_backward(x, scale, base)
         ctx.shape, ctx.scale_shape = input_mix.shape, mhc_scale.shape
-        return head_fwd(x, scale, base, float(mhc_pre_eps)).view(b, s, n)
+        return head_fwd(x, scale, base, float(mhc_pre_eps)).view(input_mix.shape)
 
     @staticmethod
     def backward(ctx, grad):
@@ -55,4 +62,7 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
     check_device("input_mix", input_mix)
     check_same_device(input_mix=input_mix, mhc_scale=mhc_scale, mhc_base=mhc_base)
     mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
+    if not (torch.is_grad_enabled() and (input_mix.requires_grad or mhc_scale.requires_grad
+                                         or mhc_base.requires_grad)):  # no graph to record: the launch alone
+        return head_fwd(*_flat(input_mix, mhc_scale, mhc_base), mhc_pre_eps).view(input_mix.shape)
     return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, mhc_pre_eps)

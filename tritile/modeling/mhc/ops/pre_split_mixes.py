@@ -81,4 +81,11 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
     check_device("input_mixes", input_mixes)
     check_same_device(input_mixes=input_mixes, mhc_scale=mhc_scale, mhc_base=mhc_base)
+    if not (torch.is_grad_enabled() and (input_mixes.requires_grad or mhc_scale.requires_grad
+                                         or mhc_base.requires_grad)):  # no graph to record: the launch alone
+        b, s, _ = input_mixes.shape
+        pre, post, comb = split_fwd(input_mixes.view(b * s, n3), mhc_scale, mhc_base, mhc_mult,
+                                    mhc_post_mult_value, mhc_pre_eps)
+        return (pre.view(b, s, mhc_mult, 1), post.view(b, s, mhc_mult, 1),
+                comb.view(b, s, mhc_mult, mhc_mult))
     return MHCPreSplitMixes.apply(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)

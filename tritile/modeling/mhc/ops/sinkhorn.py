@@ -12,18 +12,22 @@ from tritile.runtime import check_device, check_tensor
 __all__ = ["sinkhorn_normalize", "MHCSinkhorn"]
 
 
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``x (..., n, n)`` as a contiguous ``(T, n, n)``."""
+    n = x.shape[-1]
+    return (x if x.is_contiguous() else x.contiguous()).view(-1, n, n)
+
+
 class MHCSinkhorn(torch.autograd.Function):
     """Forward: spec §1.3 per matrix.  Backward: unrolled reverse mode, the forward recomputed from the saved
     input logits."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
-        n = x.shape[-1]
-        xc = x.contiguous().view(-1, n, n)
-        out = sinkhorn_fwd_launch(xc, repeat, eps)
+        xc = _flat(x)
         ctx.save_for_backward(xc)
         ctx.repeat, ctx.eps, ctx.shape = repeat, eps, x.shape
-        return out.view(x.shape)
+        return sinkhorn_fwd_launch(xc, repeat, eps).view(x.shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -53,4 +57,7 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
         raise TypeError(f"repeat must be an int, got {type(repeat).__name__}")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    return MHCSinkhorn.apply(x, repeat, check_positive("eps", eps))
+    eps = check_positive("eps", eps)
+    if not (x.requires_grad and torch.is_grad_enabled()):  # no graph to record: the launch alone
+        return sinkhorn_fwd_launch(_flat(x), repeat, eps).view(x.shape)
+    return MHCSinkhorn.apply(x, repeat, eps)
