@@ -286,3 +286,40 @@ def test_demo_hf_cpu(tmp_path):
     res = json.loads(path.read_text())
     assert res["check"]["ok"] and res["check"]["tokens_with_other_experts"] == [0]
     assert set(res["ms_per_step"]) == {"hf_grouped_mm", "tritile"}
+    f32 = res["check"]["float32"]
+    assert res["check"]["failed"] == [] and set(f32["patched"]) == set(res["check"]["calc_diff"])
+    assert 0 < f32["unpatched"]["logits"] and f32["patched"]["logits"] <= 4 * f32["unpatched"]["logits"]
+
+
+def test_demo_check_rule():
+    """A tensor within the fixed bound passes; past it, only within RATIO of the unpatched model's float32 error (bf16;
+    FP8 keeps the fixed bounds alone)."""
+    from tritile.hf._demo import FLOOR, RATIO, TOL, _check
+
+    tol = TOL[False][1]
+    diffs = {"a.grad": tol / 2, "b.grad": 10 * tol, "c.grad": 10 * tol}
+    base = {"a.grad": 1e-3, "b.grad": 1e-3, "c.grad": 1e-3}
+    err = {"a.grad": 1.0, "b.grad": RATIO[False] * 1e-3 + FLOOR / 2, "c.grad": RATIO[False] * 1e-3 + 2 * FLOOR}
+    assert _check(diffs, base, err, False) == {"a.grad": True, "b.grad": True, "c.grad": False}
+    tol8 = TOL[True][1]
+    diffs8 = {"a.grad": tol8 / 2, "b.grad": 10 * tol8, "c.grad": 10 * tol8}
+    assert _check(diffs8, base, err, True) == {"a.grad": True, "b.grad": False, "c.grad": False}
+
+
+def test_float32_reference_restores_the_model():
+    """The check's float32 evaluation leaves every parameter and buffer with its dtype and bits, and no gradients."""
+    import transformers
+
+    from tritile.hf._demo import _float32_reference
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                      num_experts=4, num_experts_per_tok=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = _float32_reference(model, torch.randint(0, 64, (1, 6)), None)
+    assert ref["logits"].dtype == torch.float32 and all(g.dtype == torch.float32 for g in ref["grads"].values())
+    assert ref["grads"] and all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
