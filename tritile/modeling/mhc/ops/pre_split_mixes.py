@@ -14,6 +14,15 @@ from tritile.runtime import check_contiguous, check_device, check_same_device, c
 __all__ = ["mhc_pre_split_mixes", "MHCPreSplitMixes"]
 
 
+def _split(input_mixes, mhc_scale, mhc_base, n, post_mult, pre_eps):
+    """The forward kernel on the flattened tokens: ``(mixes (T, n3), post (T, n), (pre, post, comb))``, the last
+    shaped as the op returns them."""
+    b, s, nj = input_mixes.shape
+    mixes = input_mixes.view(b * s, nj)
+    pre, post, comb = split_fwd(mixes, mhc_scale, mhc_base, n, float(post_mult), float(pre_eps))
+    return mixes, post, (pre.view(b, s, n, 1), post.view(b, s, n, 1), comb.view(b, s, n, n))
+
+
 class MHCPreSplitMixes(torch.autograd.Function):
     """Backward: ``gz_pre = g_pre s (1 - s)`` (``s`` recomputed), ``gz_post = g_post post (1 - post / mult)`` (the
     saved output), ``gz_comb = g_comb``; ``g_mixes = gz * scale[group]``; ``g_scale[k] = sum gz_j mixes_j`` over
@@ -22,13 +31,10 @@ class MHCPreSplitMixes(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps):
-        b, s, nj = input_mixes.shape
-        n = mhc_mult
-        mixes = input_mixes.view(b * s, nj)
-        pre, post, comb = split_fwd(mixes, mhc_scale, mhc_base, n, float(mhc_post_mult_value), float(mhc_pre_eps))
+        mixes, post, out = _split(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)
         ctx.save_for_backward(mixes, mhc_scale, mhc_base, post)
-        ctx.n, ctx.post_mult, ctx.bs = n, float(mhc_post_mult_value), (b, s)
-        return pre.view(b, s, n, 1), post.view(b, s, n, 1), comb.view(b, s, n, n)
+        ctx.n, ctx.post_mult, ctx.bs = mhc_mult, float(mhc_post_mult_value), tuple(input_mixes.shape[:2])
+        return out
 
     @staticmethod
     def backward(ctx, g_pre, g_post, g_comb):
@@ -83,9 +89,5 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     check_same_device(input_mixes=input_mixes, mhc_scale=mhc_scale, mhc_base=mhc_base)
     if not (torch.is_grad_enabled() and (input_mixes.requires_grad or mhc_scale.requires_grad
                                          or mhc_base.requires_grad)):  # no graph to record: the launch alone
-        b, s, _ = input_mixes.shape
-        pre, post, comb = split_fwd(input_mixes.view(b * s, n3), mhc_scale, mhc_base, mhc_mult,
-                                    mhc_post_mult_value, mhc_pre_eps)
-        return (pre.view(b, s, mhc_mult, 1), post.view(b, s, mhc_mult, 1),
-                comb.view(b, s, mhc_mult, mhc_mult))
+        return _split(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)[2]
     return MHCPreSplitMixes.apply(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)
