@@ -206,13 +206,19 @@ def _float32_reference(model, ids, check_experts: Optional[int]) -> Dict[str, An
     return ref
 
 
-def _check(diffs: Dict[str, float], base_err: Dict[str, float], err: Dict[str, float], fp8: bool):
-    """Per tensor: ``ok`` within the fixed bound or within ``RATIO`` of the unpatched model's float32 error."""
+def _check(diffs: Dict[str, float], base_err: Dict[str, float], err: Dict[str, float],
+           fp8: bool) -> Dict[str, Optional[str]]:
+    """Per tensor: ``"fixed"`` within the fixed bound, else ``"ratio"`` within ``RATIO`` of the unpatched model's
+    float32 error, else None (failed)."""
     tol, gtol = TOL[fp8]
-    verdict = {}
+    verdict: Dict[str, Optional[str]] = {}
     for k, d in diffs.items():
-        within = d < (tol if k == "logits" else gtol)
-        verdict[k] = within or (RATIO[fp8] is not None and err[k] <= RATIO[fp8] * base_err[k] + FLOOR)
+        if d < (tol if k == "logits" else gtol):
+            verdict[k] = "fixed"
+        elif RATIO[fp8] is not None and err[k] <= RATIO[fp8] * base_err[k] + FLOOR:
+            verdict[k] = "ratio"
+        else:
+            verdict[k] = None
     return verdict
 
 
@@ -305,14 +311,13 @@ def run(opts: Dict[str, Any]) -> Dict[str, Any]:
                 mismatched.append(int((idx.sort(-1).values != want).any(-1).sum()))
         worst = max(((v, k) for k, v in diffs.items() if k != "logits"), default=(0.0, "-"))
         verdict = _check(diffs, ref["base_err"], err, args.fp8)
-        failed = sorted(k for k, v in verdict.items() if not v)
+        failed = sorted(k for k, v in verdict.items() if v is None)
         ok = not missing and not failed and not any(mismatched)
         res["check"] = dict(ok=ok, logits_calc_diff=diffs["logits"], worst_grad=dict(name=worst[1], calc_diff=worst[0]),
                             calc_diff=diffs, tol=tol, grad_tol=gtol, tokens_with_other_experts=mismatched,
                             grads_missing=missing, expert_grads_compared_on=check_experts or num_experts,
                             float32=dict(ratio=RATIO[args.fp8], floor=FLOOR, patched=err, unpatched=ref["base_err"],
-                                         within_ratio=sorted(k for k, v in verdict.items()
-                                                             if v and diffs[k] >= (tol if k == "logits" else gtol))),
+                                         within_ratio=sorted(k for k, v in verdict.items() if v == "ratio")),
                             failed=failed)
         del ref, f32
         print(f"check: {'ok' if ok else 'FAILED'} (logits calc_diff {diffs['logits']:.2e}, worst gradient "
