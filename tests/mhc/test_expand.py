@@ -99,3 +99,17 @@ def test_expand_compile(device):
     out_ref, g_ref = _tester(expand_to_mhc, hidden, grad, 4)
     assert torch.equal(out, out_ref)
     assert torch.equal(g, g_ref)
+
+
+def test_expand_without_a_graph(device):
+    """With nothing to differentiate the op launches its copy without an autograd node: the same bits as the
+    recorded forward, into a new tensor or into ``out`` (returned), and no ``grad_fn``."""
+    hidden = torch.randn(3, 5, 64, device=device).bfloat16()
+    with_graph = expand_to_mhc(hidden.clone().requires_grad_(), 4)
+    out = torch.empty(3, 5, 4, 64, dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        off = expand_to_mhc(hidden.clone().requires_grad_(), 4)
+    got_out = expand_to_mhc(hidden, 4, out=out)
+    for got in (expand_to_mhc(hidden, 4), off, got_out):
+        assert got.grad_fn is None and torch.equal(got, with_graph.detach())
+    assert got_out.data_ptr() == out.data_ptr()

@@ -170,3 +170,16 @@ def test_mhc_post_configs(device, cfg):
     assert torch.equal(d2[0], d[0]) and torch.equal(d2[1], d[1])
     torch.testing.assert_close(d2[2], d[2], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(d2[3], d[3], atol=1e-4, rtol=1e-4)
+
+
+def test_mhc_post_without_a_graph(device):
+    """With nothing to differentiate the op launches its kernel without an autograd node: the same bits as the
+    recorded forward, into a new tensor or into ``out`` (returned), and no ``grad_fn``."""
+    x, residual, post, comb, _ = _data(2, 5, 64, device)
+    with_graph = mhc_post(x, residual, post, comb.clone().requires_grad_())
+    out = torch.empty_like(residual)
+    with torch.no_grad():
+        off = mhc_post(x.clone().requires_grad_(), residual, post, comb)
+    for got in (mhc_post(x, residual, post, comb), off, mhc_post(x, residual, post, comb, out=out)):
+        assert got.grad_fn is None and torch.equal(got, with_graph.detach())
+    assert out.data_ptr() == mhc_post(x, residual, post, comb, out=out).data_ptr()

@@ -131,3 +131,18 @@ def test_pre_apply_mix_configs(device, cfg):
         got = _tester(mhc_pre_apply_mix, x, mix, g)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     torch.testing.assert_close(got[2], ref[2], atol=1e-5, rtol=1e-5)
+
+
+def test_pre_apply_mix_without_a_graph(device):
+    """With nothing to differentiate the op launches its kernel without an autograd node: the same bits as the
+    recorded forward, into a new tensor or into ``out`` (returned), and no ``grad_fn``."""
+    x = torch.randn(2, 5, 4, 64, device=device).bfloat16()
+    mix = torch.randn(2, 5, 4, 1, device=device).softmax(-2)
+    with_graph = mhc_pre_apply_mix(x, mix.clone().requires_grad_())
+    out = torch.empty(2, 5, 64, dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        off = mhc_pre_apply_mix(x.clone().requires_grad_(), mix)
+    got_out = mhc_pre_apply_mix(x, mix, out=out)
+    for got in (mhc_pre_apply_mix(x, mix), off, got_out):
+        assert got.grad_fn is None and torch.equal(got, with_graph.detach())
+    assert got_out.data_ptr() == out.data_ptr()

@@ -14,16 +14,22 @@ from tritile.runtime import (check_contiguous, check_device, check_int, check_sa
 __all__ = ["expand_to_mhc", "MHCExpand"]
 
 
+def _expand(hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """The copy into ``out``, or into a new tensor allocated inside the op (no in-place tensor op in a traced
+    forward: see :func:`tritile.mhc.expand_kernel.expand_alloc`)."""
+    if out is None:
+        return expand_alloc(hidden, mhc_mult)
+    h = hidden.shape[-1]
+    expand_fwd(hidden.view(-1, h), out.view(-1, mhc_mult, h))
+    return out
+
+
 class MHCExpand(torch.autograd.Function):
     """Forward ``out[..., m, :] = hidden``; backward ``g_hidden = bf16(sum_m g[..., m, :])`` (fp32, stream order)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tensor]) -> torch.Tensor:
-        h = hidden.shape[-1]
-        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see expand_alloc)
-            out = expand_alloc(hidden, mhc_mult)
-        else:
-            expand_fwd(hidden.view(-1, h), out.view(-1, mhc_mult, h))
+        out = _expand(hidden, mhc_mult, out)
         ctx.hidden_shape = tuple(hidden.shape)
         ctx.mhc_mult = mhc_mult
         return out
@@ -58,4 +64,6 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tenso
         check_shape("out", out, tuple(hidden.shape[:-1]) + (mhc_mult, hidden.shape[-1]))
         check_contiguous("out", out)
         check_same_device(hidden=hidden, out=out)
+    if not (hidden.requires_grad and torch.is_grad_enabled()):  # no graph to record: the launch alone
+        return _expand(hidden, mhc_mult, out)
     return MHCExpand.apply(hidden, mhc_mult, out)

@@ -29,6 +29,14 @@ def _post_alloc(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.T
     return mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix)
 
 
+def _post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+          out: Optional[torch.Tensor]) -> torch.Tensor:
+    """The forward kernel into ``out``, or into a new tensor allocated inside the op (see :func:`_post_alloc`)."""
+    if out is None:
+        return _post_alloc(x, residual, post_layer_mix, comb_res_mix)
+    return mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
+
+
 class MHCPost(torch.autograd.Function):
     """Backward (``n = 4``): one kernel gives ``d_x``, ``d_residual``, ``d_post``, ``d_comb``.  ``d_residual`` is
     attached to ``residual.untyped_storage().grad_from_mhc_post`` (the buffer the residual's other consumers,
@@ -36,10 +44,7 @@ class MHCPost(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out):
-        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see _post_alloc)
-            out = _post_alloc(x, residual, post_layer_mix, comb_res_mix)
-        else:
-            out = mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
+        out = _post(x, residual, post_layer_mix, comb_res_mix, out)
         ctx.save_for_backward(x, residual, post_layer_mix, comb_res_mix)
         return out
 
@@ -75,4 +80,6 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tens
         check_shape("out", out, residual.shape)
         check_contiguous("out", out)
         check_same_device(out=out, residual=residual)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, post_layer_mix, comb_res_mix))):
+        return _post(x, residual, post_layer_mix, comb_res_mix, out)  # no graph to record: the launch alone
     return MHCPost.apply(x, residual, post_layer_mix, comb_res_mix, out)

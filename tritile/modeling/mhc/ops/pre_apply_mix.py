@@ -33,6 +33,16 @@ def _apply_mix_alloc(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _apply(x: torch.Tensor, mix: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """The forward kernel into ``out``, or into a new tensor allocated inside the op (no in-place tensor op in a
+    traced forward: see :func:`_apply_mix_alloc`)."""
+    if out is None:
+        return _apply_mix_alloc(x, mix)
+    n, h = x.shape[-2], x.shape[-1]
+    apply_mix_fwd(x.view(-1, n, h), mix.view(-1, n), out.view(-1, h))
+    return out
+
+
 class MHCPreApplyMix(torch.autograd.Function):
     """Backward: ``g_mix[m] = sum_h g x_m`` (fp32, the shape of ``mix``).  When ``x``'s storage carries
     ``grad_from_mhc_post`` (set by ``mhc_post``'s backward), ``x``'s gradient is accumulated into that buffer in
@@ -40,11 +50,7 @@ class MHCPreApplyMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mix, out):
-        if out is None:  # allocated inside the op: no in-place tensor op in a traced forward (see _apply_mix_alloc)
-            out = _apply_mix_alloc(x, mix)
-        else:
-            n, h = x.shape[-2], x.shape[-1]
-            apply_mix_fwd(x.view(-1, n, h), mix.view(-1, n), out.view(-1, h))
+        out = _apply(x, mix, out)
         ctx.save_for_backward(x, mix)
         return out
 
@@ -94,4 +100,6 @@ def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor, out: Optional[torch.Te
         check_shape("out", out, tuple(x.shape[:-2]) + (h,))
         check_contiguous("out", out)
         check_same_device(x=x, out=out)
+    if not (torch.is_grad_enabled() and (x.requires_grad or mix.requires_grad)):  # no graph: the launch alone
+        return _apply(x, mix, out)
     return MHCPreApplyMix.apply(x, mix, out)
