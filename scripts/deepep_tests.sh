@@ -91,7 +91,8 @@ SUMMARY="$OUTDIR/summary.md"
 {
   echo "# DeepEP's tests against tritile.ep"
   echo
-  echo "DeepEP: $(git -C "$DEEPEP" rev-parse --short HEAD 2>/dev/null || echo "checkout at $DEEPEP"); tritile: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); mode: $MODE; $(date -u +%Y-%m-%dT%H:%MZ)"
+  # a DeepEP archive unpacked inside another git work tree has no commit of its own: git -C would name that tree's
+  echo "DeepEP: $( [ -e "$DEEPEP/.git" ] && git -C "$DEEPEP" rev-parse --short HEAD 2>/dev/null || echo "checkout at $DEEPEP (not a git checkout: the archive of dd758ca the script expects)"); tritile: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); mode: $MODE; $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
   echo "| test | ranks | result | seconds | note |"
   echo "|---|---|---|---|---|"
