@@ -17,8 +17,9 @@ from tritile.runtime import (check_contiguous, check_no_overlap, check_same_devi
                              custom_op, empty, interpreter_configs)
 from tritile.utils import ceil_div, next_power_of_two
 
-from .common import (KEY_TAKEN, f32_order_key, group_scores_key, key_index, pack_key, sigmoid_f32, softplus_f32,
-                     topk_group_rank)
+from tritile.language.sort_keys import KEY_TAKEN, f32_order_key, key_index, pack_key
+
+from .common import group_scores_key, sigmoid_f32, softplus_f32, topk_group_rank
 from .scoring import ScoringFunc
 from tritile.runtime.plan import planned
 

@@ -15,7 +15,7 @@ from tritile.runtime import (check_contiguous, check_device, check_tensor, empty
                              tuned)
 from tritile.utils import ceil_div, next_power_of_two
 
-from .common import KEY_TAKEN, f32_order_key, key_index, pack_key
+from tritile.language.sort_keys import KEY_TAKEN, f32_order_key, key_index, pack_key
 from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.

@@ -15,7 +15,9 @@ from tritile.runtime import custom_op
 from tritile.runtime import check_contiguous, check_device, check_tensor, empty, interpreter_configs
 from tritile.utils import ceil_div, next_power_of_two
 
-from .common import KEY_TAKEN, f32_order_key, group_scores_key, pack_key, topk_group_rank
+from tritile.language.sort_keys import KEY_TAKEN, f32_order_key, pack_key
+
+from .common import group_scores_key, topk_group_rank
 from tritile.runtime.plan import planned
 
 # Triton needs TRITON_INTERPRET before its @jit decorators run, so it cannot change later.
