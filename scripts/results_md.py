@@ -65,7 +65,7 @@ def render(paths: List[str], commit: Optional[str] = None) -> str:
     metas, rows = _load(paths)
     meta = metas[0]
     commit = commit or meta.get("commit") or _head_commit() or "unknown"
-    out = ["# tritile on the H200: latest benchmark results\n"]
+    out = [f"# tritile on the {meta.get('device', 'GPU')}: latest benchmark results\n"]
     out.append(f"- Date: {meta['date']}; GPU: {meta['device']}; commit {commit}; torch {meta['torch']}; "
                f"Triton {meta['triton']}.")
     out.append(f"- Device-to-device copy bandwidth measured in the same run: **{meta.get('copy_bandwidth_gbs')} GB/s** "
