@@ -287,20 +287,21 @@ def gemm_config(num_tokens: int, D: int) -> dict:
     """Launch plan of the forward GEMM, shared by ``mhc_pre_norm_fn`` and ``mhc_pre_big_fuse`` (their mixes are
     bitwise equal only if both use the same partitioning).  Keys (``tuned("mhc_norm_fn_gemm", ...)``): ``BLOCK_T``,
     ``BLOCK_D``, ``num_warps``, ``PROGRAMS`` (the split count over ``D`` is the smallest that reaches this many
-    programs, each split keeping at least ``MIN_ITERS`` column blocks), or ``SPLITS`` to fix the split count;
+    programs, each split keeping at least ``MIN_COLS`` columns: a rule in columns, so a wider ``BLOCK_D`` does not
+    halve the programs of a few-token call), or ``SPLITS`` to fix the split count;
     ``SPLIT_BF16`` (the GPU default: ``fn`` as exact bf16 hi/lo pairs on bf16 MMAs, not ``x`` widened to float32).
     The plan depends on the shape only (not on the GPU's SM count), so the mixes' bits do too.  Returns the config
     with ``SPLITS`` and ``ITERS`` (column blocks per split) filled."""
     if _INTERPRET:
-        cfg = dict(BLOCK_T=32, BLOCK_D=128, num_warps=4, PROGRAMS=16, MIN_ITERS=2, SPLIT_BF16=False)
+        cfg = dict(BLOCK_T=32, BLOCK_D=128, num_warps=4, PROGRAMS=16, MIN_COLS=256, SPLIT_BF16=False)
     else:  # about four programs per SM of an H100/H200 (132 SMs); 128-token tiles read fn half as often as 64
-        cfg = dict(BLOCK_T=128, BLOCK_D=128, num_warps=4, num_stages=2, PROGRAMS=512, MIN_ITERS=8, SPLIT_BF16=True)
+        cfg = dict(BLOCK_T=128, BLOCK_D=128, num_warps=4, num_stages=2, PROGRAMS=512, MIN_COLS=512, SPLIT_BF16=True)
     cfg = dict(tuned("mhc_norm_fn_gemm", cfg))
     n_blocks = max(1, ceil_div(D, cfg["BLOCK_D"]))
     splits = cfg.get("SPLITS")
     if splits is None:
         want = ceil_div(cfg["PROGRAMS"], max(1, ceil_div(num_tokens, cfg["BLOCK_T"])))
-        splits = max(1, min(want, n_blocks // max(1, cfg["MIN_ITERS"])))
+        splits = max(1, min(want, n_blocks // max(1, ceil_div(cfg["MIN_COLS"], cfg["BLOCK_D"]))))
     splits = max(1, min(int(splits), n_blocks))
     iters = ceil_div(n_blocks, splits)
     cfg["SPLITS"] = ceil_div(n_blocks, iters)  # no empty split
