@@ -316,3 +316,17 @@ def test_normalisation_steps_exact(device, T, H):
     gp_e, gs_e = _norm_fn_bwd_norm_tk(g, p[0], s[0], D, EPS)
     assert torch.equal(gp[:, :N3], gp_e) and torch.equal(gs, gs_e)
     assert torch.equal(gp[:, N3:], torch.zeros_like(gp[:, N3:]))
+
+
+def test_gemm_plan_rule(monkeypatch):
+    """The GPU's GEMM plan (host logic only): about 512 programs at many tokens, and each split at least 512 columns
+    wide, so a few-token (decode) call still gets D / 512 programs whatever the tile width."""
+    monkeypatch.setattr(norm_fn_kernel, "_INTERPRET", False)
+    for tokens, hidden, splits, programs in ((8192, 7168, 8, 512), (4096, 7168, 16, 512), (8192, 2560, 8, 512),
+                                             (16, 7168, 56, 56), (1, 2560, 20, 20)):
+        cfg = norm_fn_kernel.gemm_config(tokens, N * hidden)
+        assert cfg["SPLITS"] == splits and -(-tokens // cfg["BLOCK_T"]) * cfg["SPLITS"] == programs
+        assert cfg["ITERS"] * cfg["BLOCK_D"] >= 512 or cfg["SPLITS"] == 1
+        assert (cfg["SPLITS"] - 1) * cfg["ITERS"] * cfg["BLOCK_D"] < N * hidden  # no empty split
+    with override_config("mhc_norm_fn_gemm", BLOCK_D=64):
+        assert norm_fn_kernel.gemm_config(16, N * 7168)["SPLITS"] == 56  # the width rule, not a tile count
