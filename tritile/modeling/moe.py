@@ -39,7 +39,7 @@ from torch import nn
 
 from .. import moe as _moe
 from .. import quant as _quant
-from ..runtime import check_tensor
+from ..runtime import check_tensor, records_graph
 from ._swiglu_bf16 import _swiglu_bf16, _swiglu_bf16_backward
 
 __all__ = ["MoE", "PlainMoE", "StageTimer", "STAGES", "grouped_linear", "grouped_mm_available",
@@ -596,7 +596,7 @@ class _RoutedExpertsFn(torch.autograd.Function):
 def _routed_experts(x, topk_idx, topk_weights, w13, w2, layer, timer):
     """``_RoutedExpertsFn.apply``, run eagerly under ``torch.compile``: its segment sizes come from a host sync
     (as DeepEP's dispatch does), so the compiled graph breaks around it."""
-    need_bwd = torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_weights, w13, w2))
+    need_bwd = records_graph(x, topk_weights, w13, w2)
     return _RoutedExpertsFn.apply(x, topk_idx, topk_weights, w13, w2, layer, timer, need_bwd)
 
 

@@ -76,6 +76,12 @@ def override_config(name: str, **overrides: Any) -> Iterator[None]:
 _ENV_DATA = getattr(os.environ, "_data", None)  # os.environ's own bytes dict on POSIX (kept in step with it)
 
 
+def records_graph(*tensors: torch.Tensor) -> bool:
+    """True when autograd would record a node for an op on ``tensors``: grad mode on and one of them requiring grad.
+    An op may skip its ``autograd.Function`` otherwise (entering one costs several µs of host time)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def checks_enabled() -> bool:
     """True when ``TRITILE_CHECKS=1``: data-dependent preconditions are checked (may sync the host).  Read on every
     call (tests set it per test); one dict look-up where the platform allows."""

@@ -9,7 +9,7 @@ import torch
 
 from tritile.mhc.expand_kernel import expand_alloc, expand_bwd, expand_fwd
 from tritile.runtime import (check_contiguous, check_device, check_int, check_same_device, check_shape,
-                             check_tensor)
+                             check_tensor, records_graph)
 
 __all__ = ["expand_to_mhc", "MHCExpand"]
 
@@ -64,6 +64,6 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: Optional[torch.Tenso
         check_shape("out", out, tuple(hidden.shape[:-1]) + (mhc_mult, hidden.shape[-1]))
         check_contiguous("out", out)
         check_same_device(hidden=hidden, out=out)
-    if not (hidden.requires_grad and torch.is_grad_enabled()):  # no graph to record: the launch alone
+    if not records_graph(hidden):  # no graph to record: the launch alone
         return _expand(hidden, mhc_mult, out)
     return MHCExpand.apply(hidden, mhc_mult, out)

@@ -7,7 +7,7 @@ import torch
 
 from tritile.mhc._common import check_positive
 from tritile.mhc.head_compute_mix_kernel import head_bwd, head_fwd
-from tritile.runtime import check_device, check_same_device, check_shape, check_tensor
+from tritile.runtime import check_device, check_same_device, check_shape, check_tensor, records_graph
 
 __all__ = ["mhc_head_compute_mix", "MHCHeadComputeMix"]
 
@@ -62,7 +62,6 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
     check_device("input_mix", input_mix)
     check_same_device(input_mix=input_mix, mhc_scale=mhc_scale, mhc_base=mhc_base)
     mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
-    if not (torch.is_grad_enabled() and (input_mix.requires_grad or mhc_scale.requires_grad
-                                         or mhc_base.requires_grad)):  # no graph to record: the launch alone
+    if not records_graph(input_mix, mhc_scale, mhc_base):  # no graph to record: the launch alone
         return head_fwd(*_flat(input_mix, mhc_scale, mhc_base), mhc_pre_eps).view(input_mix.shape)
     return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, mhc_pre_eps)

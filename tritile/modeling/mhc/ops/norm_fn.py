@@ -10,7 +10,7 @@ import torch
 from tritile.mhc.norm_fn_kernel import (check_norm_fn_inputs, empty_grad_like, flatten_residual, norm_fn_bwd,
                                         norm_fn_fwd)
 from tritile.mhc._common import check_positive, get_post_grad_buffer
-from tritile.runtime import check_same_device, check_shape, check_tensor
+from tritile.runtime import check_same_device, check_shape, check_tensor, records_graph
 
 __all__ = ["mhc_pre_norm_fn", "merge_norm_weight", "MHCPreNormFn"]
 
@@ -64,7 +64,7 @@ def merge_norm_weight(fn: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tens
 
     Without grad the plain product is returned: the same float32 multiplication, so a no-grad pipeline sees the
     very bits the training pipeline does."""
-    if torch.is_grad_enabled() and (fn.requires_grad or norm_weight.requires_grad):
+    if records_graph(fn, norm_weight):
         return _MHCFnNormwMerge.apply(fn, norm_weight)
     return fn * norm_weight
 

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from tritile.mhc.post_kernel import _check_post_args, check_four_streams, mhc_post_bwd, mhc_post_fwd, post_bwd
-from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op
+from tritile.runtime import check_contiguous, check_same_device, check_shape, check_tensor, custom_op, records_graph
 
 __all__ = ["mhc_post", "mhc_post_fwd", "mhc_post_bwd", "MHCPost"]
 
@@ -80,6 +80,6 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tens
         check_shape("out", out, residual.shape)
         check_contiguous("out", out)
         check_same_device(out=out, residual=residual)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, post_layer_mix, comb_res_mix))):
+    if not records_graph(x, residual, post_layer_mix, comb_res_mix):
         return _post(x, residual, post_layer_mix, comb_res_mix, out)  # no graph to record: the launch alone
     return MHCPost.apply(x, residual, post_layer_mix, comb_res_mix, out)

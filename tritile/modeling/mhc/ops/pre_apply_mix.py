@@ -10,7 +10,7 @@ import torch
 from tritile.mhc._common import get_post_grad_buffer
 from tritile.mhc.pre_apply_mix_kernel import apply_mix_bwd, apply_mix_bwd_acc, apply_mix_fwd
 from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor, custom_op,
-                             empty)
+                             empty, records_graph)
 
 __all__ = ["mhc_pre_apply_mix", "MHCPreApplyMix"]
 
@@ -100,6 +100,6 @@ def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor, out: Optional[torch.Te
         check_shape("out", out, tuple(x.shape[:-2]) + (h,))
         check_contiguous("out", out)
         check_same_device(x=x, out=out)
-    if not (torch.is_grad_enabled() and (x.requires_grad or mix.requires_grad)):  # no graph: the launch alone
+    if not records_graph(x, mix):  # no graph to record: the launch alone
         return _apply(x, mix, out)
     return MHCPreApplyMix.apply(x, mix, out)

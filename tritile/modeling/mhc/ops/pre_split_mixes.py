@@ -9,7 +9,8 @@ import torch
 
 from tritile.mhc._common import check_nonzero, check_positive
 from tritile.mhc.pre_split_mixes_kernel import split_bwd, split_fwd
-from tritile.runtime import check_contiguous, check_device, check_same_device, check_shape, check_tensor
+from tritile.runtime import (check_contiguous, check_device, check_same_device, check_shape, check_tensor,
+                             records_graph)
 
 __all__ = ["mhc_pre_split_mixes", "MHCPreSplitMixes"]
 
@@ -87,7 +88,6 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     mhc_pre_eps = check_positive("mhc_pre_eps", mhc_pre_eps)
     check_device("input_mixes", input_mixes)
     check_same_device(input_mixes=input_mixes, mhc_scale=mhc_scale, mhc_base=mhc_base)
-    if not (torch.is_grad_enabled() and (input_mixes.requires_grad or mhc_scale.requires_grad
-                                         or mhc_base.requires_grad)):  # no graph to record: the launch alone
+    if not records_graph(input_mixes, mhc_scale, mhc_base):  # no graph to record: the launch alone
         return _split(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)[2]
     return MHCPreSplitMixes.apply(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)

@@ -7,7 +7,7 @@ import torch
 
 from tritile.mhc._common import check_positive
 from tritile.mhc.sinkhorn_kernel import sinkhorn_bwd_launch, sinkhorn_fwd_launch
-from tritile.runtime import check_device, check_tensor
+from tritile.runtime import check_device, check_tensor, records_graph
 
 __all__ = ["sinkhorn_normalize", "MHCSinkhorn"]
 
@@ -58,6 +58,6 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     eps = check_positive("eps", eps)
-    if not (x.requires_grad and torch.is_grad_enabled()):  # no graph to record: the launch alone
+    if not records_graph(x):  # no graph to record: the launch alone
         return sinkhorn_fwd_launch(_flat(x), repeat, eps).view(x.shape)
     return MHCSinkhorn.apply(x, repeat, eps)
