@@ -466,6 +466,26 @@ def _pieces(num_view: int, num_expanded: int, num_experts: int, numel: int, tabl
     return pieces, sum(pieces)
 
 
+@planned("get_fused_mapping_launch")
+def _launch(topk_idx: torch.Tensor, num_experts: int, alignment: int, num_expanded: int, sync_mode: bool) -> tuple:
+    """Allocate the one int32 buffer and launch the kernels of a checked call: ``(buf, t2p_off, pos_off, e_off,
+    sync_start, fixed_views)`` (see :func:`_host_plan`).  Planned on its own, so that the synchronising mode, whose
+    public call cannot be a plan (it reads the counts back), still replays its launches."""
+    num_tokens, num_topk = topk_idx.shape
+    total, launches, t2p_off, pos_off, e_off, sync_start, fixed = _host_plan(
+        num_tokens, num_topk, num_experts, alignment, num_expanded, sync_mode, override_key("get_fused_mapping"))
+    buf = empty((total,), torch.int32, topk_idx.device)
+    for i, (kernel, grid, scalars, consts, warps) in enumerate(launches):
+        # ``.run`` is what ``kernel[grid](...)`` calls; the scan kernel takes the buffer only.  PDL: only the first
+        # kernel may start before the previous op's kernel has finished (the later ones signal only)
+        pdl = pdl_args(buf.device, launch=i == 0)
+        if kernel is _fused_mapping_scan_kernel:
+            kernel.run(buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
+        else:
+            kernel.run(topk_idx, buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
+    return buf, t2p_off, pos_off, e_off, sync_start, fixed
+
+
 @planned("get_fused_mapping")
 def get_fused_mapping(
     topk_idx: torch.Tensor,
@@ -536,17 +556,8 @@ def get_fused_mapping(
     else:
         num_expanded = num_expanded_tokens
     numel = num_tokens * num_topk
-    total, launches, t2p_off, pos_off, e_off, sync_start, fixed = _host_plan(
-        num_tokens, num_topk, num_experts, alignment, num_expanded, should_sync, override_key("get_fused_mapping"))
-    buf = empty((total,), torch.int32, topk_idx.device)
-    for i, (kernel, grid, scalars, consts, warps) in enumerate(launches):
-        # ``.run`` is what ``kernel[grid](...)`` calls; the scan kernel takes the buffer only.  PDL: only the first
-        # kernel may start before the previous op's kernel has finished (the later ones signal only)
-        pdl = pdl_args(buf.device, launch=i == 0)
-        if kernel is _fused_mapping_scan_kernel:
-            kernel.run(buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
-        else:
-            kernel.run(topk_idx, buf, *scalars, *consts, grid=grid, warmup=False, num_warps=warps, **pdl)
+    buf, t2p_off, pos_off, e_off, sync_start, fixed = _launch(topk_idx, num_experts, alignment, num_expanded,
+                                                              should_sync)
     per_expert_list: List[int] = []
     if fixed is None:
         # the one host sync: num_tokens_per_expert is the buffer's words [sync_start, sync_start + E)
