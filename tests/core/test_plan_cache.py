@@ -127,6 +127,35 @@ def test_in_place_outputs_are_checked_on_replay(device):
         engram.grad_w_reduce(big[:p], w, w, g1, big[1])  # an in-place output inside an input's span (a replay)
 
 
+def test_recorded_overlap_checks_on_replay(device):
+    """A check_no_overlap recorded with a plan runs on every replay: the address ranges first, the exact check where
+    they meet (the logits in the gap between two rows of the ids pass, the logits over the ids raise)."""
+    t, e, k, row = 8, 16, 2, 100  # row: int64 words between two rows of unmapped_topk_idx
+    bias = torch.randn(e, device=device)
+    args = (k, 0, 0, False, 0, 1.0, 0, 1, 0, 1, "softmax")
+    logits = torch.randn(t, e, device=device)
+
+    def gate(x, unm):
+        return moe.top2_sum_gate(x, bias, *args, unmapped_topk_idx=unm)
+
+    def ids(buf):
+        return buf.view(t, row)[:, :k]
+
+    def logits_at(buf, word):  # t * e float32 at int64 word ``word`` of ``buf``
+        x = buf[word:word + t * e // 2].view(torch.float32).view(t, e)
+        x.copy_(logits)
+        return x
+
+    want = gate(logits, ids(torch.zeros(t * row, dtype=torch.int64, device=device)))  # recorded: two buffers
+    buf = torch.zeros(t * row, dtype=torch.int64, device=device)
+    got = gate(logits_at(buf, k), ids(buf))  # replayed: one buffer, the logits between the ids' first two rows
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    buf = torch.zeros(t * row, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="unmapped_topk_idx must not overlap the input logits"):
+        gate(logits_at(buf, 0), ids(buf))  # the same metadata, the logits over the ids' first row
+
+
 def test_dtype_changes_same_shape(device):
     import tritile.transpose as tr
 

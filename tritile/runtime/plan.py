@@ -51,7 +51,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import checks_enabled, is_interpreter
+from . import _byte_range, checks_enabled, is_interpreter
 
 __all__ = ["planned", "PlanCache", "clear_plans", "plan_cache_enabled", "set_plan_cache", "plan_stats",
            "unplannable"]
@@ -341,7 +341,18 @@ class _Recorder:
                         raise _Unplannable("an overlap check of a derived tensor")
                     m[k] = idx[0]
                 return m
-            overlap.append((names(outs), names(ins)))
+            o, i = names(outs), names(ins)
+            # the byte extent of each checked tensor is fixed by the key (shape, strides, dtype): a replay compares
+            # address ranges and runs the exact check only when two of them meet
+            spans = []
+            for m in (o, i):
+                for k in m.values():
+                    r = None if k is None else _byte_range(bases[k])
+                    if r is not None:
+                        spans.append((k, r[1] - r[0]))
+                if m is o:
+                    n_out = len(spans)
+            overlap.append((o, i, tuple(spans), n_out))
         allocs = [(kind, meta, fill) for _, kind, meta, fill in self.allocs]
         ws = [(name, numel, dtype, device) for _, name, numel, dtype, device in self.workspaces]
         return Plan(n_in, allocs, ws, self.launches, ret, overlap)
@@ -430,9 +441,10 @@ class Plan:
         for name, numel, dtype, device in self.ws:
             bases.append(rt.zeroed_workspace(name, numel, dtype, device))
         if self.overlap:
-            for outs, ins in self.overlap:
-                rt.check_no_overlap({k: None if i is None else bases[i] for k, i in outs.items()},
-                                 {k: None if i is None else bases[i] for k, i in ins.items()})
+            for outs, ins, spans, n_out in self.overlap:
+                if _ranges_meet([(bases[i].data_ptr(), n) for i, n in spans], n_out):
+                    rt.check_no_overlap({k: None if i is None else bases[i] for k, i in outs.items()},
+                                        {k: None if i is None else bases[i] for k, i in ins.items()})
         fast = self.fast
         if fast is not None:
             if _VERIFY:
@@ -479,6 +491,17 @@ class Plan:
                 raise RuntimeError(f"tritile plan cache: a replayed launch of {fn.__name__} has arguments Triton "
                                    "specializes differently from the recorded ones (the plan key misses a dtype, "
                                    "an alignment or an integer)")
+
+
+def _ranges_meet(ranges: List[Tuple[int, int]], n_out: int) -> bool:
+    """Whether one of the first ``n_out`` ``(address, bytes)`` ranges meets a later one (outputs against the other
+    outputs and the inputs, as ``check_no_overlap`` pairs them)."""
+    for j in range(n_out):
+        a, n = ranges[j]
+        for b, m in ranges[j + 1:]:
+            if a < b + m and b < a + n:
+                return True
+    return False
 
 
 _empty_strided = torch.empty_strided
