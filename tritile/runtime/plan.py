@@ -22,7 +22,9 @@ fresh allocation), views, and Triton launches, any torch op (a copy, a sum, ``.i
 unplannable, and so does a launch argument that is neither a scalar nor a view of an input, an output or a
 workspace (a TMA descriptor, a cached table).  Host code that reads data where the dispatcher does not see it (``tolist()`` of a CPU tensor) calls
 :func:`unplannable`.  Such calls run the host code every time, correct as before.
-``check_no_overlap`` calls made while recording are replayed on every call, as data-pointer checks must be.
+``check_no_overlap`` calls made while recording are replayed on every call, as data-pointer checks must be: the
+checked tensors' address ranges are compared (their byte extents are fixed by the key), and the exact check runs
+where two of them meet.
 
 **Replay.**  Outputs are allocated as recorded (``runtime.empty_strided``, so test poisoning applies), workspaces are
 taken again (``zeroed_workspace``: a fresh zeroed buffer under CUDA-graph capture), and each launch calls Triton's
