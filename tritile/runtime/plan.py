@@ -556,17 +556,32 @@ def planned(name: str, maxsize: int = 512, recheck: Optional[Callable[..., None]
                 return fn(*args, **kwargs)
             tensors: list = []
             try:
+                # _walk's keys of the common arguments (a tensor, an int, a bool, a str, None) inline
                 for a in args:
-                    if a.__class__ is _Tensor:  # _walk's tensor key, inline: the common argument
+                    c = a.__class__
+                    if c is _Tensor:
                         key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
                                     a.requires_grad))
                         tensors.append(a)
+                    elif c is int or c is bool or c is str or a is None:
+                        key.append(c)
+                        key.append(a)
                     else:
                         _walk(a, key, tensors)
                 if kwargs:
                     for k in sorted(kwargs):
                         key.append(k)
-                        _walk(kwargs[k], key, tensors)
+                        a = kwargs[k]
+                        c = a.__class__
+                        if c is _Tensor:
+                            key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
+                                        a.requires_grad))
+                            tensors.append(a)
+                        elif c is int or c is bool or c is str or a is None:
+                            key.append(c)
+                            key.append(a)
+                        else:
+                            _walk(a, key, tensors)
             except _NoKey:
                 return fn(*args, **kwargs)
             key = tuple(key)
