@@ -156,6 +156,25 @@ def _walk(v: Any, key: list, tensors: list) -> None:
         raise _NoKey  # anything else (a module, a numpy scalar, ...): not keyable, run unplanned
 
 
+def _keys(values, key: list, tensors: list) -> None:
+    """``_walk`` over ``values``, with the keys of the common arguments (a tensor, an int, a bool, a str, None) inline:
+    the replay's hot loop."""
+    for a in values:
+        c = a.__class__
+        if c is _Tensor:
+            key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15, a.requires_grad))
+            tensors.append(a)
+        elif c is int or c is bool or c is str or a is None:
+            key.append(c)
+            key.append(a)
+        else:
+            _walk(a, key, tensors)
+
+
+#: Where the keyword arguments' part of a key starts (their names and values then alternate).
+_KWARGS = object()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Recording
 # ---------------------------------------------------------------------------------------------------------------
@@ -556,32 +575,14 @@ def planned(name: str, maxsize: int = 512, recheck: Optional[Callable[..., None]
                 return fn(*args, **kwargs)
             tensors: list = []
             try:
-                # _walk's keys of the common arguments (a tensor, an int, a bool, a str, None) inline
-                for a in args:
-                    c = a.__class__
-                    if c is _Tensor:
-                        key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
-                                    a.requires_grad))
-                        tensors.append(a)
-                    elif c is int or c is bool or c is str or a is None:
-                        key.append(c)
-                        key.append(a)
-                    else:
-                        _walk(a, key, tensors)
+                _keys(args, key, tensors)
                 if kwargs:
+                    kv = []
                     for k in sorted(kwargs):
-                        key.append(k)
-                        a = kwargs[k]
-                        c = a.__class__
-                        if c is _Tensor:
-                            key.append((a.dtype, a.shape, a.stride(), a.get_device(), a.data_ptr() & 15,
-                                        a.requires_grad))
-                            tensors.append(a)
-                        elif c is int or c is bool or c is str or a is None:
-                            key.append(c)
-                            key.append(a)
-                        else:
-                            _walk(a, key, tensors)
+                        kv.append(k)
+                        kv.append(kwargs[k])
+                    key.append(_KWARGS)
+                    _keys(kv, key, tensors)
             except _NoKey:
                 return fn(*args, **kwargs)
             key = tuple(key)
