@@ -365,15 +365,15 @@ class _Recorder:
             o, i = names(outs), names(ins)
             # the byte extent of each checked tensor is fixed by the key (shape, strides, dtype): a replay compares
             # address ranges and runs the exact check only when two of them meet
-            spans = []
-            for m in (o, i):
+            def extents(m):
+                ext = []
                 for k in m.values():
                     r = None if k is None else _byte_range(bases[k])
-                    if r is not None:
-                        spans.append((k, r[1] - r[0]))
-                if m is o:
-                    n_out = len(spans)
-            overlap.append((o, i, tuple(spans), n_out))
+                    if r is not None:  # an empty tensor overlaps nothing
+                        ext.append((k, r[1] - r[0]))
+                return ext
+            outs_ext = extents(o)
+            overlap.append((o, i, tuple(outs_ext + extents(i)), len(outs_ext)))
         allocs = [(kind, meta, fill) for _, kind, meta, fill in self.allocs]
         ws = [(name, numel, dtype, device) for _, name, numel, dtype, device in self.workspaces]
         return Plan(n_in, allocs, ws, self.launches, ret, overlap)
