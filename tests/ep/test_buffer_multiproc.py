@@ -387,6 +387,9 @@ def _check_failing_rank(rank, world, dev) -> None:
     """A rank that raises before a collective makes the others raise within the group's timeout."""
     from tritile.ep import Buffer
 
+    # the ranks leave the earlier checks at different times (interpreter work of different sizes; seconds apart on a
+    # loaded CPU): they meet first under the default timeout, so the 3 s one times the failure path alone
+    dist.barrier()
     group = dist.new_group(list(range(world)), timeout=timedelta(seconds=3))
     b = Buffer(group)
     E, t = 2 * world, 4
