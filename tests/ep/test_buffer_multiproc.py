@@ -7,6 +7,8 @@ the GPU fuses its multiply-adds), checked against DeepEP's invariants, and repea
 
 from __future__ import annotations
 
+import gc
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -74,6 +76,29 @@ def _fmt_eq(a, b, what: str) -> None:
         _eq(a[1].contiguous(), b[1].contiguous(), what + "[1]")
     else:
         _eq(a, b, what)
+
+
+def _check_failure_frees(group, world, dev, fail: bool) -> None:
+    """A call that raises (locally, or as a peer of a failing rank) leaves no reference cycle holding the buffer:
+    with the cyclic collector off, dropping the buffer and the exception frees it.  (A cycle would keep the buffer
+    and its group alive past ``destroy_process_group``, possibly to interpreter exit, where gloo aborts.)"""
+    from tritile.ep import Buffer
+
+    E = 2 * world
+    idx = torch.zeros((4, 1), dtype=torch.int64, device=dev)
+    x = torch.zeros((4, 16), dtype=torch.bfloat16, device=dev)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        b = Buffer(group)
+        alive = weakref.ref(b)
+        with pytest.raises(ValueError, match="num_experts") as info:
+            b.dispatch(x, topk_idx=idx, num_experts=-1 if fail else E)
+        del b, info
+        assert alive() is None, "a failed dispatch left a reference cycle holding the buffer"
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _check_ht(buf, rank: int, world: int, dev, gen, t: int, hidden: int, num_experts: int, k: int, kind: str,
@@ -401,6 +426,7 @@ def _check_failing_rank(rank, world, dev) -> None:
     else:
         with pytest.raises(Exception):
             b.dispatch(x, topk_idx=idx, num_experts=E)
+    _check_failure_frees(None, world, dev, fail=rank == 1)
 
 
 def _check_gpu_async_graph(buf, rank, world, dev, gen) -> None:
@@ -524,6 +550,7 @@ def _worker_one_rank(rank: int, world: int, seed: int) -> None:
     assert tuple(table.shape) == (1, D.HEADER_WORDS + 1) and int(table[0, D.HEADER_WORDS]) == 5
     with pytest.raises(ValueError, match="local failure"):
         D.exchange_header(None, dev, D.Header("barrier", []), error=ValueError("local failure"))
+    _check_failure_frees(None, 1, dev, fail=True)
     buf = Buffer(None)
     base = pick(cpu=12, gpu=1024)
     _check_ht(buf, 0, 1, dev, gen, base, pick(cpu=72, gpu=7168), 8, 3, "skewed", "fp8" if gpu else "bf16", 4, base)

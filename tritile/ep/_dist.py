@@ -294,14 +294,31 @@ def exchange_header(group, device: torch.device, header: Header, extra: Optional
     this long for the other ranks (then ``RuntimeError`` naming the call), else the group's timeout.  A one-rank
     group exchanges nothing: its table is its own header (no collective; a host sync only to read ``extra``).
     """
+    host = _exchange(group, device, header, extra, None if error is None else (type(error).__name__, str(error)),
+                     timeout_s)
+    if error is None:
+        return host
+    try:
+        raise error
+    finally:
+        # the exception's traceback holds this frame: dropping the name breaks the cycle that would keep the
+        # caller's objects (a buffer, its process group) alive until a garbage collection, possibly at interpreter
+        # exit, where gloo's teardown aborts the process
+        error = None
+
+
+def _exchange(group, device: torch.device, header: Header, extra: Optional[torch.Tensor],
+              failed_msg: Optional[Tuple[str, str]], timeout_s: Optional[float]) -> Optional[torch.Tensor]:
+    """:func:`exchange_header` without the exception object (so no frame of it holds one): ``failed_msg`` is
+    ``(type name, message)`` of this rank's local error.  Returns None where this rank must raise its own error."""
     world = dist.get_world_size(group)
     mine = torch.zeros((HEADER_WORDS + world,), dtype=torch.int64, device="cpu")
-    mine[:HEADER_WORDS] = torch.tensor(header.words(0 if error is None else 1), dtype=torch.int64, device="cpu")
-    if extra is not None and error is None:
+    mine[:HEADER_WORDS] = torch.tensor(header.words(0 if failed_msg is None else 1), dtype=torch.int64, device="cpu")
+    if extra is not None and failed_msg is None:
         mine[HEADER_WORDS:] = extra.to(torch.int64).cpu()
     if world == 1:  # a one-rank group: nothing to exchange or to agree on (the counts above were its one sync)
-        if error is not None:
-            raise error
+        if failed_msg is not None:
+            return None
         return mine.view(1, HEADER_WORDS + 1)
     mine = mine.to(device)
     table = torch.empty((world * (HEADER_WORDS + world),), dtype=torch.int64, device=device)
@@ -313,22 +330,22 @@ def exchange_header(group, device: torch.device, header: Header, extra: Optional
             work.wait()
         host = table.cpu().view(world, HEADER_WORDS + world)
     except RuntimeError as e:
-        if error is not None:
-            raise error
+        if failed_msg is not None:
+            return None
         raise RuntimeError(f"tritile.ep {header.op}: the header exchange with the other ranks failed or timed out "
                            f"(a peer failed before this call, or is not making it): {e}") from e
     rows = host.tolist()
     failed = [r for r, row in enumerate(rows) if row[1] != 0]
     if failed:
-        msg = (type(error).__name__, str(error)) if error is not None else ("", "")
+        msg = failed_msg if failed_msg is not None else ("", "")
         msgs: List = [None] * world
         try:
             dist.all_gather_object(msgs, msg, group=group)
         except RuntimeError:
             msgs = [("Error", "(message unavailable)")] * world
         text = "; ".join(f"rank {r} raised {msgs[r][0]}: {msgs[r][1]}" for r in failed)
-        if error is not None:
-            raise error
+        if failed_msg is not None:
+            return None
         raise PeerFailure(f"tritile.ep {header.op}: another rank failed before the exchange: {text}")
     bad_magic = [r for r, row in enumerate(rows) if row[0] != _MAGIC]
     if bad_magic:

@@ -500,9 +500,12 @@ class Buffer:
 
     def _fail(self, op: str, error: BaseException, always: bool = False):
         """Raise a local error; first tell the peers through the header exchange when they expect one."""
-        if self._checks_on(always):
-            exchange_header(self.group, self.device, Header(op, []), error=error, timeout_s=self._timeout_s)
-        raise error
+        try:
+            if self._checks_on(always):
+                exchange_header(self.group, self.device, Header(op, []), error=error, timeout_s=self._timeout_s)
+            raise error
+        finally:
+            error = None  # no frame -> exception -> traceback -> frame cycle holding the buffer (exchange_header's)
 
     def _agree(self, header: Header, always: bool = False, extra: Optional[torch.Tensor] = None):
         """The header exchange of a call whose local checks passed (see ``peer_checks``): the host table, or None
