@@ -1,59 +1,151 @@
-"""tritile.ep.ll.ll_positions against tritile.ep.ref.ll_positions_ref, bit for bit."""
+"""tritile.ep.ll (the low-latency send metadata and receive layout) against tritile.ep.ref's twins, bit for bit."""
 
 import pytest
 import torch
 
-from tritile.ep.ll import ll_positions
-from tritile.ep.ref import ll_positions_ref
+from tritile.ep.layout import dispatch_layout
+from tritile.ep.ll import ll_receive, ll_send_meta
+from tritile.ep.ref import ll_receive_ref, ll_send_meta_ref
 from tritile.testing import assert_equal, pick
 
-CASES = pick(cpu=[(4, 2, 5, 3), (3, 3, 7, 2), (1, 2, 1, 1), (2, 4, 3, 4), (5, 2, 33, 2)],
-             gpu=[(128, 2, 128, 8), (36, 8, 128, 8), (32, 8, 256, 8), (128, 2, 1, 8)])
+# (num_local, num_ranks, cap, k, has_w, sf_words)
+CASES = pick(cpu=[(4, 2, 5, 3, True, 2), (3, 3, 7, 2, False, 0), (1, 2, 1, 1, True, 0), (2, 4, 3, 4, False, 1),
+                  (5, 2, 33, 2, True, 3)],
+             gpu=[(128, 2, 128, 8, True, 56), (36, 8, 128, 8, False, 14), (32, 8, 256, 8, True, 0),
+                  (128, 2, 1, 8, False, 56)])
+_SENTINEL = 0x5A5A5A5A
 
 
-def _recv(num_local, num_ranks, cap, k, device, dtype):
-    idx = torch.full((num_ranks * cap, k), -1, dtype=torch.int64)
+def _meta(num_local, num_ranks, cap, k, has_w, sf_words, device):
+    """Received metadata rows: per source block, valid rows first (distinct local ids or -1 per row), then padding
+    rows whose source token is -1 and whose other words are garbage (they must be ignored)."""
+    width = 1 + k + (k if has_w else 0) + sf_words
+    meta = torch.randint(-5, 1 << 20, (num_ranks * cap, width), dtype=torch.int32)
     for s in range(num_ranks):
         c = int(torch.randint(0, cap + 1, ()))
-        for i in range(c):  # distinct local ids (or -1) per row, valid rows first in each block
-            row = torch.randperm(num_local + k)[:k]
-            idx[s * cap + i] = torch.where(row < num_local, row, -1)
-    src = torch.randint(0, 1000, (num_ranks * cap,), dtype=torch.int32)
-    return idx.to(dtype).to(device), src.to(device)
+        for i in range(cap):
+            row = meta[s * cap + i]
+            if i >= c:
+                row[0] = -1
+                continue
+            row[0] = int(torch.randint(0, 1000, ()))
+            ids = torch.randperm(num_local + k)[:k]
+            row[1:1 + k] = torch.where(ids < num_local, ids, -1).to(torch.int32)
+            if has_w:
+                row[1 + k:1 + 2 * k] = torch.rand(k).view(torch.int32)
+    return meta.to(device)
 
 
-@pytest.mark.parametrize("num_local,num_ranks,cap,k", CASES)
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_ll_positions(device, num_local, num_ranks, cap, k, dtype):
-    idx, src = _recv(num_local, num_ranks, cap, k, device, dtype)
-    got = ll_positions(idx, src, num_local, num_ranks, cap)
-    ref = ll_positions_ref(idx, src, num_local, num_ranks, cap)
-    for name, a, b in zip(("pos", "recv_count", "src_info", "layout_range"), got, ref):
+def _recv_sf(num_local, rm, sf_words, device):
+    """The column-major receive scales as the dispatch allocates them, viewed as int32, filled with a sentinel."""
+    if sf_words == 0:
+        return None
+    return torch.full((num_local, sf_words, rm), _SENTINEL, dtype=torch.int32, device=device).transpose(1, 2)
+
+
+@pytest.mark.parametrize("num_local,num_ranks,cap,k,has_w,sf_words", CASES)
+def test_ll_receive(device, num_local, num_ranks, cap, k, has_w, sf_words):
+    meta = _meta(num_local, num_ranks, cap, k, has_w, sf_words, device)
+    rm = num_ranks * cap
+    count = torch.full((num_local,), -7, dtype=torch.int32, device=device)
+    recv_sf = _recv_sf(num_local, rm, sf_words, device)
+    pos, info, rng, w = ll_receive(meta, k, has_w, sf_words, num_local, num_ranks, cap, count, recv_sf)
+    r_pos, r_count, r_info, r_rng, r_w, r_sf = ll_receive_ref(meta, k, has_w, sf_words, num_local, num_ranks, cap)
+    for name, a, b in zip(("pos", "recv_count", "src_info", "layout_range", "recv_weights"),
+                          (pos, count, info, rng, w), (r_pos, r_count, r_info, r_rng, r_w)):
         assert_equal(a, b, name)
+    if recv_sf is not None:
+        for e, n in enumerate(r_count.tolist()):
+            assert torch.equal(recv_sf[e, :n], r_sf[e, :n]), f"recv_sf[{e}] differs"
+            assert bool((recv_sf[e, n:] == _SENTINEL).all()), f"recv_sf[{e}] past the count was written"
 
 
-def test_ll_positions_all_one_expert(device):
-    idx = torch.zeros((2 * 4, 1), dtype=torch.int32, device=device)  # every row selects local expert 0
-    src = torch.arange(8, dtype=torch.int32, device=device)
-    pos, count, info, rng = ll_positions(idx, src, 2, 2, 4)
+def test_ll_receive_all_one_expert(device):
+    k, cap = 1, 4
+    meta = torch.zeros((2 * cap, 1 + k), dtype=torch.int32, device=device)  # every row selects local expert 0
+    meta[:, 0] = torch.arange(8, dtype=torch.int32, device=device)
+    count = torch.empty((2,), dtype=torch.int32, device=device)
+    pos, info, rng, w = ll_receive(meta, k, False, 0, 2, 2, cap, count)
     assert count.tolist() == [8, 0]
     assert pos.flatten().tolist() == list(range(8))
     assert info[0].tolist() == list(range(8)) and info[1].tolist() == [-1] * 8
     assert rng[0].tolist() == [4, (4 << 32) | 4] and rng[1].tolist() == [0, 0]
+    assert tuple(w.shape) == (8, 0)
 
 
-def test_ll_positions_bad_args(device):
-    idx = torch.zeros((6, 2), dtype=torch.int32, device=device)
-    src = torch.zeros((6,), dtype=torch.int32, device=device)
+def test_ll_receive_bad_args(device):
+    meta = torch.zeros((6, 3), dtype=torch.int32, device=device)
+    count = torch.zeros((2,), dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="R\\*M"):
-        ll_positions(idx, src, 2, 2, 4)
-    with pytest.raises(TypeError, match="recv_idx"):
-        ll_positions(idx.float(), src, 2, 2, 3)
+        ll_receive(meta, 2, False, 0, 2, 2, 4, count)
+    with pytest.raises(TypeError, match="meta"):
+        ll_receive(meta.float(), 2, False, 0, 2, 2, 3, count)
+    with pytest.raises(ValueError, match="recv_sf"):
+        ll_receive(torch.zeros((6, 4), dtype=torch.int32, device=device), 2, False, 1, 2, 2, 3, count)
+    with pytest.raises(ValueError, match="recv_sf"):
+        ll_receive(meta, 2, False, 0, 2, 2, 3, count, torch.zeros((2, 6, 1), dtype=torch.int32, device=device))
 
 
-def test_ll_positions_compile(device):
-    idx, src = _recv(3, 2, 4, 2, device, torch.int32)
-    fn = torch.compile(lambda i, s: ll_positions(i, s, 3, 2, 4), fullgraph=True,
-                       backend="eager" if device.type == "cpu" else "inductor")
-    for a, b in zip(fn(idx, src), ll_positions_ref(idx, src, 3, 2, 4)):
+def test_ll_receive_compile(device):
+    meta = _meta(3, 2, 4, 2, True, 1, device)
+    sf = _recv_sf(3, 8, 1, device)
+    count = torch.empty((3,), dtype=torch.int32, device=device)
+
+    def f(m, c, s):
+        return ll_receive(m, 2, True, 1, 3, 2, 4, c, s)
+
+    fn = torch.compile(f, fullgraph=True, backend="eager" if device.type == "cpu" else "inductor")
+    got = fn(meta, count, sf)
+    ref = ll_receive_ref(meta, 2, True, 1, 3, 2, 4)
+    for a, b in zip(got, (ref[0], ref[2], ref[3], ref[4])):
         assert torch.equal(a, b)
+    assert torch.equal(count, ref[1])
+    for e, n in enumerate(ref[1].tolist()):
+        assert torch.equal(sf[e, :n], ref[5][e, :n])
+
+
+# (num_tokens, capacity, num_experts, num_ranks, k, has_w, sf_words)
+SEND_CASES = pick(cpu=[(5, 7, 8, 2, 3, True, 2), (0, 3, 6, 3, 2, False, 0), (33, 33, 12, 4, 4, True, 0),
+                       (70, 80, 9, 3, 1, False, 1), (9, 9, 4, 1, 2, True, 3)],
+                  gpu=[(128, 128, 288, 1, 8, False, 56), (256, 256, 256, 8, 8, True, 14), (1, 128, 64, 4, 6, True, 0),
+                       (1000, 1024, 72, 8, 9, False, 0)])
+
+
+@pytest.mark.parametrize("num_tokens,cap,num_experts,num_ranks,k,has_w,sf_words", SEND_CASES)
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
+def test_ll_send_meta(device, num_tokens, cap, num_experts, num_ranks, k, has_w, sf_words, idx_dtype):
+    g = torch.Generator().manual_seed(num_tokens * 7 + k)
+    idx = torch.rand((num_tokens, num_experts), generator=g).topk(k, dim=1).indices
+    idx[torch.rand((num_tokens, k), generator=g) < 0.25] = -1
+    idx[::4, 0] = num_experts + 3  # out of range: ignored for routing
+    idx = idx.to(idx_dtype).to(device)
+    w = torch.rand((num_tokens, k), generator=g).to(device) if has_w else None
+    # scale words column-major, as the TMA-aligned casts return them
+    sf = torch.randint(-1 << 30, 1 << 30, (sf_words, num_tokens), generator=g, dtype=torch.int32).to(device).t() \
+        if sf_words else None
+    width = 1 + k + (k if has_w else 0) + sf_words
+    out = torch.full((num_ranks * cap, width), _SENTINEL, dtype=torch.int32, device=device)
+    slot = ll_send_meta(idx, w, sf, num_experts, num_ranks, cap, out)
+    r_slot, r_meta = ll_send_meta_ref(idx, w, sf, num_experts, num_ranks, cap)
+    assert_equal(slot, r_slot, "send_slot")
+    assert_equal(slot, dispatch_layout(idx, num_experts, num_ranks)[3], "send_slot (dispatch_layout)")
+    sent = torch.zeros((num_ranks * cap,), dtype=torch.bool)
+    for r in range(num_ranks):
+        sent[r * cap + r_slot[r_slot[:, r] >= 0, r].long().cpu()] = True
+    sent = sent.to(device)
+    assert_equal(out[sent], r_meta[sent], "sent rows")
+    assert bool((out[~sent, 0] == -1).all()), "padding rows must carry source token -1"
+    assert bool((out[~sent, 1:] == _SENTINEL).all()), "padding rows' other words must be left as they are"
+
+
+def test_ll_send_meta_bad_args(device):
+    idx = torch.zeros((4, 2), dtype=torch.int64, device=device)
+    out = torch.zeros((2 * 4, 3), dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="capacity"):
+        ll_send_meta(idx, None, None, 4, 2, 3, torch.zeros((6, 3), dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="out must be"):
+        ll_send_meta(idx, None, None, 4, 2, 4, out[:, :2])
+    with pytest.raises(ValueError, match="divisible"):
+        ll_send_meta(idx, None, None, 5, 2, 4, out)
+    with pytest.raises(TypeError, match="topk_idx"):
+        ll_send_meta(idx.float(), None, None, 4, 2, 4, out)

@@ -19,7 +19,7 @@ from ..utils import align, ceil_div
 from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
                     group_device, physical_domain)
 from .layout import check_layout_args, dispatch_layout
-from .ll import ll_positions
+from .ll import ll_receive, ll_send_meta
 from .pack import (as_words, gather_rows, meta_width, pack_meta, pack_meta_into, pack_rows, scatter_rows_into,
                    unpack_meta)
 from .reduce import combine_reduce
@@ -1249,8 +1249,6 @@ class Buffer:
         route = topk_idx if masked is None else masked
         with ctx.run(keep=(x, topk_idx, topk_weights)):
             self._agree(hdr)
-            with self._phase("layout"):
-                _, _, _, slot, _ = dispatch_layout(route, num_experts, R)
             if use_fp8:
                 data, sf = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
                 sf_words = sf.view(torch.int32) if sf.dtype == torch.float32 else sf
@@ -1260,11 +1258,12 @@ class Buffer:
             x_words = as_words(data)
             self._ll_next("d:")
             with self._phase("pack"):
+                # the send slots and the metadata rows in one launch (padding rows marked), then the rows
+                width = meta_width(k, True, topk_weights is not None, sw)
+                send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32)
+                slot = ll_send_meta(route, topk_weights, sf_words, num_experts, R, M, send_meta)
                 send_x = scatter_rows_into(x_words, slot, base,
                                            self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype))
-                width = meta_width(k, True, topk_weights is not None, sw)
-                send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32).fill_(-1)
-                pack_meta_into(route, topk_weights, sf_words, slot, base, per, k, send_meta)
             with self._phase("exchange"):
                 stage_x = self._scratch("d:stage_x", send_x.shape, send_x.dtype)
                 stage_meta = self._scratch("d:stage_meta", send_meta.shape, torch.int32)
@@ -1290,18 +1289,14 @@ class Buffer:
                     if w is not None:
                         w.wait()
                 with self._phase("unpack"):
-                    r_idx, r_w, r_src, r_sf = unpack_meta(stage_meta, None, k, True, topk_weights is not None, sw)
-                    pos, count, src_info, layout_range = ll_positions(r_idx, r_src, per, R, M)
-                    # received row -> slab row pos[row, j] for every slot j that selected a local expert
-                    zeros = self._zeros_int32(k)
-                    scatter_rows_into(stage_x, pos, zeros, slab)
-                    if sf is not None:
-                        sf_rows = self._scratch("d:sf_rows", (per * R * M, sw), torch.int32)
-                        scatter_rows_into(r_sf, pos, zeros, sf_rows)
-                        recv_x[1].copy_(sf_rows.view(sf.dtype).view(per, R * M, sw))
-                    recv_count.copy_(count)
+                    # slab positions, counts and scales from the metadata (one launch), then the rows: received
+                    # row -> slab row pos[row, j] for every slot j that selected a local expert
+                    pos, src_info, layout_range, r_w = ll_receive(
+                        stage_meta, k, topk_weights is not None, sw, per, R, M, recv_count,
+                        None if sf is None else recv_x[1].view(torch.int32))
+                    scatter_rows_into(stage_x, pos, self._zeros_int32(k), slab)
                 if stats is not None:
-                    stats.add_(count)
+                    stats.add_(recv_count)
                 handle.src_info, handle.layout_range, handle.pos = src_info, layout_range, pos
                 handle.recv_weights = r_w if topk_weights is not None else None
 
@@ -1411,12 +1406,14 @@ class Buffer:
                 route = topk_idx if handle.topk_idx is None else handle.topk_idx
                 kk = handle.num_topk
                 with self._phase("pack"):
-                    send_w = self._scratch("c:send_w", (R * M, meta_width(kk, True, True, 0)), torch.int32).fill_(-1)
+                    # rows no token targets stay unwritten: the slab positions of the handle skip them
+                    send_w = self._scratch("c:send_w", (R * M, meta_width(kk, True, True, 0)), torch.int32)
                     pack_meta_into(route, topk_weights, None, handle.send_slot, base, per, kk, send_w)
                 with self._phase("exchange"):
                     stage_w = self._scratch("c:stage_w", send_w.shape, torch.int32)
                     a2a_rows(stage_w, send_w, None, None, self.group)
-                recv_w = unpack_meta(stage_w, None, kk, True, True, 0)[1]
+                # the received rows' weight words ([t, ids..., weights...]), read in place by the reduction
+                recv_w = stage_w.view(torch.float32)[:, 1 + kk:1 + 2 * kk]
             else:
                 recv_w = handle.recv_weights
             with self._phase("prereduce"):

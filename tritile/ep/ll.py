@@ -3,13 +3,20 @@
 The low-latency path of :class:`tritile.ep.Buffer` sends each token once per destination rank (deduplicated, like
 the high-throughput path) into fixed-capacity blocks of ``M`` rows per (source, destination) pair, so the
 exchange is one equal-split ``all_to_all_single`` with no split lists, no host sync, and CUDA-graph capture works.
-On the receiver the rows arrive as ``R`` blocks of ``M`` (valid rows first, in ascending source token order).
+On the receiver the rows arrive as ``R`` blocks of ``M`` (valid rows first, in ascending source token order), each
+with its metadata row (:func:`tritile.ep.pack.pack_meta`'s layout).
 
-:func:`ll_positions` places them into per-expert slabs: one program per local expert scans the received rows in
-order (ascending source rank, then source token) and gives every (row, slot) selecting the expert the next
-position of the expert's slab; one more program marks the ``-1`` slots.  So, stronger than DeepEP's atomics,
-block order across sources and row order inside a block are fixed.  It also writes ``recv_count``,
-``src_info`` (``-1`` past the count) and ``layout_range`` (``(begin << 32) | count`` per source).
+:func:`ll_send_meta` builds the sender's side in one launch (one program: a decode batch is small): the send slot of
+every (token, rank), i.e. :func:`tritile.ep.layout.dispatch_layout`'s ``send_slot``, the metadata rows of the sent
+tokens, and a source token ``-1`` on the rows of each block past its count, which marks them as padding.
+
+:func:`ll_receive` reads the received metadata and places the rows into per-expert slabs in one launch: one program
+per local expert scans the received rows in order (ascending source rank, then source token) and gives every
+(row, slot) selecting the expert the next position of the expert's slab, copying the row's scale words to that
+slab row; one more program marks the ``-1`` slots and unpacks the weights.  So, stronger than DeepEP's atomics,
+block order across sources and row order inside a block are fixed.  It also writes ``recv_count``, ``src_info``
+(``-1`` past the count) and ``layout_range`` (``(begin << 32) | count`` per source).  The rows themselves move
+with :func:`tritile.ep.pack.scatter_rows_into` and the positions.
 
 This is not DeepEP's zero-SM RDMA path: NCCL kernels occupy SMs while the exchange is in flight, and a
 ``return_recv_hook`` only defers the wait (see ``Buffer.low_latency_dispatch``).
@@ -17,30 +24,165 @@ This is not DeepEP's zero-SM RDMA path: NCCL kernels occupy SMs while the exchan
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from ..language.pdl import pdl_enter
-from ..runtime import check_tensor, custom_op, empty, interpreter_configs, kernel_device_ok
+from ..runtime import (check_tensor, checks_enabled, custom_op, empty, interpreter_configs,
+                       kernel_device_ok)
 from ..runtime.plan import planned
+from .layout import check_layout_args
 from ..utils import next_power_of_two
 
-__all__ = ["ll_positions"]
+__all__ = ["ll_send_meta", "ll_receive"]
 
 _INTERPRET = interpreter_configs()
 
 
 @triton.jit
-def _ll_positions_kernel(idx_ptr, src_ptr, pos_ptr, count_ptr, info_ptr, range_ptr,
-                         NUM_LOCAL: tl.constexpr, NUM_RANKS: tl.constexpr, CAP: tl.constexpr,
-                         NUM_TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk, slot_ptr, out_ptr, num_tokens,
+                         num_experts, experts_per_rank,
+                         META_W: tl.constexpr, NUM_TOPK: tl.constexpr, HAS_W: tl.constexpr, SF_W: tl.constexpr,
+                         W_OFF: tl.constexpr, SF_OFF: tl.constexpr, NUM_RANKS: tl.constexpr, CAP: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                         BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    kk = tl.arange(0, BLOCK_K)
+    rr = tl.arange(0, BLOCK_R)
+    ss = tl.arange(0, BLOCK_S)
+    running = tl.zeros([BLOCK_R], tl.int32)
+    for start in range(0, CAP, BLOCK_T):  # T <= CAP: a loop bound fixed by the capacity, not by T
+        rows = start + tl.arange(0, BLOCK_T)
+        row_ok = rows < num_tokens
+        km = row_ok[:, None] & (kk[None, :] < NUM_TOPK)
+        idx = tl.load(idx_ptr + rows[:, None].to(tl.int64) * s_it + kk[None, :] * s_ik, mask=km, other=-1)
+        idx = idx.to(tl.int32)
+        valid = (idx >= 0) & (idx < num_experts) & km
+        rank = tl.where(valid, idx // experts_per_rank, -1)
+        hit = tl.max((rank[:, :, None] == rr[None, None, :]).to(tl.int32), axis=1)  # [BLOCK_T, BLOCK_R]
+        hit = tl.where(row_ok[:, None] & (rr[None, :] < NUM_RANKS), hit, 0)
+        slots = tl.where(hit != 0, running[None, :] + tl.cumsum(hit, axis=0) - 1, -1)
+        tl.store(slot_ptr + rows[:, None] * NUM_RANKS + rr[None, :], slots,
+                 mask=row_ok[:, None] & (rr[None, :] < NUM_RANKS))
+        running += tl.sum(hit, axis=0)
+        if HAS_W:
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wt + kk[None, :] * s_wk, mask=km, other=0.0)
+        if SF_W > 0:
+            sm = row_ok[:, None] & (ss[None, :] < SF_W)
+            sf = tl.load(sf_ptr + rows[:, None].to(tl.int64) * s_st + ss[None, :] * s_sk, mask=sm, other=0)
+        for r in tl.static_range(NUM_RANKS):
+            slot = tl.sum(tl.where(rr[None, :] == r, slots, 0), axis=1)
+            sent = tl.sum(tl.where(rr[None, :] == r, hit, 0), axis=1) != 0
+            dst = (r * CAP + slot).to(tl.int64) * META_W
+            tl.store(out_ptr + dst, rows.to(tl.int32), mask=sent)
+            lo = r * experts_per_rank
+            local = (idx >= lo) & (idx < lo + experts_per_rank)
+            tl.store(out_ptr + dst[:, None] + 1 + kk[None, :], tl.where(local, idx - lo, -1),
+                     mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+            if HAS_W:
+                wl = tl.where(local, w, 0.0)
+                tl.store(out_ptr + dst[:, None] + W_OFF + kk[None, :], wl.to(tl.int32, bitcast=True),
+                         mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+            if SF_W > 0:
+                tl.store(out_ptr + dst[:, None] + SF_OFF + ss[None, :], sf,
+                         mask=sent[:, None] & (ss[None, :] < SF_W))
+    # the rows of each block past its count: source token -1 (padding)
+    for r in tl.static_range(NUM_RANKS):
+        n = tl.sum(tl.where(rr == r, running, 0), axis=0)
+        for c in tl.static_range(0, CAP, BLOCK_M):
+            j = c + tl.arange(0, BLOCK_M)
+            tl.store(out_ptr + (r * CAP + j).to(tl.int64) * META_W, tl.full([BLOCK_M], -1, tl.int32),
+                     mask=(j < CAP) & (j >= n))
+
+
+def _ll_send_meta_fake(topk_idx, topk_weights, sf, num_experts, num_ranks, capacity, out):
+    return out.new_empty((topk_idx.shape[0], num_ranks))
+
+
+@custom_op("ep_ll_send_meta", mutates_args=("out",), fake=_ll_send_meta_fake)
+def _ll_send_meta_op(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
+                     num_experts: int, num_ranks: int, capacity: int, out: torch.Tensor) -> torch.Tensor:
+    num_tokens, num_topk = topk_idx.shape
+    dev = topk_idx.device
+    slot = empty((num_tokens, num_ranks), torch.int32, dev)
+    if not kernel_device_ok(dev):
+        from .ref import ll_send_meta_ref
+
+        ref_slot, ref_out = ll_send_meta_ref(topk_idx, topk_weights, sf, num_experts, num_ranks, capacity)
+        slot.copy_(ref_slot)
+        sent = torch.zeros((out.shape[0],), dtype=torch.bool, device=dev)
+        for r in range(num_ranks):
+            sent[r * capacity + slot[slot[:, r] >= 0, r].long()] = True
+        out[sent] = ref_out[sent]
+        out[~sent, 0] = -1
+        return slot
+    has_w = topk_weights is not None
+    sf_w = 0 if sf is None else sf.shape[1]
+    wt = topk_weights if has_w else topk_idx
+    st = sf if sf_w else topk_idx
+    _ll_send_meta_kernel[(1,)](
+        topk_idx, topk_idx.stride(0), topk_idx.stride(1), wt, wt.stride(0), wt.stride(-1), st, st.stride(0),
+        st.stride(-1), slot, out, num_tokens, num_experts, num_experts // num_ranks,
+        META_W=out.shape[1], NUM_TOPK=num_topk, HAS_W=has_w, SF_W=sf_w, W_OFF=1 + num_topk,
+        SF_OFF=out.shape[1] - sf_w, NUM_RANKS=num_ranks, CAP=capacity, BLOCK_T=64 if _INTERPRET else 32,
+        BLOCK_K=next_power_of_two(max(num_topk, 1)), BLOCK_R=next_power_of_two(num_ranks),
+        BLOCK_S=next_power_of_two(max(sf_w, 1)),
+        BLOCK_M=min(next_power_of_two(capacity), 256 if _INTERPRET else 1024), PDL=False, num_warps=4)
+    return slot
+
+
+@planned("ep_ll_send_meta")
+def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
+                 num_experts: int, num_ranks: int, capacity: int, out: torch.Tensor) -> torch.Tensor:
+    """Send slots and metadata rows of a fixed-capacity dispatch.
+
+    Args:
+        topk_idx: int64 / int32 ``(T, k)`` (any strides), ``T <= capacity``: expert ids in ``[0, num_experts)``,
+            ``-1`` = unused slot; ids outside ``[-1, num_experts)`` are ignored (with ``TRITILE_CHECKS=1`` they raise
+            ``ValueError``, a host sync).
+        topk_weights: float32 ``(T, k)`` (any strides) or None.
+        sf: int32 ``(T, SW)`` scale words (any strides) or None.
+        num_experts: ``E``, divisible by ``num_ranks``; num_ranks: ``R``; capacity: ``M``.
+        out: int32 ``(R*M, meta_width(k, True, weights?, SW))``, contiguous, written: block ``r`` holds the tokens
+            sent to rank ``r`` in ascending order (:func:`tritile.ep.pack.pack_meta`'s row layout, ids local to
+            rank ``r``), then rows whose source token is ``-1`` (their other words are left as they are).
+
+    Returns:
+        int32 ``(T, R)``: the position of token ``t`` among the tokens sent to rank ``r``, ``-1`` where not sent
+        (:func:`tritile.ep.layout.dispatch_layout`'s ``send_slot``).
+    """
+    check_layout_args(topk_idx, num_experts, num_ranks)
+    num_tokens, k = topk_idx.shape
+    if num_tokens > capacity:
+        raise ValueError(f"topk_idx has {num_tokens} tokens, more than the capacity {capacity}")
+    sw = 0 if sf is None else sf.shape[1]
+    width = 1 + k + (k if topk_weights is not None else 0) + sw
+    check_tensor("out", out, dtypes=(torch.int32,), ndim=2)
+    if tuple(out.shape) != (num_ranks * capacity, width) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({num_ranks * capacity}, {width}) tensor, got "
+                         f"{tuple(out.shape)}")
+    if checks_enabled():
+        nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
+        if nbad:
+            raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) outside")
+    return _ll_send_meta_op(topk_idx, topk_weights, sf, int(num_experts), int(num_ranks), int(capacity), out)
+
+
+@triton.jit
+def _ll_receive_kernel(meta_ptr, pos_ptr, count_ptr, info_ptr, range_ptr, w_ptr, sf_ptr, s_se, s_sr, s_sw,
+                       META_W: tl.constexpr, NUM_LOCAL: tl.constexpr, NUM_RANKS: tl.constexpr, CAP: tl.constexpr,
+                       NUM_TOPK: tl.constexpr, HAS_W: tl.constexpr, W_OFF: tl.constexpr, SF_W: tl.constexpr,
+                       SF_OFF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+                       PDL: tl.constexpr):
     pdl_enter(PDL)
     e = tl.program_id(0)
     kk = tl.arange(0, BLOCK_K)
     kin = kk[None, :] < NUM_TOPK
+    ss = tl.arange(0, BLOCK_S)
+    sin = ss[None, :] < SF_W
     RM: tl.constexpr = NUM_RANKS * CAP
     if e < NUM_LOCAL:
         running = tl.sum(tl.zeros([BLOCK_M], tl.int32), axis=0)
@@ -50,14 +192,21 @@ def _ll_positions_kernel(idx_ptr, src_ptr, pos_ptr, count_ptr, info_ptr, range_p
                 i = c + tl.arange(0, BLOCK_M)
                 rows = (s * CAP + i).to(tl.int64)
                 ok = i < CAP
-                idx = tl.load(idx_ptr + rows[:, None] * NUM_TOPK + kk[None, :], mask=ok[:, None] & kin, other=-1)
-                sel = (idx == e) & ok[:, None] & kin
+                tok = tl.load(meta_ptr + rows * META_W, mask=ok, other=-1)
+                live = ok & (tok >= 0)  # a padding row (source token -1) selects nothing
+                idx = tl.load(meta_ptr + rows[:, None] * META_W + 1 + kk[None, :], mask=live[:, None] & kin,
+                              other=-1)
+                sel = (idx == e) & live[:, None] & kin
                 hit = tl.max(sel.to(tl.int32), axis=1)
                 p = running + tl.cumsum(hit, axis=0) - 1
                 tl.store(pos_ptr + rows[:, None] * NUM_TOPK + kk[None, :], (e * RM + p)[:, None] + kk[None, :] * 0,
                          mask=sel)
-                src = tl.load(src_ptr + rows, mask=ok, other=-1)
-                tl.store(info_ptr + e * RM + p, src, mask=hit != 0)
+                tl.store(info_ptr + e * RM + p, tok, mask=hit != 0)
+                if SF_W > 0:
+                    put = (hit != 0)[:, None] & sin
+                    sf = tl.load(meta_ptr + rows[:, None] * META_W + SF_OFF + ss[None, :], mask=put, other=0)
+                    tl.store(sf_ptr + e.to(tl.int64) * s_se + p[:, None].to(tl.int64) * s_sr + ss[None, :] * s_sw,
+                             sf, mask=put)
                 running += tl.sum(hit, axis=0)
             tl.store(range_ptr + e * NUM_RANKS + s, (begin.to(tl.int64) << 32) | (running - begin).to(tl.int64))
         tl.store(count_ptr + e, running)
@@ -68,65 +217,92 @@ def _ll_positions_kernel(idx_ptr, src_ptr, pos_ptr, count_ptr, info_ptr, range_p
         for c in tl.static_range(0, RM, BLOCK_M):
             rows = (c + tl.arange(0, BLOCK_M)).to(tl.int64)
             ok = rows < RM
-            idx = tl.load(idx_ptr + rows[:, None] * NUM_TOPK + kk[None, :], mask=ok[:, None] & kin, other=0)
+            tok = tl.load(meta_ptr + rows * META_W, mask=ok, other=-1)
+            live = ok & (tok >= 0)
+            idx = tl.load(meta_ptr + rows[:, None] * META_W + 1 + kk[None, :], mask=live[:, None] & kin, other=-1)
             bad = ok[:, None] & kin & ((idx < 0) | (idx >= NUM_LOCAL))
             tl.store(pos_ptr + rows[:, None] * NUM_TOPK + kk[None, :], tl.full([BLOCK_M, BLOCK_K], -1, tl.int32),
                      mask=bad)
+            if HAS_W:
+                w = tl.load(meta_ptr + rows[:, None] * META_W + W_OFF + kk[None, :], mask=live[:, None] & kin,
+                            other=0)
+                tl.store(w_ptr + rows[:, None] * NUM_TOPK + kk[None, :], w.to(tl.float32, bitcast=True),
+                         mask=ok[:, None] & kin)
 
 
-def _ll_positions_fake(recv_idx, recv_src, num_local_experts, num_ranks, capacity):
+def _ll_receive_fake(meta, num_topk, has_w, sf_words, num_local_experts, num_ranks, capacity, recv_count, recv_sf):
     rm = num_ranks * capacity
-    return (recv_idx.new_empty(recv_idx.shape, dtype=torch.int32),
-            recv_idx.new_empty((num_local_experts,), dtype=torch.int32),
-            recv_idx.new_empty((num_local_experts, rm), dtype=torch.int32),
-            recv_idx.new_empty((num_local_experts, num_ranks), dtype=torch.int64))
+    return (meta.new_empty((rm, num_topk)), meta.new_empty((num_local_experts, rm)),
+            meta.new_empty((num_local_experts, num_ranks), dtype=torch.int64),
+            meta.new_empty((rm, num_topk if has_w else 0), dtype=torch.float32))
 
 
-@custom_op("ep_ll_positions", fake=_ll_positions_fake)
-def _ll_positions_op(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_experts: int, num_ranks: int,
-                     capacity: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dev = recv_idx.device
+@custom_op("ep_ll_receive", mutates_args=("recv_count", "recv_sf"), fake=_ll_receive_fake)
+def _ll_receive_op(meta: torch.Tensor, num_topk: int, has_w: bool, sf_words: int, num_local_experts: int,
+                   num_ranks: int, capacity: int, recv_count: torch.Tensor, recv_sf: Optional[torch.Tensor]
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = meta.device
     rm = num_ranks * capacity
-    pos = empty(tuple(recv_idx.shape), torch.int32, dev)
-    count = empty((num_local_experts,), torch.int32, dev)
+    pos = empty((rm, num_topk), torch.int32, dev)
     info = empty((num_local_experts, rm), torch.int32, dev)
     rng = empty((num_local_experts, num_ranks), torch.int64, dev)
+    w = empty((rm, num_topk if has_w else 0), torch.float32, dev)
     if not kernel_device_ok(dev) or rm == 0:
-        from .ref import ll_positions_ref
+        from .ref import ll_receive_ref
 
-        for o, r in zip((pos, count, info, rng), ll_positions_ref(recv_idx, recv_src, num_local_experts, num_ranks,
-                                                                  capacity)):
+        got = ll_receive_ref(meta, num_topk, has_w, sf_words, num_local_experts, num_ranks, capacity)
+        for o, r in zip((pos, recv_count, info, rng, w), got[:5]):
             o.copy_(r)
-        return pos, count, info, rng
-    k = recv_idx.shape[1]
+        if recv_sf is not None:
+            for e, n in enumerate(got[1].tolist()):
+                recv_sf[e, :n] = got[5][e, :n]
+        return pos, info, rng, w
     bm = min(next_power_of_two(capacity), 256 if _INTERPRET else 128)
-    _ll_positions_kernel[(num_local_experts + 1,)](
-        recv_idx, recv_src, pos, count, info, rng,
-        NUM_LOCAL=num_local_experts, NUM_RANKS=num_ranks, CAP=capacity, NUM_TOPK=k, BLOCK_M=bm,
-        BLOCK_K=next_power_of_two(max(k, 1)), PDL=False, num_warps=4)
-    return pos, count, info, rng
+    sf = recv_sf if recv_sf is not None else meta
+    _ll_receive_kernel[(num_local_experts + 1,)](
+        meta, pos, recv_count, info, rng, w, sf, sf.stride(0), sf.stride(1), sf.stride(-1),
+        META_W=meta.shape[1], NUM_LOCAL=num_local_experts, NUM_RANKS=num_ranks, CAP=capacity, NUM_TOPK=num_topk,
+        HAS_W=has_w, W_OFF=1 + num_topk, SF_W=sf_words, SF_OFF=meta.shape[1] - sf_words, BLOCK_M=bm,
+        BLOCK_K=next_power_of_two(max(num_topk, 1)), BLOCK_S=next_power_of_two(max(sf_words, 1)), PDL=False,
+        num_warps=4)
+    return pos, info, rng, w
 
 
-@planned("ep_ll_positions")
-def ll_positions(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_experts: int, num_ranks: int,
-                 capacity: int):
-    """Slab positions of the rows received in fixed-capacity blocks.
+@planned("ep_ll_receive")
+def ll_receive(meta: torch.Tensor, num_topk: int, has_w: bool, sf_words: int, num_local_experts: int, num_ranks: int,
+               capacity: int, recv_count: torch.Tensor, recv_sf: Optional[torch.Tensor] = None):
+    """Slab positions, counts and scales of the rows received in fixed-capacity blocks, from their metadata.
 
     Args:
-        recv_idx: int32 or int64 ``(R*M, k)``, contiguous: local expert ids of each received row (``-1`` = other rank or
-            padding row); row ``s*M + i`` is the ``i``-th row from source rank ``s``.
-        recv_src: int32 ``(R*M,)``: source token index of each row.
+        meta: int32 ``(R*M, W)``, contiguous: the received metadata rows, :func:`tritile.ep.pack.pack_meta`'s
+            layout with local expert ids (``[t, ids..., weight bits..., scale words...]``, ``W =
+            meta_width(k, True, has_w, sf_words)``); row ``s*M + i`` is the ``i``-th row from source rank ``s``;
+            a row whose source token ``t`` is negative is padding.
+        num_topk: ``k``; has_w: whether the rows carry weights; sf_words: scale words per row (0: none).
         num_local_experts: ``L``; num_ranks: ``R``; capacity: ``M``.
+        recv_count: int32 ``(L,)``, written: rows per expert.
+        recv_sf: int32 ``(L, R*M, sf_words)`` (any strides, e.g. the column-major receive scales viewed as int32),
+            written: row ``j`` of slab ``e`` gets the scale words of the row placed there (rows past the count are
+            left as they are); None when ``sf_words`` is 0.
 
     Returns:
-        ``(pos, recv_count, src_info, layout_range)``: int32 ``(R*M, k)`` flat slab row ``e*R*M + j`` of each
-        (row, slot) (``-1`` for ``-1`` slots); int32 ``(L,)`` rows per expert; int32 ``(L, R*M)`` source token of
-        each slab row (``-1`` past the count); int64 ``(L, R)`` ``(begin << 32) | count`` per source rank.
+        ``(pos, src_info, layout_range, recv_weights)``: int32 ``(R*M, k)`` flat slab row ``e*R*M + j`` of each
+        (row, slot) (``-1`` for slots of other ranks' experts and of padding rows); int32 ``(L, R*M)`` source token
+        of each slab row (``-1`` past the count); int64 ``(L, R)`` ``(begin << 32) | count`` per source rank;
+        float32 ``(R*M, k)`` weights (0 on padding rows; ``(R*M, 0)`` without ``has_w``).
     """
-    check_tensor("recv_idx", recv_idx, dtypes=(torch.int32, torch.int64), ndim=2)
-    check_tensor("recv_src", recv_src, dtypes=(torch.int32,), ndim=1)
-    if recv_idx.shape[0] != num_ranks * capacity or recv_src.shape[0] != recv_idx.shape[0]:
-        raise ValueError(f"recv_idx must have R*M = {num_ranks * capacity} rows and recv_src as many, got "
-                         f"{tuple(recv_idx.shape)} and {tuple(recv_src.shape)}")
-    return _ll_positions_op(recv_idx.contiguous(), recv_src.contiguous(), int(num_local_experts), int(num_ranks),
-                            int(capacity))
+    check_tensor("meta", meta, dtypes=(torch.int32,), ndim=2)
+    check_tensor("recv_count", recv_count, dtypes=(torch.int32,), ndim=1)
+    rm = num_ranks * capacity
+    width = 1 + num_topk + (num_topk if has_w else 0) + sf_words
+    if tuple(meta.shape) != (rm, width) or recv_count.shape[0] != num_local_experts:
+        raise ValueError(f"meta must be (R*M, W) = ({rm}, {width}) and recv_count ({num_local_experts},), got "
+                         f"{tuple(meta.shape)} and {tuple(recv_count.shape)}")
+    if (recv_sf is None) != (sf_words == 0):
+        raise ValueError(f"recv_sf must be given exactly when sf_words > 0 (sf_words={sf_words})")
+    if recv_sf is not None:
+        check_tensor("recv_sf", recv_sf, dtypes=(torch.int32,), ndim=3)
+        if tuple(recv_sf.shape) != (num_local_experts, rm, sf_words):
+            raise ValueError(f"recv_sf must be ({num_local_experts}, {rm}, {sf_words}), got {tuple(recv_sf.shape)}")
+    return _ll_receive_op(meta.contiguous(), int(num_topk), bool(has_w), int(sf_words), int(num_local_experts),
+                          int(num_ranks), int(capacity), recv_count, recv_sf)

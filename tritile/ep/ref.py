@@ -3,7 +3,7 @@
 
 Kernel twins (same arguments, same bits): :func:`dispatch_layout_ref`, :func:`pack_rows_ref`,
 :func:`pack_meta_ref`, :func:`gather_rows_ref`, :func:`unpack_meta_ref`, :func:`combine_reduce_ref`,
-:func:`ll_positions_ref`.  Rows a kernel leaves unwritten are zero here.
+:func:`ll_send_meta_ref`, :func:`ll_receive_ref`.  Rows a kernel leaves unwritten are zero here.
 
 Distributed references (the test oracle, and a "dedup in torch" baseline for benchmarks):
 
@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 __all__ = [
     "dispatch_layout_ref", "pack_rows_ref", "pack_meta_ref", "gather_rows_ref", "unpack_meta_ref",
-    "combine_reduce_ref", "ll_positions_ref", "fused_mapping_ref", "dispatch_reference", "combine_reference",
-    "low_latency_reference", "low_latency_combine_reference",
+    "combine_reduce_ref", "ll_send_meta_ref", "ll_receive_ref", "fused_mapping_ref", "dispatch_reference",
+    "combine_reference", "low_latency_reference", "low_latency_combine_reference",
 ]
 
 
@@ -135,16 +135,32 @@ def combine_reduce_ref(buf, send_slot, base, bias0=None, bias1=None, wbuf=None):
     return acc.to(torch.bfloat16), (wacc if wbuf is not None else None)
 
 
-def ll_positions_ref(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_experts: int, num_ranks: int,
-                     capacity: int):
-    """Twin of :func:`tritile.ep.ll.ll_positions`."""
-    dev = recv_idx.device
+def ll_send_meta_ref(topk_idx, topk_weights, sf, num_experts: int, num_ranks: int, capacity: int):
+    """Twin of :func:`tritile.ep.ll.ll_send_meta`: ``(send_slot, meta)``, ``meta`` with source token ``-1`` and
+    zeros on the rows past each block's count."""
+    slot = dispatch_layout_ref(topk_idx, num_experts, num_ranks)[3]
+    base = torch.arange(num_ranks, dtype=torch.int32, device=topk_idx.device) * capacity
+    meta = pack_meta_ref(topk_idx, topk_weights, sf, slot, base, num_ranks * capacity, num_experts // num_ranks,
+                         topk_idx.shape[1])
+    sent = torch.zeros((num_ranks * capacity,), dtype=torch.bool, device=topk_idx.device)
+    for r in range(num_ranks):
+        sent[r * capacity + slot[slot[:, r] >= 0, r].long()] = True
+    meta[~sent, 0] = -1
+    return slot, meta
+
+
+def ll_receive_ref(meta: torch.Tensor, num_topk: int, has_w: bool, sf_words: int, num_local_experts: int,
+                   num_ranks: int, capacity: int):
+    """Twin of :func:`tritile.ep.ll.ll_receive`: ``(pos, recv_count, src_info, layout_range, recv_weights,
+    recv_sf)``, ``recv_sf`` int32 ``(L, R*M, sf_words)`` zero past each count."""
+    dev = meta.device
     rm = num_ranks * capacity
-    idx = recv_idx.long()
+    idx, w, src, sf = unpack_meta_ref(meta, None, num_topk, True, has_w, sf_words)
     pos = torch.full(idx.shape, -1, dtype=torch.int32, device=dev)
     src_info = torch.full((num_local_experts, rm), -1, dtype=torch.int32, device=dev)
     count = torch.zeros((num_local_experts,), dtype=torch.int32, device=dev)
     layout_range = torch.zeros((num_local_experts, num_ranks), dtype=torch.int64, device=dev)
+    recv_sf = torch.zeros((num_local_experts, rm, sf_words), dtype=torch.int32, device=dev)
     for e in range(num_local_experts):
         sel = idx == e
         rowsel = sel.any(1)
@@ -152,11 +168,12 @@ def ll_positions_ref(recv_idx: torch.Tensor, recv_src: torch.Tensor, num_local_e
         pos[sel] = (e * rm + rank[:, None].expand_as(sel)[sel]).to(torch.int32)
         n = int(rowsel.sum())
         count[e] = n
-        src_info[e, :n] = recv_src[rowsel]
+        src_info[e, :n] = src[rowsel]
+        recv_sf[e, :n] = sf[rowsel]
         per_src = rowsel.reshape(num_ranks, capacity).sum(1)
         begin = per_src.cumsum(0) - per_src
         layout_range[e] = (begin << 32) | per_src
-    return pos, count, src_info, layout_range
+    return pos, count, src_info, layout_range, w, recv_sf
 
 
 def fused_mapping_ref(topk_idx: torch.Tensor, num_experts: int, num_expanded: int, alignment: int):
