@@ -31,7 +31,8 @@ def test_sinkhorn_comprehensive(device, n0, n1):
     assert torch.all((cols - 1).abs() < 1e-4)
 
 
-@pytest.mark.parametrize("repeat,n,eps", [(1, 4, 1e-6), (3, 4, 1e-3), (2, 3, 1e-6), (2, 8, 1e-6), (1, 1, 1e-6)])
+@pytest.mark.parametrize("repeat,n,eps", [(1, 4, 1e-6), (3, 4, 1e-3), (2, 3, 1e-6), (2, 8, 1e-6), (1, 1, 1e-6),
+                                          (10, 3, 1e-6), (10, 6, 1e-6), (20, 5, 1e-6)])
 def test_sinkhorn_repeat_and_size(device, repeat, n, eps):
     x = torch.randn(5, 3, n, n, device=device) * 2
     grad = torch.randn(5, 3, n, n, device=device)

@@ -389,6 +389,9 @@ def sinkhorn_bwd(c, g, i3, o3, eps, tape_ptrs, tape_mask, slot_stride, N: tl.con
             drow = ordered_sum(x, o3, N, 2)[:, :, None] + eps
             trow = _row_fma_sum(g, x, o3, N)[:, :, None]
             g = tl.math.div_rn(g - tl.math.div_rn(trow, drow), drow)
+        # padded entries (n below the tile's power of two) would grow by 1 / eps a step, to inf and then NaN
+        # through the zero padding of the next sum: keep them 0 (the valid entries' values are unchanged)
+        g = tl.where(valid, g, 0.0)
     r = _row_fma_sum(g, s, o3, N)[:, :, None]
     return tl.where(valid, (g - r) * s, 0.0)
 
