@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tritile.ep.layout import dispatch_layout
-from tritile.ep.ll import ll_receive, ll_send_meta
+from tritile.ep.ll import ll_cast_send, ll_receive, ll_send_meta
 from tritile.ep.ref import ll_receive_ref, ll_send_meta_ref
 from tritile.testing import assert_equal, pick
 
@@ -104,36 +104,35 @@ def test_ll_receive_compile(device):
         assert torch.equal(sf[e, :n], ref[5][e, :n])
 
 
-# (num_tokens, capacity, num_experts, num_ranks, k, has_w, sf_words)
+# (num_tokens, capacity, num_experts, num_ranks, k, has_w, extra words)
 SEND_CASES = pick(cpu=[(5, 7, 8, 2, 3, True, 2), (0, 3, 6, 3, 2, False, 0), (33, 33, 12, 4, 4, True, 0),
                        (70, 80, 9, 3, 1, False, 1), (9, 9, 4, 1, 2, True, 3)],
                   gpu=[(128, 128, 288, 1, 8, False, 56), (256, 256, 256, 8, 8, True, 14), (1, 128, 64, 4, 6, True, 0),
                        (1000, 1024, 72, 8, 9, False, 0)])
 
 
-@pytest.mark.parametrize("num_tokens,cap,num_experts,num_ranks,k,has_w,sf_words", SEND_CASES)
-@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
-def test_ll_send_meta(device, num_tokens, cap, num_experts, num_ranks, k, has_w, sf_words, idx_dtype):
-    g = torch.Generator().manual_seed(num_tokens * 7 + k)
+def _routing(num_tokens, num_experts, k, g, device, idx_dtype=torch.int64):
     idx = torch.rand((num_tokens, num_experts), generator=g).topk(k, dim=1).indices
     idx[torch.rand((num_tokens, k), generator=g) < 0.25] = -1
     idx[::4, 0] = num_experts + 3  # out of range: ignored for routing
-    idx = idx.to(idx_dtype).to(device)
+    return idx.to(idx_dtype).to(device)
+
+
+@pytest.mark.parametrize("num_tokens,cap,num_experts,num_ranks,k,has_w,extra", SEND_CASES)
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
+def test_ll_send_meta(device, num_tokens, cap, num_experts, num_ranks, k, has_w, extra, idx_dtype):
+    g = torch.Generator().manual_seed(num_tokens * 7 + k)
+    idx = _routing(num_tokens, num_experts, k, g, device, idx_dtype)
     w = torch.rand((num_tokens, k), generator=g).to(device) if has_w else None
-    # scale words column-major, as the TMA-aligned casts return them
-    sf = torch.randint(-1 << 30, 1 << 30, (sf_words, num_tokens), generator=g, dtype=torch.int32).to(device).t() \
-        if sf_words else None
-    width = 1 + k + (k if has_w else 0) + sf_words
-    out = torch.full((num_ranks * cap, width), _SENTINEL, dtype=torch.int32, device=device)
-    slot = ll_send_meta(idx, w, sf, num_experts, num_ranks, cap, out)
-    r_slot, r_meta = ll_send_meta_ref(idx, w, sf, num_experts, num_ranks, cap)
+    n = 1 + k + (k if has_w else 0)
+    out = torch.full((num_ranks * cap, n + extra), _SENTINEL, dtype=torch.int32, device=device)
+    slot = ll_send_meta(idx, w, num_experts, num_ranks, cap, out)
+    r_slot, r_meta = ll_send_meta_ref(idx, w, num_experts, num_ranks, cap, n + extra)
     assert_equal(slot, r_slot, "send_slot")
     assert_equal(slot, dispatch_layout(idx, num_experts, num_ranks)[3], "send_slot (dispatch_layout)")
-    sent = torch.zeros((num_ranks * cap,), dtype=torch.bool)
-    for r in range(num_ranks):
-        sent[r * cap + r_slot[r_slot[:, r] >= 0, r].long().cpu()] = True
-    sent = sent.to(device)
-    assert_equal(out[sent], r_meta[sent], "sent rows")
+    sent = r_meta[:, 0] >= 0
+    assert_equal(out[sent, :n], r_meta[sent, :n], "sent rows")
+    assert bool((out[sent, n:] == _SENTINEL).all()), "the scale words must be left to the cast"
     assert bool((out[~sent, 0] == -1).all()), "padding rows must carry source token -1"
     assert bool((out[~sent, 1:] == _SENTINEL).all()), "padding rows' other words must be left as they are"
 
@@ -142,10 +141,68 @@ def test_ll_send_meta_bad_args(device):
     idx = torch.zeros((4, 2), dtype=torch.int64, device=device)
     out = torch.zeros((2 * 4, 3), dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="capacity"):
-        ll_send_meta(idx, None, None, 4, 2, 3, torch.zeros((6, 3), dtype=torch.int32, device=device))
+        ll_send_meta(idx, None, 4, 2, 3, torch.zeros((6, 3), dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="out must be"):
-        ll_send_meta(idx, None, None, 4, 2, 4, out[:, :2])
+        ll_send_meta(idx, None, 4, 2, 4, out[:, :2])
+    with pytest.raises(ValueError, match="topk_weights"):
+        ll_send_meta(idx, torch.zeros((4, 3), device=device), 4, 2, 4, torch.zeros((8, 5), dtype=torch.int32,
+                                                                                    device=device))
     with pytest.raises(ValueError, match="divisible"):
-        ll_send_meta(idx, None, None, 5, 2, 4, out)
+        ll_send_meta(idx, None, 5, 2, 4, out)
     with pytest.raises(TypeError, match="topk_idx"):
-        ll_send_meta(idx.float(), None, None, 4, 2, 4, out)
+        ll_send_meta(idx.float(), None, 4, 2, 4, out)
+
+
+# (num_tokens, capacity, hidden, num_ranks): partial 128-groups and 512-wide tiles, partial row blocks
+CAST_CASES = pick(cpu=[(5, 7, 256, 2), (17, 20, 200, 3), (1, 1, 640, 1), (0, 4, 128, 2), (9, 12, 72, 4)],
+                  gpu=[(128, 128, 7168, 1), (256, 256, 7168, 8), (33, 64, 2560, 4), (7, 8, 200, 2)])
+
+
+@pytest.mark.parametrize("num_tokens,cap,hidden,num_ranks", CAST_CASES)
+@pytest.mark.parametrize("round_sf,ue8m0", [(False, False), (True, False), (True, True)])
+def test_ll_cast_send(device, num_tokens, cap, hidden, num_ranks, round_sf, ue8m0):
+    """Each sent row is per_token_cast's row, bit for bit, in its slot; its scales in the metadata row's last
+    words; nothing else written."""
+    from tritile.quant import per_token_cast
+
+    g = torch.Generator().manual_seed(num_tokens + hidden)
+    x = (torch.randn((num_tokens, hidden + 8), generator=g) * 3).to(torch.bfloat16).to(device)[:, 4:4 + hidden]
+    if num_tokens > 2:
+        x[1, :5] = 0.0  # a zero group
+        x[2, 3] = 6e4  # a large value
+    idx = _routing(num_tokens, 4 * num_ranks, 3, g, device)
+    slot = dispatch_layout(idx, 4 * num_ranks, num_ranks)[3]
+    sw = -(-hidden // 512) if ue8m0 else -(-hidden // 128)
+    width = 3 + sw
+    rm = num_ranks * cap
+    out = torch.full((rm, hidden), 0x5A, dtype=torch.uint8, device=device)
+    meta = torch.full((rm, width), _SENTINEL, dtype=torch.int32, device=device)
+    ll_cast_send(x, slot, cap, round_sf, ue8m0, out.view(torch.float8_e4m3fn), meta)
+    data, sf = per_token_cast(x, "e4m3", 128, round_sf=round_sf, use_tma_aligned_col_major_sf=ue8m0,
+                              use_packed_ue8m0=ue8m0)
+    words = (sf if ue8m0 else sf.view(torch.int32)).contiguous()
+    written = torch.zeros((rm,), dtype=torch.bool, device=device)
+    for r in range(num_ranks):
+        sel = slot[:, r] >= 0
+        dst = r * cap + slot[sel, r].long()
+        written[dst] = True
+        assert torch.equal(out[dst], data.view(torch.uint8)[sel]), f"rows sent to rank {r}"
+        assert torch.equal(meta[dst, width - sw:], words[sel]), f"scale words of the rows sent to rank {r}"
+    assert bool((out[~written] == 0x5A).all()), "rows no token targets must be left as they are"
+    assert bool((meta[:, :width - sw] == _SENTINEL).all()), "only the scale words may be written"
+    assert bool((meta[~written] == _SENTINEL).all())
+
+
+def test_ll_cast_send_bad_args(device):
+    x = torch.zeros((4, 256), dtype=torch.bfloat16, device=device)
+    slot = torch.zeros((4, 2), dtype=torch.int32, device=device)
+    out = torch.zeros((8, 256), dtype=torch.float8_e4m3fn, device=device)
+    meta = torch.zeros((8, 4), dtype=torch.int32, device=device)
+    with pytest.raises(TypeError, match="x"):
+        ll_cast_send(x.float(), slot, 4, False, False, out, meta)
+    with pytest.raises(ValueError, match="out must be"):
+        ll_cast_send(x, slot, 3, False, False, out, meta)
+    with pytest.raises(ValueError, match="meta must be"):
+        ll_cast_send(x, slot, 4, False, False, out, meta[:, :1])
+    with pytest.raises(ValueError, match="send_slot"):
+        ll_cast_send(x, slot[:3], 4, False, False, out, meta)

@@ -19,7 +19,7 @@ from ..utils import align, ceil_div
 from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
                     group_device, physical_domain)
 from .layout import check_layout_args, dispatch_layout
-from .ll import ll_receive, ll_send_meta
+from .ll import ll_cast_send, ll_receive, ll_send_meta
 from .pack import (as_words, gather_rows, meta_width, pack_meta, pack_meta_into, pack_rows, scatter_rows_into,
                    unpack_meta)
 from .reduce import combine_reduce
@@ -1249,33 +1249,37 @@ class Buffer:
         route = topk_idx if masked is None else masked
         with ctx.run(keep=(x, topk_idx, topk_weights)):
             self._agree(hdr)
-            if use_fp8:
-                data, sf = _cast_e4m3(x, bool(round_scale or use_ue8m0), bool(use_ue8m0))
-                sf_words = sf.view(torch.int32) if sf.dtype == torch.float32 else sf
-            else:
-                data, sf, sf_words = x, None, None
-            base = self._arange_base(M)
-            x_words = as_words(data)
             self._ll_next("d:")
             with self._phase("pack"):
-                # the send slots and the metadata rows in one launch (padding rows marked), then the rows
+                # the send slots and the metadata rows in one launch (padding rows marked), then the rows: with FP8
+                # cast straight into the send buffer (their scales into the metadata rows), else copied
                 width = meta_width(k, True, topk_weights is not None, sw)
                 send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32)
-                slot = ll_send_meta(route, topk_weights, sf_words, num_experts, R, M, send_meta)
-                send_x = scatter_rows_into(x_words, slot, base,
-                                           self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype))
+                slot = ll_send_meta(route, topk_weights, num_experts, R, M, send_meta)
+                if use_fp8:
+                    send8 = self._scratch("d:send_x8", (R * M, hidden), torch.uint8)
+                    ll_cast_send(x, slot, M, bool(round_scale or use_ue8m0), bool(use_ue8m0),
+                                 send8.view(torch.float8_e4m3fn), send_meta)
+                    send_x = as_words(send8)
+                    data_dtype = torch.float8_e4m3fn
+                else:
+                    x_words = as_words(x)
+                    send_x = scatter_rows_into(x_words, slot, self._arange_base(M),
+                                               self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype))
+                    data_dtype = x.dtype
             with self._phase("exchange"):
                 stage_x = self._scratch("d:stage_x", send_x.shape, send_x.dtype)
                 stage_meta = self._scratch("d:stage_meta", send_meta.shape, torch.int32)
                 works = [a2a_rows(stage_x, send_x, None, None, self.group, async_op=return_recv_hook),
                          a2a_rows(stage_meta, send_meta, None, None, self.group, async_op=return_recv_hook)]
             # the outputs exist now; with a hook they are filled when it runs
-            slab = empty((per * R * M, x_words.shape[1]), x_words.dtype, self.device)
-            recv_data = slab.view(data.dtype).reshape(per, R * M, hidden)
+            slab = empty((per * R * M, send_x.shape[1]), send_x.dtype, self.device)
+            recv_data = slab.view(data_dtype).reshape(per, R * M, hidden)
             recv_x = recv_data
-            if sf is not None:
+            if use_fp8:
                 # DeepEP layout: column-major in the last two dims
-                recv_x = (recv_data, empty((per, sw, R * M), sf.dtype, self.device).transpose(1, 2))
+                sf_dtype = torch.int32 if use_ue8m0 else torch.float32
+                recv_x = (recv_data, empty((per, sw, R * M), sf_dtype, self.device).transpose(1, 2))
             recv_count = empty((per,), torch.int32, self.device)
             ver = _version(topk_weights)
             handle = LowLatencyHandle(
@@ -1293,7 +1297,7 @@ class Buffer:
                     # row -> slab row pos[row, j] for every slot j that selected a local expert
                     pos, src_info, layout_range, r_w = ll_receive(
                         stage_meta, k, topk_weights is not None, sw, per, R, M, recv_count,
-                        None if sf is None else recv_x[1].view(torch.int32))
+                        recv_x[1].view(torch.int32) if use_fp8 else None)
                     scatter_rows_into(stage_x, pos, self._zeros_int32(k), slab)
                 if stats is not None:
                     stats.add_(recv_count)

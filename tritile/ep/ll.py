@@ -1,4 +1,5 @@
-"""Low-latency (fixed-capacity) receive layout: per-local-expert slabs ``[L, R*M, ...]`` without a host sync.
+"""Low-latency (fixed-capacity) dispatch kernels: the send side, and the receive layout into per-local-expert slabs
+``[L, R*M, ...]``, without a host sync.
 
 The low-latency path of :class:`tritile.ep.Buffer` sends each token once per destination rank (deduplicated, like
 the high-throughput path) into fixed-capacity blocks of ``M`` rows per (source, destination) pair, so the
@@ -8,7 +9,9 @@ with its metadata row (:func:`tritile.ep.pack.pack_meta`'s layout).
 
 :func:`ll_send_meta` builds the sender's side in one launch (one program: a decode batch is small): the send slot of
 every (token, rank), i.e. :func:`tritile.ep.layout.dispatch_layout`'s ``send_slot``, the metadata rows of the sent
-tokens, and a source token ``-1`` on the rows of each block past its count, which marks them as padding.
+tokens, and a source token ``-1`` on the rows of each block past its count, which marks them as padding;
+:func:`ll_cast_send` then casts the rows to FP8 (``per_token_cast``'s bits) straight into their send rows, and their
+scales into the metadata rows' last words.
 
 :func:`ll_receive` reads the received metadata and places the rows into per-expert slabs in one launch: one program
 per local expert scans the received rows in order (ascending source rank, then source token) and gives every
@@ -30,29 +33,30 @@ import torch
 import triton
 import triton.language as tl
 
+from ..language.cast import quant_scale
 from ..language.pdl import pdl_enter
+from ..quant._block_cast_tiles import _amax_of, _load_tile, _scale_tile, _store_codes, _store_sf
+from ..quant.common import FMT_CLAMP, FMT_MAX
 from ..runtime import (check_tensor, checks_enabled, custom_op, empty, interpreter_configs,
                        kernel_device_ok)
 from ..runtime.plan import planned
+from ..utils import ceil_div, next_power_of_two
 from .layout import check_layout_args
-from ..utils import next_power_of_two
 
-__all__ = ["ll_send_meta", "ll_receive"]
+__all__ = ["ll_send_meta", "ll_cast_send", "ll_receive"]
 
 _INTERPRET = interpreter_configs()
 
 
 @triton.jit
-def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk, slot_ptr, out_ptr, num_tokens,
-                         num_experts, experts_per_rank,
-                         META_W: tl.constexpr, NUM_TOPK: tl.constexpr, HAS_W: tl.constexpr, SF_W: tl.constexpr,
-                         W_OFF: tl.constexpr, SF_OFF: tl.constexpr, NUM_RANKS: tl.constexpr, CAP: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                         BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, slot_ptr, out_ptr, num_tokens, num_experts,
+                         experts_per_rank,
+                         META_W: tl.constexpr, NUM_TOPK: tl.constexpr, HAS_W: tl.constexpr, W_OFF: tl.constexpr,
+                         NUM_RANKS: tl.constexpr, CAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     kk = tl.arange(0, BLOCK_K)
     rr = tl.arange(0, BLOCK_R)
-    ss = tl.arange(0, BLOCK_S)
     running = tl.zeros([BLOCK_R], tl.int32)
     for start in range(0, CAP, BLOCK_T):  # T <= CAP: a loop bound fixed by the capacity, not by T
         rows = start + tl.arange(0, BLOCK_T)
@@ -70,9 +74,6 @@ def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s
         running += tl.sum(hit, axis=0)
         if HAS_W:
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wt + kk[None, :] * s_wk, mask=km, other=0.0)
-        if SF_W > 0:
-            sm = row_ok[:, None] & (ss[None, :] < SF_W)
-            sf = tl.load(sf_ptr + rows[:, None].to(tl.int64) * s_st + ss[None, :] * s_sk, mask=sm, other=0)
         for r in tl.static_range(NUM_RANKS):
             slot = tl.sum(tl.where(rr[None, :] == r, slots, 0), axis=1)
             sent = tl.sum(tl.where(rr[None, :] == r, hit, 0), axis=1) != 0
@@ -86,9 +87,6 @@ def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s
                 wl = tl.where(local, w, 0.0)
                 tl.store(out_ptr + dst[:, None] + W_OFF + kk[None, :], wl.to(tl.int32, bitcast=True),
                          mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
-            if SF_W > 0:
-                tl.store(out_ptr + dst[:, None] + SF_OFF + ss[None, :], sf,
-                         mask=sent[:, None] & (ss[None, :] < SF_W))
     # the rows of each block past its count: source token -1 (padding)
     for r in tl.static_range(NUM_RANKS):
         n = tl.sum(tl.where(rr == r, running, 0), axis=0)
@@ -98,45 +96,41 @@ def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s
                      mask=(j < CAP) & (j >= n))
 
 
-def _ll_send_meta_fake(topk_idx, topk_weights, sf, num_experts, num_ranks, capacity, out):
+def _ll_send_meta_fake(topk_idx, topk_weights, num_experts, num_ranks, capacity, out):
     return out.new_empty((topk_idx.shape[0], num_ranks))
 
 
 @custom_op("ep_ll_send_meta", mutates_args=("out",), fake=_ll_send_meta_fake)
-def _ll_send_meta_op(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
-                     num_experts: int, num_ranks: int, capacity: int, out: torch.Tensor) -> torch.Tensor:
+def _ll_send_meta_op(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], num_experts: int, num_ranks: int,
+                     capacity: int, out: torch.Tensor) -> torch.Tensor:
     num_tokens, num_topk = topk_idx.shape
     dev = topk_idx.device
     slot = empty((num_tokens, num_ranks), torch.int32, dev)
+    has_w = topk_weights is not None
     if not kernel_device_ok(dev):
         from .ref import ll_send_meta_ref
 
-        ref_slot, ref_out = ll_send_meta_ref(topk_idx, topk_weights, sf, num_experts, num_ranks, capacity)
+        ref_slot, ref_out = ll_send_meta_ref(topk_idx, topk_weights, num_experts, num_ranks, capacity, out.shape[1])
         slot.copy_(ref_slot)
-        sent = torch.zeros((out.shape[0],), dtype=torch.bool, device=dev)
-        for r in range(num_ranks):
-            sent[r * capacity + slot[slot[:, r] >= 0, r].long()] = True
-        out[sent] = ref_out[sent]
+        sent = ref_out[:, 0] >= 0
+        n = 1 + num_topk * (2 if has_w else 1)
+        out[sent, :n] = ref_out[sent, :n]
         out[~sent, 0] = -1
         return slot
-    has_w = topk_weights is not None
-    sf_w = 0 if sf is None else sf.shape[1]
     wt = topk_weights if has_w else topk_idx
-    st = sf if sf_w else topk_idx
     _ll_send_meta_kernel[(1,)](
-        topk_idx, topk_idx.stride(0), topk_idx.stride(1), wt, wt.stride(0), wt.stride(-1), st, st.stride(0),
-        st.stride(-1), slot, out, num_tokens, num_experts, num_experts // num_ranks,
-        META_W=out.shape[1], NUM_TOPK=num_topk, HAS_W=has_w, SF_W=sf_w, W_OFF=1 + num_topk,
-        SF_OFF=out.shape[1] - sf_w, NUM_RANKS=num_ranks, CAP=capacity, BLOCK_T=64 if _INTERPRET else 32,
-        BLOCK_K=next_power_of_two(max(num_topk, 1)), BLOCK_R=next_power_of_two(num_ranks),
-        BLOCK_S=next_power_of_two(max(sf_w, 1)),
-        BLOCK_M=min(next_power_of_two(capacity), 256 if _INTERPRET else 1024), PDL=False, num_warps=4)
+        topk_idx, topk_idx.stride(0), topk_idx.stride(1), wt, wt.stride(0), wt.stride(-1), slot, out, num_tokens,
+        num_experts, num_experts // num_ranks,
+        META_W=out.shape[1], NUM_TOPK=num_topk, HAS_W=has_w, W_OFF=1 + num_topk, NUM_RANKS=num_ranks, CAP=capacity,
+        BLOCK_T=64 if _INTERPRET else 32, BLOCK_K=next_power_of_two(max(num_topk, 1)),
+        BLOCK_R=next_power_of_two(num_ranks), BLOCK_M=min(next_power_of_two(capacity), 256 if _INTERPRET else 1024),
+        PDL=False, num_warps=4)
     return slot
 
 
 @planned("ep_ll_send_meta")
-def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], sf: Optional[torch.Tensor],
-                 num_experts: int, num_ranks: int, capacity: int, out: torch.Tensor) -> torch.Tensor:
+def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], num_experts: int, num_ranks: int,
+                 capacity: int, out: torch.Tensor) -> torch.Tensor:
     """Send slots and metadata rows of a fixed-capacity dispatch.
 
     Args:
@@ -144,11 +138,12 @@ def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], s
             ``-1`` = unused slot; ids outside ``[-1, num_experts)`` are ignored (with ``TRITILE_CHECKS=1`` they raise
             ``ValueError``, a host sync).
         topk_weights: float32 ``(T, k)`` (any strides) or None.
-        sf: int32 ``(T, SW)`` scale words (any strides) or None.
         num_experts: ``E``, divisible by ``num_ranks``; num_ranks: ``R``; capacity: ``M``.
-        out: int32 ``(R*M, meta_width(k, True, weights?, SW))``, contiguous, written: block ``r`` holds the tokens
-            sent to rank ``r`` in ascending order (:func:`tritile.ep.pack.pack_meta`'s row layout, ids local to
-            rank ``r``), then rows whose source token is ``-1`` (their other words are left as they are).
+        out: int32 ``(R*M, W)``, contiguous, ``W >= 1 + k`` (``1 + 2k`` with weights), written: block ``r`` holds
+            the tokens sent to rank ``r`` in ascending order, :func:`tritile.ep.pack.pack_meta`'s row layout
+            ``[t, ids..., weight bits...]`` with ids local to rank ``r``, then rows whose source token is ``-1``
+            (padding; their other words are left as they are).  The words past the ids and weights (the FP8
+            rows' scale words) are left to :func:`ll_cast_send`.
 
     Returns:
         int32 ``(T, R)``: the position of token ``t`` among the tokens sent to rank ``r``, ``-1`` where not sent
@@ -158,17 +153,113 @@ def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], s
     num_tokens, k = topk_idx.shape
     if num_tokens > capacity:
         raise ValueError(f"topk_idx has {num_tokens} tokens, more than the capacity {capacity}")
-    sw = 0 if sf is None else sf.shape[1]
-    width = 1 + k + (k if topk_weights is not None else 0) + sw
+    if topk_weights is not None:
+        check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+        if tuple(topk_weights.shape) != (num_tokens, k):
+            raise ValueError(f"topk_weights must have shape {(num_tokens, k)}, got {tuple(topk_weights.shape)}")
+    width = 1 + k * (2 if topk_weights is not None else 1)
     check_tensor("out", out, dtypes=(torch.int32,), ndim=2)
-    if tuple(out.shape) != (num_ranks * capacity, width) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous ({num_ranks * capacity}, {width}) tensor, got "
+    if out.shape[0] != num_ranks * capacity or out.shape[1] < width or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({num_ranks * capacity}, W >= {width}) tensor, got "
                          f"{tuple(out.shape)}")
     if checks_enabled():
         nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
         if nbad:
             raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) outside")
-    return _ll_send_meta_op(topk_idx, topk_weights, sf, int(num_experts), int(num_ranks), int(capacity), out)
+    return _ll_send_meta_op(topk_idx, topk_weights, int(num_experts), int(num_ranks), int(capacity), out)
+
+
+@triton.jit
+def _ll_cast_send_kernel(x_ptr, stride_xm, slot_ptr, out_ptr, sf_ptr, num_tokens, K, num_ks,
+                         META_W: tl.constexpr, NUM_RANKS: tl.constexpr, CAP: tl.constexpr, ROUND_SF: tl.constexpr,
+                         PACKED: tl.constexpr, CLAMP: tl.constexpr, MAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    G: tl.constexpr = BLOCK_K // 128
+    pm = tl.program_id(0)
+    pk = tl.program_id(1)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < num_tokens
+    col0 = pk * BLOCK_K
+    # per_token_cast's e4m3 cast with 1 x 128 scales (the same helpers, so the same bits), stored once per rank
+    x = _load_tile(x_ptr, x_ptr, rows, row_ok, col0, K, stride_xm, 0, 0, 0, BLOCK_M, BLOCK_K, 0, 1, 1, False)
+    sf, sf_inv = quant_scale(_amax_of(x, BLOCK_M, 1, G, 128, False), CLAMP, MAX, ROUND_SF)
+    v = _scale_tile(x, sf_inv, BLOCK_M, 1, G, 128)
+    NO_ROW: tl.constexpr = NUM_RANKS * CAP  # the destination of an unsent (token, rank): masked off
+    for r in tl.static_range(NUM_RANKS):
+        slot = tl.load(slot_ptr + rows * NUM_RANKS + r, mask=row_ok, other=-1)
+        sent = row_ok & (slot >= 0)
+        dst = tl.where(sent, r * CAP + slot, NO_ROW).to(tl.int64)
+        _store_codes(out_ptr, x, v, dst, sent, col0, K, K, BLOCK_M, BLOCK_K, False)
+        _store_sf(sf_ptr, sf, dst, pk * G, NO_ROW, num_ks, META_W, 1, BLOCK_M, G, PACKED)
+
+
+def _ll_cast_send_fake(x, send_slot, capacity, round_sf, use_ue8m0, out, meta):
+    return None
+
+
+@custom_op("ep_ll_cast_send", mutates_args=("out", "meta"), fake=_ll_cast_send_fake)
+def _ll_cast_send_op(x: torch.Tensor, send_slot: torch.Tensor, capacity: int, round_sf: bool, use_ue8m0: bool,
+                     out: torch.Tensor, meta: torch.Tensor) -> None:
+    num_tokens, hidden = x.shape
+    num_ranks = send_slot.shape[1]
+    num_ks = ceil_div(hidden, 128)
+    sw = ceil_div(num_ks, 4) if use_ue8m0 else num_ks
+    if not kernel_device_ok(x.device):
+        from .ref import ll_cast_send_ref
+
+        for dst, codes, words in ll_cast_send_ref(x, send_slot, capacity, round_sf, use_ue8m0):
+            out.view(torch.uint8)[dst] = codes
+            meta[dst, meta.shape[1] - sw:] = words
+        return
+    if num_tokens == 0 or hidden == 0:
+        return
+    bm = 16 if _INTERPRET else 8
+    bk = 512  # four 128-wide groups: one packed UE8M0 word
+    sf_base = meta[:, meta.shape[1] - sw:]
+    _ll_cast_send_kernel[(ceil_div(num_tokens, bm), ceil_div(hidden, bk))](
+        x.view(torch.int16), x.stride(0), send_slot, out.view(torch.uint8),
+        sf_base if use_ue8m0 else sf_base.view(torch.float32), num_tokens, hidden, num_ks,
+        META_W=meta.shape[1], NUM_RANKS=num_ranks, CAP=capacity, ROUND_SF=bool(round_sf), PACKED=bool(use_ue8m0),
+        CLAMP=FMT_CLAMP["e4m3"], MAX=FMT_MAX["e4m3"], BLOCK_M=bm, BLOCK_K=bk, PDL=False, num_warps=4)
+
+
+@planned("ep_ll_cast_send")
+def ll_cast_send(x: torch.Tensor, send_slot: torch.Tensor, capacity: int, round_sf: bool, use_ue8m0: bool,
+                 out: torch.Tensor, meta: torch.Tensor) -> None:
+    """The FP8 cast of a fixed-capacity dispatch, written straight into the send buffers.
+
+    Token ``t``'s row is cast as ``tritile.quant.per_token_cast(x, "e4m3", 128, round_sf=round_sf,
+    use_packed_ue8m0=use_ue8m0)`` casts it (the same bits) and stored, for every rank ``r`` with
+    ``send_slot[t, r] >= 0``, in row ``r * capacity + send_slot[t, r]`` of ``out`` with its scales in the last
+    words of the same row of ``meta``.
+
+    Args:
+        x: bfloat16 ``(T, H)``, unit inner stride.
+        send_slot: int32 ``(T, R)``, contiguous (:func:`ll_send_meta`'s).
+        capacity: ``M``.
+        round_sf, use_ue8m0: power-of-two scales; UE8M0 exponents packed four to an int32 word (``ceil(H/512)``
+            words a row, else ``ceil(H/128)`` float32 scales as int32 words).
+        out: float8_e4m3fn ``(R*M, H)``, contiguous, written on the sent rows.
+        meta: int32 ``(R*M, W)``, contiguous: the scale words go into each sent row's last words.
+    """
+    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
+    check_tensor("send_slot", send_slot, dtypes=(torch.int32,), ndim=2)
+    check_tensor("out", out, dtypes=(torch.float8_e4m3fn,), ndim=2)
+    check_tensor("meta", meta, dtypes=(torch.int32,), ndim=2)
+    num_tokens, hidden = x.shape
+    rm = send_slot.shape[1] * capacity
+    num_ks = ceil_div(hidden, 128)
+    sw = ceil_div(num_ks, 4) if use_ue8m0 else num_ks
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"x must have a unit inner stride, got strides {tuple(x.stride())}")
+    if send_slot.shape[0] != num_tokens or not send_slot.is_contiguous():
+        raise ValueError(f"send_slot must be a contiguous ({num_tokens}, R) tensor, got {tuple(send_slot.shape)}")
+    if tuple(out.shape) != (rm, hidden) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({rm}, {hidden}) tensor, got {tuple(out.shape)}")
+    if meta.shape[0] != rm or meta.shape[1] < sw or not meta.is_contiguous():
+        raise ValueError(f"meta must be a contiguous ({rm}, W >= {sw}) tensor, got {tuple(meta.shape)}")
+    _ll_cast_send_op(x, send_slot, int(capacity), bool(round_sf), bool(use_ue8m0), out, meta)
 
 
 @triton.jit

@@ -3,7 +3,8 @@
 
 Kernel twins (same arguments, same bits): :func:`dispatch_layout_ref`, :func:`pack_rows_ref`,
 :func:`pack_meta_ref`, :func:`gather_rows_ref`, :func:`unpack_meta_ref`, :func:`combine_reduce_ref`,
-:func:`ll_send_meta_ref`, :func:`ll_receive_ref`.  Rows a kernel leaves unwritten are zero here.
+:func:`ll_send_meta_ref`, :func:`ll_cast_send_ref`, :func:`ll_receive_ref`.  Rows a kernel leaves unwritten are zero
+here.
 
 Distributed references (the test oracle, and a "dedup in torch" baseline for benchmarks):
 
@@ -25,8 +26,8 @@ import torch.distributed as dist
 
 __all__ = [
     "dispatch_layout_ref", "pack_rows_ref", "pack_meta_ref", "gather_rows_ref", "unpack_meta_ref",
-    "combine_reduce_ref", "ll_send_meta_ref", "ll_receive_ref", "fused_mapping_ref", "dispatch_reference",
-    "combine_reference", "low_latency_reference", "low_latency_combine_reference",
+    "combine_reduce_ref", "ll_send_meta_ref", "ll_cast_send_ref", "ll_receive_ref", "fused_mapping_ref",
+    "dispatch_reference", "combine_reference", "low_latency_reference", "low_latency_combine_reference",
 ]
 
 
@@ -135,18 +136,36 @@ def combine_reduce_ref(buf, send_slot, base, bias0=None, bias1=None, wbuf=None):
     return acc.to(torch.bfloat16), (wacc if wbuf is not None else None)
 
 
-def ll_send_meta_ref(topk_idx, topk_weights, sf, num_experts: int, num_ranks: int, capacity: int):
-    """Twin of :func:`tritile.ep.ll.ll_send_meta`: ``(send_slot, meta)``, ``meta`` with source token ``-1`` and
-    zeros on the rows past each block's count."""
+def ll_send_meta_ref(topk_idx, topk_weights, num_experts: int, num_ranks: int, capacity: int, width: int):
+    """Twin of :func:`tritile.ep.ll.ll_send_meta`: ``(send_slot, meta)``, ``meta`` int32 ``(R*M, width)`` with the
+    sent rows' ids and weights, source token ``-1`` on the rows past each block's count, zeros elsewhere."""
     slot = dispatch_layout_ref(topk_idx, num_experts, num_ranks)[3]
     base = torch.arange(num_ranks, dtype=torch.int32, device=topk_idx.device) * capacity
-    meta = pack_meta_ref(topk_idx, topk_weights, sf, slot, base, num_ranks * capacity, num_experts // num_ranks,
+    meta = pack_meta_ref(topk_idx, topk_weights, None, slot, base, num_ranks * capacity, num_experts // num_ranks,
                          topk_idx.shape[1])
+    meta = torch.cat([meta, meta.new_zeros((meta.shape[0], width - meta.shape[1]))], dim=1)
     sent = torch.zeros((num_ranks * capacity,), dtype=torch.bool, device=topk_idx.device)
     for r in range(num_ranks):
         sent[r * capacity + slot[slot[:, r] >= 0, r].long()] = True
     meta[~sent, 0] = -1
     return slot, meta
+
+
+def ll_cast_send_ref(x: torch.Tensor, send_slot: torch.Tensor, capacity: int, round_sf: bool, use_ue8m0: bool):
+    """Twin of :func:`tritile.ep.ll.ll_cast_send`: per rank ``r``, ``(rows, codes, words)``: the destination rows
+    ``r * M + send_slot[t, r]`` of the tokens sent to ``r``, their e4m3 codes (uint8 ``(n, H)``) and scale words
+    (int32: float32 scales' bits, or packed UE8M0)."""
+    from ..torch.cast import cast
+
+    data, sf = cast(x, "e4m3", (1, 128), round_sf=round_sf, use_tma_aligned_col_major_sf=use_ue8m0,
+                    use_packed_ue8m0=use_ue8m0)
+    codes = data.view(torch.uint8)
+    words = sf.contiguous() if sf.dtype == torch.int32 else sf.contiguous().view(torch.int32)
+    out = []
+    for r in range(send_slot.shape[1]):
+        sel = send_slot[:, r] >= 0
+        out.append((r * capacity + send_slot[sel, r].long(), codes[sel], words[sel]))
+    return out
 
 
 def ll_receive_ref(meta: torch.Tensor, num_topk: int, has_w: bool, sf_words: int, num_local_experts: int,
