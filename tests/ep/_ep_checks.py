@@ -145,31 +145,34 @@ def check_v1_surface(rank, world, dev) -> None:
         buf.get_local_buffer_tensor(torch.int32, torch.Size((100,)))
     with pytest.raises(ValueError, match="num_rdma_bytes"):
         buf.get_local_buffer_tensor(torch.int32, use_rdma_buffer=True)
-    # low-latency rank mask: slots of the masked rank are dropped, the same bits as routing without them
+    # low-latency rank mask: slots of the masked rank are dropped, the same bits as routing without them; then
+    # another rank masked (the routing must follow the new mask, not the first one's cached table)
     M, per = 8, E // world
     status = torch.empty((world,), dtype=torch.int32, device=dev)
-    buf.low_latency_update_mask_buffer(world - 1, True)
-    buf.low_latency_query_mask_buffer(status)
-    assert status.tolist() == [0] * (world - 1) + [1]
     w = torch.rand((t, k), generator=gen).to(dev)
-    mx, mcount, mh, _, _ = buf.low_latency_dispatch(x, idx, M, E, use_fp8=False)
-    y = torch.randn(mx.shape, generator=gen).to(torch.bfloat16).to(dev)
-    mout = buf.low_latency_combine(y, idx, w, mh)[0]
-    buf.low_latency_clean_mask_buffer()
-    buf.low_latency_query_mask_buffer(status)
-    assert status.tolist() == [0] * world
-    if rank == world - 1:
-        plain_idx = torch.full_like(idx, -1)
-    else:
-        plain_idx = torch.where(idx >= (world - 1) * per, -1, idx)
-    px, pcount, ph, _, _ = buf.low_latency_dispatch(x, plain_idx, M, E, use_fp8=False)
-    assert torch.equal(mcount, pcount)
-    if rank == world - 1:
-        assert mcount.sum() == 0
-    for e in range(per):
-        c = int(pcount[e])
-        assert torch.equal(mx[e, :c], px[e, :c])
-    assert torch.equal(mout, buf.low_latency_combine(y, plain_idx, w, ph)[0])
+    for masked in dict.fromkeys((world - 1, 0)):
+        buf.low_latency_clean_mask_buffer()
+        buf.low_latency_update_mask_buffer(masked, True)
+        buf.low_latency_query_mask_buffer(status)
+        assert status.tolist() == [int(r == masked) for r in range(world)]
+        mx, mcount, mh, _, _ = buf.low_latency_dispatch(x, idx, M, E, use_fp8=False)
+        y = torch.randn(mx.shape, generator=gen).to(torch.bfloat16).to(dev)
+        mout = buf.low_latency_combine(y, idx, w, mh)[0]
+        buf.low_latency_clean_mask_buffer()
+        buf.low_latency_query_mask_buffer(status)
+        assert status.tolist() == [0] * world
+        if rank == masked:
+            plain_idx = torch.full_like(idx, -1)
+        else:
+            plain_idx = torch.where((idx >= masked * per) & (idx < (masked + 1) * per), -1, idx)
+        px, pcount, ph, _, _ = buf.low_latency_dispatch(x, plain_idx, M, E, use_fp8=False)
+        assert torch.equal(mcount, pcount), (masked, mcount.tolist(), pcount.tolist())
+        if rank == masked:
+            assert mcount.sum() == 0
+        for e in range(per):
+            c = int(pcount[e])
+            assert torch.equal(mx[e, :c], px[e, :c])
+        assert torch.equal(mout, buf.low_latency_combine(y, plain_idx, w, ph)[0])
     # two low-latency dispatches in flight behind their hooks (reused internal buffers alternate per call)
     x2 = torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(dev)
     first = buf.low_latency_dispatch(x, idx, M, E, use_fp8=False, return_recv_hook=True)

@@ -8,6 +8,7 @@ the GPU fuses its multiply-adds), checked against DeepEP's invariants, and repea
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from datetime import timedelta
 
@@ -403,6 +404,18 @@ def _check_errors(buf, rank, world, dev, gen) -> None:
                                  E, use_fp8=False)
     with pytest.raises(ValueError, match="logfmt"):
         buf.low_latency_combine(torch.zeros(1), idx, None, None, use_logfmt=True)
+    # with TRITILE_CHECKS=1 an expert id out of range on one rank raises on every rank (checked before the exchange)
+    os.environ["TRITILE_CHECKS"] = "1"
+    try:
+        with pytest.raises(ValueError, match="expert ids"):
+            buf.low_latency_dispatch(x, bad, t, E, use_fp8=False)
+    finally:
+        del os.environ["TRITILE_CHECKS"]
+    # combining before the dispatch's hook has run: a clear error, not an internal one
+    lx, _, lh, _, hook = buf.low_latency_dispatch(x, idx, t, E, use_fp8=False, return_recv_hook=True)
+    with pytest.raises(ValueError, match="hook"):
+        buf.low_latency_combine(torch.zeros(lx.shape, dtype=torch.bfloat16, device=dev), idx, None, lh)
+    hook()
     # the group still works
     out = buf.dispatch(x, topk_idx=idx, num_experts=E)
     buf.combine(out[0], out[4])

@@ -58,9 +58,11 @@ def test_dispatch_layout_strided_and_bad_ids(device):
     bad = idx.clone()
     bad[3, 1] = 12
     bad[5, 0] = -7
+    bad[7, 2] = (1 << 32) + 1  # an int32 cast would wrap these two into [0, 12)
+    bad[9, 0] = -(1 << 32)
     out = dispatch_layout(bad, 12, 3)
     ref = dispatch_layout_ref(bad, 12, 3)
-    assert int(out[4]) == 2 == int(ref[4])
+    assert int(out[4]) == 4 == int(ref[4])
     for a, b in zip(out, ref):
         assert torch.equal(a, b)
 

@@ -115,6 +115,9 @@ def _routing(num_tokens, num_experts, k, g, device, idx_dtype=torch.int64):
     idx = torch.rand((num_tokens, num_experts), generator=g).topk(k, dim=1).indices
     idx[torch.rand((num_tokens, k), generator=g) < 0.25] = -1
     idx[::4, 0] = num_experts + 3  # out of range: ignored for routing
+    if idx_dtype == torch.int64:  # ids an int32 cast would wrap into range
+        idx[1::5, -1] = (1 << 32) + 1
+        idx[2::7, 0] = -(1 << 32)
     return idx.to(idx_dtype).to(device)
 
 

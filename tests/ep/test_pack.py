@@ -52,6 +52,9 @@ def test_pack_unpack_meta(device, t, k, num_experts, num_ranks, hidden, parts):
     idx, slot, base, rows = _layout(t, k, num_experts, num_ranks, device)
     w = torch.rand((t, k), device=device) if parts == "all" else None
     ids = idx if parts in ("all", "idx") else None
+    if ids is not None and ids.dtype == torch.int64 and t > 2:
+        ids = ids.clone()
+        ids[1, 0] = (1 << 32) + 1  # out of range, in range after an int32 cast: packed as -1
     nsf = (hidden + 127) // 128
     sf = torch.rand((nsf, t), device=device).t().view(torch.int32) if parts in ("all", "sf") else None  # col-major
     per = num_experts // num_ranks

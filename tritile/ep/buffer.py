@@ -430,7 +430,7 @@ class Buffer:
         if not _is_int(rank_to_mask) or not 0 <= rank_to_mask < self.group_size:
             raise ValueError(f"rank_to_mask must be an int in [0, {self.group_size}), got {rank_to_mask!r}")
         self._mask[rank_to_mask] = bool(mask)
-        self._cache.pop("mask_table", None)
+        self._drop_mask_tables()
 
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
         """Write the mask (1 = masked) into int32 ``mask_status`` ``(R,)``."""
@@ -444,7 +444,12 @@ class Buffer:
         """Unmask every rank."""
         self._alive()
         self._mask = [False] * self.group_size
-        self._cache.pop("mask_table", None)
+        self._drop_mask_tables()
+
+    def _drop_mask_tables(self) -> None:
+        """Forget the cached per-expert mask tables (one per expert count) after the mask changed."""
+        for key in [key for key in self._cache if isinstance(key, tuple) and key[0] == "mask_table"]:
+            del self._cache[key]
 
     def _masked_topk(self, topk_idx: torch.Tensor, num_experts: int) -> Optional[torch.Tensor]:
         """``topk_idx`` with the slots of masked ranks (and every slot, if this rank is masked) set to ``-1``; None
@@ -1218,6 +1223,11 @@ class Buffer:
             check_inner_contiguous("x", x)
             check_layout_args(topk_idx, num_experts, self.group_size)
             self._check_device("topk_idx", topk_idx)
+            if checks_enabled():  # the data check (a host sync) before the header exchange: every rank raises
+                nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
+                if nbad:
+                    raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) "
+                                     "outside")
             M = num_max_dispatch_tokens_per_rank
             if not _is_int(M) or M < 1:
                 raise ValueError(f"num_max_dispatch_tokens_per_rank must be an int >= 1, got {M!r}")
@@ -1370,6 +1380,9 @@ class Buffer:
                 raise ValueError("combine_wait_recv_cost_stats is not supported by tritile.ep (must be None)")
             if not isinstance(handle, LowLatencyHandle):
                 raise TypeError(f"handle must be a LowLatencyHandle, got {type(handle).__name__}")
+            if handle.pos is None:
+                raise ValueError("handle comes from a low_latency_dispatch(return_recv_hook=True) whose hook has not "
+                                 "run yet: call the hook before combining")
             R, M, hidden = self.group_size, handle.num_max_dispatch_tokens_per_rank, handle.hidden
             per = handle.num_experts // R
             if zero_copy:

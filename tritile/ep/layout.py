@@ -45,9 +45,10 @@ def _layout_count_kernel(topk_ptr, stride_t, stride_k, mask_ptr, table_ptr, hist
     row_ok = rows < num_tokens
     m = row_ok[:, None] & (cols[None, :] < NUM_TOPK)
     idx = tl.load(topk_ptr + rows[:, None] * stride_t + cols[None, :] * stride_k, mask=m, other=-1)
-    idx = idx.to(tl.int32)
+    # ranges on the loaded (int64) ids: a cast first would wrap ids past 2**31 into range
     valid = (idx >= 0) & (idx < num_experts) & m
     bad = tl.sum(tl.sum(((idx != -1) & m & ~valid).to(tl.int32), axis=1), axis=0)
+    idx = tl.where(valid, idx, -1).to(tl.int32)
     rank = tl.where(valid, idx // experts_per_rank, -1)
     rr = tl.arange(0, BLOCK_R)
     hit = tl.max((rank[:, :, None] == rr[None, None, :]).to(tl.int32), axis=1)  # [BLOCK_T, BLOCK_R]

@@ -63,8 +63,8 @@ def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, slot_ptr, out_p
         row_ok = rows < num_tokens
         km = row_ok[:, None] & (kk[None, :] < NUM_TOPK)
         idx = tl.load(idx_ptr + rows[:, None].to(tl.int64) * s_it + kk[None, :] * s_ik, mask=km, other=-1)
-        idx = idx.to(tl.int32)
-        valid = (idx >= 0) & (idx < num_experts) & km
+        valid = (idx >= 0) & (idx < num_experts) & km  # on the loaded ids: an int32 cast would wrap large ones
+        idx = tl.where(valid, idx, -1).to(tl.int32)
         rank = tl.where(valid, idx // experts_per_rank, -1)
         hit = tl.max((rank[:, :, None] == rr[None, None, :]).to(tl.int32), axis=1)  # [BLOCK_T, BLOCK_R]
         hit = tl.where(row_ok[:, None] & (rr[None, :] < NUM_RANKS), hit, 0)

@@ -177,7 +177,9 @@ def _pack_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk
     ss = tl.arange(0, BLOCK_S)
     sm = row_ok[:, None] & (ss[None, :] < SF_W)
     if HAS_IDX:
-        idx = tl.load(idx_ptr + rows[:, None] * s_it + kk[None, :] * s_ik, mask=km, other=-1).to(tl.int32)
+        idx = tl.load(idx_ptr + rows[:, None] * s_it + kk[None, :] * s_ik, mask=km, other=-1)
+        # ids outside [0, E) as -1 before the int32 cast (which would wrap ids past 2**31 into range)
+        idx = tl.where((idx >= 0) & (idx < NUM_RANKS * experts_per_rank), idx, -1).to(tl.int32)
     if HAS_W:
         w = tl.load(w_ptr + rows[:, None] * s_wt + kk[None, :] * s_wk, mask=km, other=0.0)
     if SF_W > 0:
