@@ -42,6 +42,7 @@ from ..runtime import (check_tensor, checks_enabled, custom_op, empty, interpret
 from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 from .layout import check_layout_args
+from .pack import _store_meta_row
 
 __all__ = ["ll_send_meta", "ll_cast_send", "ll_receive"]
 
@@ -74,19 +75,14 @@ def _ll_send_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, slot_ptr, out_p
         running += tl.sum(hit, axis=0)
         if HAS_W:
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wt + kk[None, :] * s_wk, mask=km, other=0.0)
+        else:
+            w = idx  # unused (HAS_W is off)
         for r in tl.static_range(NUM_RANKS):
             slot = tl.sum(tl.where(rr[None, :] == r, slots, 0), axis=1)
             sent = tl.sum(tl.where(rr[None, :] == r, hit, 0), axis=1) != 0
             dst = (r * CAP + slot).to(tl.int64) * META_W
-            tl.store(out_ptr + dst, rows.to(tl.int32), mask=sent)
-            lo = r * experts_per_rank
-            local = (idx >= lo) & (idx < lo + experts_per_rank)
-            tl.store(out_ptr + dst[:, None] + 1 + kk[None, :], tl.where(local, idx - lo, -1),
-                     mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
-            if HAS_W:
-                wl = tl.where(local, w, 0.0)
-                tl.store(out_ptr + dst[:, None] + W_OFF + kk[None, :], wl.to(tl.int32, bitcast=True),
-                         mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+            _store_meta_row(out_ptr, dst, sent, rows, idx, w, r * experts_per_rank, experts_per_rank, kk, NUM_TOPK,
+                            True, HAS_W, W_OFF)
     # the rows of each block past its count: source token -1 (padding)
     for r in tl.static_range(NUM_RANKS):
         n = tl.sum(tl.where(rr == r, running, 0), axis=0)

@@ -165,6 +165,22 @@ def pack_rows(x: torch.Tensor, send_slot: torch.Tensor, base: torch.Tensor, num_
 
 
 @triton.jit
+def _store_meta_row(out_ptr, dst, sent, rows, idx, w, lo, experts_per_rank, kk, NUM_TOPK: tl.constexpr,
+                    HAS_IDX: tl.constexpr, HAS_W: tl.constexpr, W_OFF: tl.constexpr):
+    """Store the metadata words of the rows at word offsets ``dst`` (where ``sent``): the source token, then the ids
+    local to the rank whose experts start at ``lo`` (others ``-1``) and their weights' bits (others ``0.0``)."""
+    tl.store(out_ptr + dst, rows.to(tl.int32), mask=sent)
+    if HAS_IDX:
+        local = (idx >= lo) & (idx < lo + experts_per_rank)
+        tl.store(out_ptr + dst[:, None] + 1 + kk[None, :], tl.where(local, idx - lo, -1),
+                 mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+        if HAS_W:
+            wl = tl.where(local, w, 0.0)
+            tl.store(out_ptr + dst[:, None] + W_OFF + kk[None, :], wl.to(tl.int32, bitcast=True),
+                     mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+
+
+@triton.jit
 def _pack_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk, out_ptr, slot_ptr, base_ptr,
                       num_tokens, experts_per_rank,
                       META_W: tl.constexpr, NUM_TOPK: tl.constexpr, HAS_IDX: tl.constexpr, HAS_W: tl.constexpr,
@@ -180,24 +196,20 @@ def _pack_meta_kernel(idx_ptr, s_it, s_ik, w_ptr, s_wt, s_wk, sf_ptr, s_st, s_sk
         idx = tl.load(idx_ptr + rows[:, None] * s_it + kk[None, :] * s_ik, mask=km, other=-1)
         # ids outside [0, E) as -1 before the int32 cast (which would wrap ids past 2**31 into range)
         idx = tl.where((idx >= 0) & (idx < NUM_RANKS * experts_per_rank), idx, -1).to(tl.int32)
+    else:
+        idx = kk[None, :]  # unused (HAS_IDX is off)
     if HAS_W:
         w = tl.load(w_ptr + rows[:, None] * s_wt + kk[None, :] * s_wk, mask=km, other=0.0)
+    else:
+        w = idx  # unused (HAS_W is off)
     if SF_W > 0:
         sf = tl.load(sf_ptr + rows[:, None] * s_st + ss[None, :] * s_sk, mask=sm, other=0)
     for r in tl.static_range(NUM_RANKS):
         slot = tl.load(slot_ptr + rows * NUM_RANKS + r, mask=row_ok, other=-1)
         dst = (tl.load(base_ptr + r).to(tl.int64) + slot) * META_W
         sent = slot >= 0
-        tl.store(out_ptr + dst, rows.to(tl.int32), mask=sent)
-        if HAS_IDX:
-            lo = r * experts_per_rank
-            local = (idx >= lo) & (idx < lo + experts_per_rank)
-            tl.store(out_ptr + dst[:, None] + 1 + kk[None, :], tl.where(local, idx - lo, -1),
-                     mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
-            if HAS_W:
-                wl = tl.where(local, w, 0.0)
-                tl.store(out_ptr + dst[:, None] + W_OFF + kk[None, :], wl.to(tl.int32, bitcast=True),
-                         mask=sent[:, None] & (kk[None, :] < NUM_TOPK))
+        _store_meta_row(out_ptr, dst, sent, rows, idx, w, r * experts_per_rank, experts_per_rank, kk, NUM_TOPK,
+                        HAS_IDX, HAS_W, W_OFF)
         if SF_W > 0:
             tl.store(out_ptr + dst[:, None] + SF_OFF + ss[None, :], sf, mask=sent[:, None] & (ss[None, :] < SF_W))
 
