@@ -331,6 +331,22 @@ def _check_agrs(buf, rank, world, dev, gen) -> None:
     for r in range(world):
         acc = acc + parts[r][rank].float()
     _eq(out, acc.to(torch.bfloat16).to(dev), "reduce_scatter")
+    # the same total bytes split differently on two ranks: a ValueError on every rank, not a backend abort
+    swap = rank == world - 1
+    with buf.agrs_new_session():
+        with pytest.raises(ValueError, match="per-tensor bytes"):
+            buf.all_gather([torch.ones((2 if swap else 4,), device=dev), torch.ones((4 if swap else 2,), device=dev)])
+        with pytest.raises(ValueError, match="per-tensor bytes"):
+            buf.reduce_scatter([torch.ones((world, 2 if swap else 4), device=dev),
+                                torch.ones((world, 4 if swap else 2), device=dev)])
+        # a bad in-place shape raises before allocating: the session stays as it was
+        with pytest.raises(ValueError, match="shapes"):
+            buf.agrs_get_inplace_tensor((-2, 3), torch.float32)
+        t = buf.agrs_get_inplace_tensor((4,), torch.float32)
+        t.fill_(rank)
+        g, hook = buf.all_gather(t)
+        hook()
+        _eq(g, torch.arange(world, dtype=torch.float32, device=dev)[:, None].expand(world, 4), "in-place gather")
 
 
 def _check_misc(buf, rank, world, dev) -> None:

@@ -15,6 +15,7 @@ PyTorch's caching allocator.
 from __future__ import annotations
 
 import math
+import zlib
 from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -933,6 +934,9 @@ class ElasticBuffer:
         seq = tuple(shapes) if batched else (shapes,)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        for shape in seq:  # before any allocation: a bad shape leaves the session as it was
+            if not isinstance(shape, (tuple, list, torch.Size)) or not all(_is_int(d) and d >= 0 for d in shape):
+                raise ValueError(f"shapes must hold shapes of non-negative ints, got {shape!r}")
         self._agrs_open("agrs_get_inplace_tensor", 0)
         s, R = self._agrs, self.num_ranks
         out = []
@@ -965,8 +969,7 @@ class ElasticBuffer:
             self._agrs_open("all_gather", len(tensors))
         except _ERRORS as e:
             eng._fail("all_gather", e)
-        eng._agree(Header("all_gather", [("tensors", len(tensors), True),
-                                         ("bytes", sum(x.numel() * x.element_size() for x in tensors), True)]))
+        eng._agree(Header("all_gather", _sizes_fields(tensors)))
         s, R, me = self._agrs, self.num_ranks, self.rank_idx
         outs, works = [], []
         for x in tensors:
@@ -1013,8 +1016,7 @@ class ElasticBuffer:
             self._agrs_open("reduce_scatter", 0)
         except _ERRORS as e:
             eng._fail("reduce_scatter", e)
-        eng._agree(Header("reduce_scatter", [("tensors", len(tensors), True),
-                                             ("bytes", sum(x.numel() * x.element_size() for x in tensors), True)]))
+        eng._agree(Header("reduce_scatter", _sizes_fields(tensors)))
         outs, pending = [], []
         for x in tensors:
             got = torch.empty_like(x)
@@ -1038,6 +1040,15 @@ class ElasticBuffer:
                 state.append(True)
 
         return (outs[0], hook) if single else (*outs, hook)
+
+
+def _sizes_fields(tensors) -> List[Tuple[str, int, bool]]:
+    """Header fields every rank must agree on for a gather or reduce-scatter of ``tensors``: their count, their total
+    bytes and a fingerprint of each one's bytes (equal totals of different splits would reach the backend with
+    mismatched sizes)."""
+    sizes = [x.numel() * x.element_size() for x in tensors]
+    return [("tensors", len(sizes), True), ("bytes", sum(sizes), True),
+            ("per-tensor bytes (fingerprint)", zlib.crc32(repr(sizes).encode()), True)]
 
 
 def _is_batch(shapes) -> bool:
