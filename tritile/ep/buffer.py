@@ -18,7 +18,7 @@ from ..runtime import check_inner_contiguous, check_tensor, checks_enabled, empt
 from ..utils import align, ceil_div
 from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
                     group_device, physical_domain)
-from .layout import check_layout_args, dispatch_layout
+from .layout import check_layout_args, dispatch_layout, raise_on_bad_ids
 from .ll import ll_cast_send, ll_receive, ll_send_meta
 from .pack import (as_words, gather_rows, meta_width, pack_meta, pack_meta_into, pack_rows, scatter_rows_into,
                    unpack_meta)
@@ -1224,10 +1224,7 @@ class Buffer:
             check_layout_args(topk_idx, num_experts, self.group_size)
             self._check_device("topk_idx", topk_idx)
             if checks_enabled():  # the data check (a host sync) before the header exchange: every rank raises
-                nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
-                if nbad:
-                    raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) "
-                                     "outside")
+                raise_on_bad_ids(topk_idx, num_experts)
             M = num_max_dispatch_tokens_per_rank
             if not _is_int(M) or M < 1:
                 raise ValueError(f"num_max_dispatch_tokens_per_rank must be an int >= 1, got {M!r}")

@@ -17,7 +17,7 @@ The two scratch tables share one int32 allocation.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -28,7 +28,7 @@ from ..runtime import check_tensor, checks_enabled, custom_op, empty, interprete
 from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 
-__all__ = ["dispatch_layout", "check_layout_args"]
+__all__ = ["dispatch_layout", "check_layout_args", "raise_on_bad_ids"]
 
 _INTERPRET = interpreter_configs()
 
@@ -104,6 +104,15 @@ def check_layout_args(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) 
         raise ValueError(f"num_experts must be divisible by the number of ranks ({num_ranks}), got {num_experts}")
     if num_experts >= 2**31:
         raise ValueError(f"num_experts must be < 2**31, got {num_experts}")
+
+
+def raise_on_bad_ids(topk_idx: torch.Tensor, num_experts: int, nbad: Optional[int] = None) -> None:
+    """The ``TRITILE_CHECKS=1`` data check of expert ids (a host sync): ``ValueError`` when some id lies outside
+    ``[-1, num_experts)``.  ``nbad``: the count when a kernel already made it."""
+    if nbad is None:
+        nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
+    if nbad:
+        raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) outside")
 
 
 def _config(num_tokens: int, num_topk: int, num_ranks: int) -> dict:
@@ -186,7 +195,5 @@ def dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
     out = _dispatch_layout_op(topk_idx, num_experts, num_ranks)
     if checks_enabled():
-        nbad = int(out[4].item())
-        if nbad:
-            raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) outside")
+        raise_on_bad_ids(topk_idx, num_experts, int(out[4].item()))
     return out

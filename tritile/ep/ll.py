@@ -41,7 +41,7 @@ from ..runtime import (check_tensor, checks_enabled, custom_op, empty, interpret
                        kernel_device_ok)
 from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
-from .layout import check_layout_args
+from .layout import check_layout_args, raise_on_bad_ids
 from .pack import _store_meta_row
 
 __all__ = ["ll_send_meta", "ll_cast_send", "ll_receive"]
@@ -159,9 +159,7 @@ def ll_send_meta(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], n
         raise ValueError(f"out must be a contiguous ({num_ranks * capacity}, W >= {width}) tensor, got "
                          f"{tuple(out.shape)}")
     if checks_enabled():
-        nbad = int(((topk_idx != -1) & ((topk_idx < 0) | (topk_idx >= num_experts))).sum())
-        if nbad:
-            raise ValueError(f"topk_idx must hold expert ids in [-1, {num_experts}), got {nbad} id(s) outside")
+        raise_on_bad_ids(topk_idx, num_experts)
     return _ll_send_meta_op(topk_idx, topk_weights, int(num_experts), int(num_ranks), int(capacity), out)
 
 
