@@ -8,7 +8,8 @@ warm-up, the GPU synchronised before each), with the phase breakdown of ``Buffer
   BF16 and FP8, with and without peer checks, and ``a2a``: one ``all_to_all_single`` of the same bytes (the floor
   the issue's "3x" target refers to);
 * ``ll_*``: ``Buffer.low_latency_dispatch`` + ``low_latency_combine`` at DeepEP's LL shapes (128 tokens x 7168,
-  top-8 of 288 experts, FP8), eager with and without peer checks, and replayed from a CUDA graph;
+  top-8 of 288 experts, FP8), eager with and without peer checks (one call after a synchronize, and calls back to
+  back with one synchronize at the end: what a decode loop waits for a pair), and replayed from a CUDA graph;
 * ``engram_fetch`` (512 tokens x 24 entries of a 524288 x 128 bf16 table), ``all_gather`` (4 x 16 MiB in one
   session), ``barrier``.
 
@@ -159,6 +160,13 @@ def _run(args, cuda: bool, dev, Buffer, ElasticBuffer) -> List[dict]:
             return b.low_latency_combine(yl, idx, w, h)[0]
 
         add(f"ll_dispatch+combine fp8 eager ({'checks' if checks else 'no checks'})", pair, b)
+        if cuda:
+            from ..bench.timing import time_eager
+
+            us, n = time_eager(pair)
+            rows.append(dict(case=f"ll_dispatch+combine fp8 back to back ({'checks' if checks else 'no checks'})",
+                             us=round(us, 2), calls=n))
+            print(f"{rows[-1]['case']}: {us:.1f} us", flush=True)
         if cuda and not checks:
             pair()
             torch.cuda.synchronize()
