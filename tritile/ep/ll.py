@@ -114,12 +114,14 @@ def _ll_send_meta_op(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor
         out[~sent, 0] = -1
         return slot
     wt = topk_weights if has_w else topk_idx
+    # BLOCK_R >= 2: with a rank axis of one (one rank), Triton 3.6 on sm_90 stores wrong metadata rows (the per-rank
+    # sums over a size-1 axis); the padded ranks are masked off
     _ll_send_meta_kernel[(1,)](
         topk_idx, topk_idx.stride(0), topk_idx.stride(1), wt, wt.stride(0), wt.stride(-1), slot, out, num_tokens,
         num_experts, num_experts // num_ranks,
         META_W=out.shape[1], NUM_TOPK=num_topk, HAS_W=has_w, W_OFF=1 + num_topk, NUM_RANKS=num_ranks, CAP=capacity,
         BLOCK_T=64 if _INTERPRET else 32, BLOCK_K=next_power_of_two(max(num_topk, 1)),
-        BLOCK_R=next_power_of_two(num_ranks), BLOCK_M=min(next_power_of_two(capacity), 256 if _INTERPRET else 1024),
+        BLOCK_R=max(2, next_power_of_two(num_ranks)), BLOCK_M=min(next_power_of_two(capacity), 256 if _INTERPRET else 1024),
         PDL=False, num_warps=4)
     return slot
 
