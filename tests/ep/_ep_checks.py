@@ -32,6 +32,7 @@ def _raises_everywhere(fn, exc, match: str) -> None:
 
 def check_errors(rank, dev) -> None:
     from tritile.ep import Buffer, ElasticBuffer, PeerFailure
+    from tritile.ep._dist import HEADER_WORDS
 
     buf = Buffer(None)
     ebuf = ElasticBuffer(None, num_max_tokens_per_rank=8)
@@ -103,6 +104,11 @@ def check_errors(rank, dev) -> None:
                 late.dispatch(x, topk_idx=idx, num_experts=E, num_max_tokens_per_rank=8)
         else:
             time.sleep(3)
+            # join the header's all-gather late, so rank 0's timed-out collective completes: a gloo collective still
+            # pending when its process exits aborts it ("terminate called without an active exception")
+            words = HEADER_WORDS + 2
+            dist.all_gather_into_tensor(torch.empty((2 * words,), dtype=torch.int64), torch.zeros((words,),
+                                        dtype=torch.int64), group=group)
         dist.barrier()
 
 
