@@ -7,7 +7,7 @@ private ``_*_core`` methods are the engine that :class:`tritile.ep.ElasticBuffer
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, List, Optional, Tuple, Union
 
@@ -37,6 +37,21 @@ _NAMES = {"x dtype": _DTYPE_NAMES, "scale dtype": _DTYPE_NAMES,
           "payload": {0: "bf16", 1: "fp8 (float32 scales)", 2: "fp8 (UE8M0 scales)"}}
 _MODE_PLAIN, _MODE_CACHED, _MODE_CAPACITY = 0, 1, 2
 _ERRORS = (TypeError, ValueError, RuntimeError)
+#: The context of a phase when no phase hook is set, and of a low-latency call run on the caller's stream.
+_NO_PHASE = nullcontext()
+#: The event of a call that ran on the caller's stream: already ordered there, nothing to wait for.
+_NO_EVENT = EventHandle.wrap(None)
+
+
+class _InlineContext:
+    """A low-latency call without a hook or ``async_finish``: it runs on the caller's stream."""
+
+    @staticmethod
+    def run(keep=()) -> ContextManager:
+        return _NO_PHASE
+
+
+_INLINE = _InlineContext()
 
 
 def _default_peer_checks() -> bool:
@@ -475,13 +490,11 @@ class Buffer:
         if self._destroyed:
             raise RuntimeError("this buffer was destroyed (destroy()); make a new one")
 
-    @contextmanager
     def _phase(self, name: str):
+        """The phase hook's context for ``name`` (a shared no-op context when no hook is set)."""
         if self.phase_hook is None:
-            yield
-        else:
-            with self.phase_hook(name):
-                yield
+            return _NO_PHASE
+        return self.phase_hook(name)
 
     def _ctx(self, previous_event, async_finish, allocate_on_comm_stream, extra_event=None) -> CommContext:
         ok = (EventOverlap, EventHandle)
@@ -1141,18 +1154,33 @@ class Buffer:
             self._cache[key] = z
         return z
 
-    def _scratch(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+    def _scratch(self, name: str, shape: Tuple[int, ...], dtype: torch.dtype, capturing: bool) -> torch.Tensor:
         """An internal buffer of the low-latency path, reused across calls: two sets alternate per call (a call's
         buffers stay untouched until the call after next, so one exchange may wait behind its hook while the next
-        call runs); fresh during CUDA-graph capture (a graph keeps its own)."""
-        if self._capturing():
-            return torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        key = ("scratch", name, self._ll_parity.get(name[:2], 0))
+        call runs); fresh during CUDA-graph capture (``capturing``: a graph keeps its own)."""
+        if capturing:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        key = (name, self._ll_parity.get(name[:2], 0), shape, dtype)
         t = self._cache.get(key)
-        if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-            t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        if t is None:
+            self._drop_scratch(name)
+            t = torch.empty(shape, dtype=dtype, device=self.device)
             self._cache[key] = t
         return t
+
+    def _drop_scratch(self, name: str) -> None:
+        """Free the other shapes' buffers of ``name`` at this parity (a new shape replaces them)."""
+        parity = self._ll_parity.get(name[:2], 0)
+        for key in [k for k in self._cache if len(k) == 4 and k[0] == name and k[1] == parity]:
+            del self._cache[key]
+
+    def _ll_exchange(self, name: str, send: torch.Tensor, async_op: bool, capturing: bool):
+        """The equal-split exchange of a low-latency staging buffer: ``(received, work)``.  In a one-rank group the
+        received rows are the sent ones (no copy, no collective)."""
+        if self.group_size == 1:
+            return send, None
+        stage = self._scratch(name, tuple(send.shape), send.dtype, capturing)
+        return stage, a2a_rows(stage, send, None, None, self.group, async_op=async_op)
 
     def _ll_next(self, kind: str) -> None:
         self._ll_parity[kind] = 1 - self._ll_parity.get(kind, 0)
@@ -1247,41 +1275,42 @@ class Buffer:
         per = num_experts // R
         payload = (2 if use_ue8m0 else 1) if use_fp8 else 0
         sw = (ceil_div(hidden, 512) if use_ue8m0 else ceil_div(hidden, 128)) if use_fp8 else 0
-        hdr = Header("low_latency_dispatch", [
-            ("hidden", hidden, True), ("payload", payload, True), ("num_topk", k, True),
-            ("topk_weights given", int(topk_weights is not None), True), ("num_experts", num_experts, True),
-            ("num_max_dispatch_tokens_per_rank", M, True), ("num_tokens", t, False)], _NAMES)
-        ctx = self._ctx(None, async_finish, False)
+        capturing = self._capturing()
+        if self._checks_on():
+            self._agree(Header("low_latency_dispatch", [
+                ("hidden", hidden, True), ("payload", payload, True), ("num_topk", k, True),
+                ("topk_weights given", int(topk_weights is not None), True), ("num_experts", num_experts, True),
+                ("num_max_dispatch_tokens_per_rank", M, True), ("num_tokens", t, False)], _NAMES))
+        # Without a hook or async_finish the call runs on the caller's stream (nothing to overlap): no stream switch,
+        # no events, no allocator bookkeeping
+        ctx = self._ctx(None, async_finish, False) if async_finish or return_recv_hook else _INLINE
         masked = self._masked_topk(topk_idx, num_experts)
         route = topk_idx if masked is None else masked
         with ctx.run(keep=(x, topk_idx, topk_weights)):
-            self._agree(hdr)
             self._ll_next("d:")
             with self._phase("pack"):
                 # the send slots and the metadata rows in one launch (padding rows marked), then the rows: with FP8
                 # cast straight into the send buffer (their scales into the metadata rows), else copied
                 width = meta_width(k, True, topk_weights is not None, sw)
-                send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32)
+                send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32, capturing)
                 slot = ll_send_meta(route, topk_weights, num_experts, R, M, send_meta)
                 if use_fp8:
-                    send8 = self._scratch("d:send_x8", (R * M, hidden), torch.uint8)
-                    ll_cast_send(x, slot, M, bool(round_scale or use_ue8m0), bool(use_ue8m0),
-                                 send8.view(torch.float8_e4m3fn), send_meta)
-                    send_x = as_words(send8)
+                    send8 = self._scratch("d:send_x8", (R * M, hidden), torch.float8_e4m3fn, capturing)
+                    ll_cast_send(x, slot, M, bool(round_scale or use_ue8m0), bool(use_ue8m0), send8, send_meta)
+                    send_x = as_words(send8.view(torch.uint8))
                     data_dtype = torch.float8_e4m3fn
                 else:
                     x_words = as_words(x)
                     send_x = scatter_rows_into(x_words, slot, self._arange_base(M),
-                                               self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype))
+                                               self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype,
+                                                             capturing))
                     data_dtype = x.dtype
             with self._phase("exchange"):
-                stage_x = self._scratch("d:stage_x", send_x.shape, send_x.dtype)
-                stage_meta = self._scratch("d:stage_meta", send_meta.shape, torch.int32)
-                works = [a2a_rows(stage_x, send_x, None, None, self.group, async_op=return_recv_hook),
-                         a2a_rows(stage_meta, send_meta, None, None, self.group, async_op=return_recv_hook)]
+                stage_x, work_x = self._ll_exchange("d:stage_x", send_x, return_recv_hook, capturing)
+                stage_meta, work_meta = self._ll_exchange("d:stage_meta", send_meta, return_recv_hook, capturing)
             # the outputs exist now; with a hook they are filled when it runs
             slab = empty((per * R * M, send_x.shape[1]), send_x.dtype, self.device)
-            recv_data = slab.view(data_dtype).reshape(per, R * M, hidden)
+            recv_data = slab.view(data_dtype).view(per, R * M, hidden)
             recv_x = recv_data
             if use_fp8:
                 # DeepEP layout: column-major in the last two dims
@@ -1296,9 +1325,9 @@ class Buffer:
             stats = cumulative_local_expert_recv_stats
 
             def finish() -> None:
-                for w in works:
-                    if w is not None:
-                        w.wait()
+                if work_x is not None:
+                    work_x.wait()
+                    work_meta.wait()
                 with self._phase("unpack"):
                     # slab positions, counts and scales from the metadata (one launch), then the rows: received
                     # row -> slab row pos[row, j] for every slot j that selected a local expert
@@ -1313,6 +1342,8 @@ class Buffer:
 
             if not return_recv_hook:
                 finish()
+        if ctx is _INLINE:
+            return recv_x, recv_count, handle, EventOverlap(_NO_EVENT), None
         ctx.own(recv_x, recv_count)
         if not return_recv_hook:
             ctx.own(handle.src_info, handle.layout_range)
@@ -1320,7 +1351,6 @@ class Buffer:
         done: List[bool] = []
 
         def hook() -> None:
-            """Wait for the exchange and place the rows (on the comm stream; the current stream waits)."""
             if done:
                 return
             done.append(True)
@@ -1405,13 +1435,14 @@ class Buffer:
                     raise ValueError(f"out must have shape {(handle.num_tokens, hidden)}, got {tuple(out.shape)}")
         except _ERRORS as e:
             self._fail("low_latency_combine", e)
-        hdr = Header("low_latency_combine", [
-            ("hidden", hidden, True), ("num_topk", handle.num_topk, True),
-            ("topk_weights given", int(topk_weights is not None), True), ("num_experts", handle.num_experts, True),
-            ("num_max_dispatch_tokens_per_rank", M, True)], _NAMES)
-        ctx = self._ctx(None, async_finish, False)
+        capturing = self._capturing()
+        if self._checks_on():
+            self._agree(Header("low_latency_combine", [
+                ("hidden", hidden, True), ("num_topk", handle.num_topk, True),
+                ("topk_weights given", int(topk_weights is not None), True),
+                ("num_experts", handle.num_experts, True), ("num_max_dispatch_tokens_per_rank", M, True)], _NAMES))
+        ctx = self._ctx(None, async_finish, False) if async_finish else _INLINE
         with ctx.run(keep=(x, topk_idx, topk_weights, out)):
-            self._agree(hdr)
             base = self._arange_base(M)
             same = (handle.weights_src is not None and topk_weights is handle.weights_src[0]
                     and _version(topk_weights) == handle.weights_src[1])
@@ -1421,11 +1452,10 @@ class Buffer:
                 kk = handle.num_topk
                 with self._phase("pack"):
                     # rows no token targets stay unwritten: the slab positions of the handle skip them
-                    send_w = self._scratch("c:send_w", (R * M, meta_width(kk, True, True, 0)), torch.int32)
+                    send_w = self._scratch("c:send_w", (R * M, meta_width(kk, True, True, 0)), torch.int32, capturing)
                     pack_meta_into(route, topk_weights, None, handle.send_slot, base, per, kk, send_w)
                 with self._phase("exchange"):
-                    stage_w = self._scratch("c:stage_w", send_w.shape, torch.int32)
-                    a2a_rows(stage_w, send_w, None, None, self.group)
+                    stage_w, _ = self._ll_exchange("c:stage_w", send_w, False, capturing)
                 # the received rows' weight words ([t, ids..., weights...]), read in place by the reduction
                 recv_w = stage_w.view(torch.float32)[:, 1 + kk:1 + 2 * kk]
             else:
@@ -1433,15 +1463,16 @@ class Buffer:
             with self._phase("prereduce"):
                 part = _reduce_fused(x.view(per * R * M, hidden), recv_w, handle.pos)
             with self._phase("exchange"):
-                back = self._scratch("c:back", part.shape, part.dtype)
-                a2a_rows(back, part, None, None, self.group)
+                back, _ = self._ll_exchange("c:back", part, False, capturing)
             with self._phase("reduce"):
                 res, _ = combine_reduce(back, handle.send_slot, base)
             if out is not None:
                 out.copy_(res)
                 res = out
-        ctx.own(res)
         hook = (lambda: None) if return_recv_hook else None
+        if ctx is _INLINE:
+            return res, EventOverlap(_NO_EVENT), hook
+        ctx.own(res)
         return res, ctx.event, hook
 
 
