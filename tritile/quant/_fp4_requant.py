@@ -39,6 +39,7 @@ from ..language import e2m1_code_to_f32, quant_scale, sf_to_ue8m0, ue8m0_to_f32
 from ..language.grid import tile_grid, tile_ids
 from ..language.pdl import pdl_args, pdl_enter
 from ..utils import ceil_div
+from ..runtime import constant
 from ._block_cast_tiles import _amax_of, _encode_store, _load_tile, _scale_tile, _store_sf
 from ._lossless_ptx import prmt
 from .common import FMT_CLAMP, FMT_MAX
@@ -332,5 +333,5 @@ def _map_table(device: torch.device) -> Optional[torch.Tensor]:
     if t is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        t = _MAP_TABLES[key] = torch.tensor(_map_table_values(), dtype=torch.int64, device=device)
+        t = _MAP_TABLES[key] = constant(torch.tensor(_map_table_values(), dtype=torch.int64, device=device))
     return t

@@ -17,7 +17,7 @@ __all__ = ["is_interpreter", "interpreter_configs", "tuned", "override_config", 
            "regs_per_thread",
            "check_int", "kernel_device_ok", "check_device", "check_same_device", "set_poison_outputs", "poison_outputs", "poison_",
            "empty", "empty_strided", "dtype_name", "check_tensor", "check_shape", "check_inner_contiguous",
-           "check_contiguous", "check_choice", "check_no_overlap", "custom_op"]
+           "check_contiguous", "check_choice", "check_no_overlap", "custom_op", "constant"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -201,6 +201,15 @@ def empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtyp
 # Zeroed workspaces that their kernels leave zeroed, one per (name, device, stream), so that a kernel accumulating
 # into one needs no fill launch before it (about 0.8 us of kernel time on the H200 for a few words).
 _ZEROED: dict = {}
+#: Tensors registered with :func:`constant`, by the address of their storage.
+_CONSTANTS: dict = {}
+
+
+def constant(t: torch.Tensor) -> torch.Tensor:
+    """Register ``t`` as a constant a kernel reads (a lookup table made once per device and never written or
+    freed) and return it.  A planned op may pass it to a launch: the plan holds it and passes its address."""
+    _CONSTANTS[t.untyped_storage().data_ptr()] = t
+    return t
 
 
 def zeroed_workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -133,6 +133,15 @@ class _NoKey(Exception):
     pass
 
 
+class _Const:
+    """A launch argument's base while recording: the ``j``-th constant (``runtime.constant``)."""
+
+    __slots__ = ("j",)
+
+    def __init__(self, j: int):
+        self.j = j
+
+
 def _walk(v: Any, key: list, tensors: list) -> None:
     """Append ``v``'s key parts to ``key`` and its tensors (depth first) to ``tensors``."""
     c = v.__class__
@@ -250,6 +259,7 @@ class _Recorder:
         self.workspaces: List[tuple] = []  # (tensor, name, numel, dtype, device)
         self.launches: List[tuple] = []
         self.overlap_checks: List[tuple] = []
+        self.consts: List[torch.Tensor] = []  # runtime.constant tensors the launches read
         self.bad: Optional[str] = None
         self.thread = threading.get_ident()
 
@@ -280,6 +290,14 @@ class _Recorder:
         st = t.untyped_storage().data_ptr()
         hits = [i for i, b in enumerate(bases)
                 if b.numel() > 0 and b.device == t.device and b.untyped_storage().data_ptr() == st]
+        if not hits:
+            c = _runtime()._CONSTANTS.get(st)
+            if c is not None and c.device == t.device:
+                if not any(k is c for k in self.consts):
+                    self.consts.append(c)
+                j = next(j for j, k in enumerate(self.consts) if k is c)
+                # its base index is known once every allocation is: _Const(j) until plan()
+                return (_Const(j), t.data_ptr() - c.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), c is t)
         if len(hits) != 1:
             raise _Unplannable("a launch argument that is no view of one input, output or workspace")
         i = hits[0]
@@ -376,7 +394,12 @@ class _Recorder:
             overlap.append((o, i, tuple(outs_ext + extents(i)), len(outs_ext)))
         allocs = [(kind, meta, fill) for _, kind, meta, fill in self.allocs]
         ws = [(name, numel, dtype, device) for _, name, numel, dtype, device in self.workspaces]
-        return Plan(n_in, allocs, ws, self.launches, ret, overlap)
+        # constants are the last bases: after the inputs, the allocations and the workspaces
+        first = len(bases)
+        launches = [(fn, g, values, [(s[0], first + s[1].j) + s[2:] if isinstance(s[1], _Const) else s
+                                     for s in slots], n_pos, kwargs, ck)
+                    for fn, g, values, slots, n_pos, kwargs, ck in self.launches]
+        return Plan(n_in, allocs, ws, launches, ret, overlap, tuple(self.consts))
 
 
 def _record_launch(orig):
@@ -434,10 +457,11 @@ def _view(base: torch.Tensor, off: int, dtype, shape, stride) -> torch.Tensor:
 class Plan:
     """A recorded call: the allocations, the workspaces, the launches and how to build the return value."""
 
-    __slots__ = ("n_in", "allocs", "ws", "launches", "ret", "overlap", "fast")
+    __slots__ = ("n_in", "allocs", "ws", "launches", "ret", "overlap", "fast", "consts")
 
-    def __init__(self, n_in, allocs, ws, launches, ret, overlap):
+    def __init__(self, n_in, allocs, ws, launches, ret, overlap, consts=()):
         self.n_in, self.allocs, self.ws, self.ret, self.overlap = n_in, allocs, ws, ret, overlap
+        self.consts = consts
         self.launches = launches
         self.fast = None
         if not _INTERPRET and launches and all(l[6] is not None for l in launches):
@@ -461,6 +485,8 @@ class Plan:
             bases.append(t)
         for name, numel, dtype, device in self.ws:
             bases.append(rt.zeroed_workspace(name, numel, dtype, device))
+        if self.consts:
+            bases.extend(self.consts)
         if self.overlap:
             for outs, ins, spans, n_out in self.overlap:
                 if _ranges_meet([(bases[i].data_ptr(), n) for i, n in spans], n_out):
