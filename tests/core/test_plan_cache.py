@@ -330,3 +330,20 @@ def test_mhc_inference_chain_in_a_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert_equal(out, _unplanned(chain)[0])
+
+
+def test_plan_holds_a_constant(device):
+    """A launch may read a registered constant (``runtime.constant``: per_token_cast's FP4 requantization maps): the
+    call is planned, the plan holds the table and passes its address, and replays give the unplanned bits (two
+    inputs in turn, so a replay cannot pass for a stale output)."""
+    from tritile.torch import cast
+
+    g = torch.Generator().manual_seed(3)
+    qs = [cast(torch.randn(48, 256, generator=g).to(device) * s, "e2m1", (32, 32), round_sf=True,
+               use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True) for s in (1.0, 1e-3)]
+    for q in qs + qs:
+        _same(_replayed(quant.per_token_cast, q, "e2m1", 128, (32, 32), True, True, True),
+              _unplanned(quant.per_token_cast, q, "e2m1", 128, (32, 32), True, True, True))
+    assert P.plan_stats()["per_token_cast"] == (1, 0), {c.name: c.why for c in P._CACHES if c.why}
+    plan = next(iter(quant.per_token_cast.plan_cache.d.values()))
+    assert len(plan.consts) == 1 and plan.consts[0].dtype == torch.int64
