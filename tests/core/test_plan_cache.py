@@ -347,3 +347,31 @@ def test_plan_holds_a_constant(device):
     assert P.plan_stats()["per_token_cast"] == (1, 0), {c.name: c.why for c in P._CACHES if c.why}
     plan = next(iter(quant.per_token_cast.plan_cache.d.values()))
     assert len(plan.consts) == 1 and plan.consts[0].dtype == torch.int64
+
+
+def test_inputs_carved_from_one_buffer(device):
+    """get_fused_mapping returns views of one buffer; ops given them are planned (each launch argument is located in
+    the input whose bytes hold it), and calls alternating carved and separate inputs of the same metadata give the
+    unplanned bits.  Inputs that overlap (the same weights twice) are not planned."""
+    from tritile.engram import grad_w_reduce
+    from tritile.moe import expand_to_fused, get_fused_mapping
+
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(-1, 8, (40, 4), generator=g).to(device)
+    pos_to_expert, _, _, t2p, *_ = get_fused_mapping(idx, 8, 0, 16)
+    assert t2p.untyped_storage().data_ptr() == pos_to_expert.untyped_storage().data_ptr()
+    xs = [torch.randn(40, 64, generator=g).bfloat16().to(device) for _ in range(2)]
+    for x, maps in ((xs[0], (t2p, pos_to_expert)), (xs[1], (t2p.clone(), pos_to_expert.clone())),
+                    (xs[1], (t2p, pos_to_expert)), (xs[0], (t2p.clone(), pos_to_expert.clone()))):
+        _same(_replayed(expand_to_fused, x, *maps), _unplanned(expand_to_fused, x, *maps))
+    assert P.plan_stats()["expand_to_fused"] == (1, 0), {c.name: c.why for c in P._CACHES if c.why}
+
+    part = torch.randn(4, 2, 32, generator=g).to(device)
+    w = torch.randn(2, 32, generator=g).bfloat16().to(device)
+    acc = [torch.zeros(2, 32, device=device) for _ in range(2)]
+    grad_w_reduce(part, w, w, *acc)
+    grad_w_reduce(part, w, w, *acc)
+    assert P.plan_stats()["grad_w_reduce"] == (0, 1)  # unplannable: each call runs the op's own route
+    want = part.sum(0) * w.float()
+    assert_equal(acc[0], 2 * want)
+    assert_equal(acc[1], 2 * want)

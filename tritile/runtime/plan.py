@@ -298,6 +298,10 @@ class _Recorder:
                 j = next(j for j, k in enumerate(self.consts) if k is c)
                 # its base index is known once every allocation is: _Const(j) until plan()
                 return (_Const(j), t.data_ptr() - c.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), c is t)
+        if len(hits) > 1:
+            # bases carved from one buffer (e.g. get_fused_mapping's outputs): the one whose bytes hold t's
+            r = _byte_range(t)
+            hits = [i for i in hits if _holds(_byte_range(bases[i]), r)]
         if len(hits) != 1:
             raise _Unplannable("a launch argument that is no view of one input, output or workspace")
         i = hits[0]
@@ -341,7 +345,11 @@ class _Recorder:
         for i, a in enumerate(self.inputs):
             for b in self.inputs[i + 1:]:
                 if a.numel() and b.numel() and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
-                    raise _Unplannable("inputs that share storage")  # views of one buffer: plan the separate case
+                    # disjoint parts of one buffer are separate tensors to every op; overlapping ones are not (an op
+                    # may take another route for them): plan the separate case only
+                    ra, rb = _byte_range(a), _byte_range(b)
+                    if ra[0] < rb[1] and rb[0] < ra[1]:
+                        raise _Unplannable("inputs that overlap")
         bases = self.bases()
         n_in = len(self.inputs)
 
@@ -538,6 +546,11 @@ class Plan:
                 raise RuntimeError(f"tritile plan cache: a replayed launch of {fn.__name__} has arguments Triton "
                                    "specializes differently from the recorded ones (the plan key misses a dtype, "
                                    "an alignment or an integer)")
+
+
+def _holds(outer, inner) -> bool:
+    """Whether byte range ``outer`` holds ``inner`` (``[first, last)`` pairs; None: no bytes)."""
+    return outer is not None and inner is not None and outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
 def _ranges_meet(ranges: List[Tuple[int, int]], n_out: int) -> bool:
