@@ -19,9 +19,11 @@ rejected is rejected with the same error whether or not a plan of its shape exis
 tensors' metadata, never their data.  Recording checks this with a ``TorchDispatchMode``: apart from allocations
 (``tritile.runtime.empty`` / ``empty_strided`` / ``zeroed_workspace``, ``torch.empty*``, and a whole-tensor fill of a
 fresh allocation), views, and Triton launches, any torch op (a copy, a sum, ``.item()``, ...) makes the call
-unplannable, and so does a launch argument that is neither a scalar nor a view of an input, an output or a
-workspace (a TMA descriptor, a cached table).  Host code that reads data where the dispatcher does not see it (``tolist()`` of a CPU tensor) calls
-:func:`unplannable`.  Such calls run the host code every time, correct as before.
+unplannable, and so does a launch argument that is neither a scalar nor a view of an input, an output, a
+workspace or a registered constant (``tritile.runtime.constant``: a table made once and never written; the plan
+holds it).  Inputs that are disjoint parts of one buffer are planned (a launch argument is located in the input
+whose bytes hold it); overlapping inputs are not.  Host code that reads data where the dispatcher does not see it
+(``tolist()`` of a CPU tensor) calls :func:`unplannable`.  Such calls run the host code every time, correct as before.
 ``check_no_overlap`` calls made while recording are replayed on every call, as data-pointer checks must be: the
 checked tensors' address ranges are compared (their byte extents are fixed by the key), and the exact check runs
 where two of them meet.
