@@ -209,3 +209,45 @@ def test_ll_cast_send_bad_args(device):
         ll_cast_send(x, slot, 4, False, False, out, meta[:, :1])
     with pytest.raises(ValueError, match="send_slot"):
         ll_cast_send(x, slot[:3], 4, False, False, out, meta)
+
+
+@pytest.mark.parametrize("num_local,num_ranks,cap,k,has_w,sf_words", CASES[:3])
+def test_ll_pack_unpack_are_the_parts(device, num_local, num_ranks, cap, k, has_w, sf_words):
+    """ll_pack is ll_send_meta then ll_cast_send, ll_unpack is ll_receive then the rows' scatter, bit for bit; each
+    called twice (the second call replays its plan)."""
+    from tritile.ep.ll import ll_pack, ll_unpack
+    from tritile.ep.pack import scatter_rows_into
+
+    g = torch.Generator().manual_seed(num_local * 31 + cap)
+    tokens, hidden, rm = min(cap, 9), 256, num_ranks * cap
+    idx = _routing(tokens, num_local * num_ranks, k, g, device)
+    w = torch.rand((tokens, k), generator=g).to(device) if has_w else None
+    x = (torch.randn((tokens, hidden), generator=g) * 3).to(torch.bfloat16).to(device)
+    width = 1 + k + (k if has_w else 0) + 2
+    for _ in range(2):
+        metas = [torch.full((rm, width), _SENTINEL, dtype=torch.int32, device=device) for _ in range(2)]
+        outs = [torch.full((rm, hidden), 0x5A, dtype=torch.uint8, device=device) for _ in range(2)]
+        slot = ll_pack(idx, w, x, num_local * num_ranks, num_ranks, cap, False, False, metas[0],
+                       outs[0].view(torch.float8_e4m3fn))
+        want = ll_send_meta(idx, w, num_local * num_ranks, num_ranks, cap, metas[1])
+        ll_cast_send(x, want, cap, False, False, outs[1].view(torch.float8_e4m3fn), metas[1])
+        assert_equal(slot, want, "send_slot")
+        assert_equal(metas[0], metas[1], "meta")
+        assert_equal(outs[0], outs[1], "rows")
+
+    meta = _meta(num_local, num_ranks, cap, k, has_w, sf_words, device)
+    rows = torch.randint(0, 1 << 30, (rm, 6), dtype=torch.int32, generator=g).to(device)
+    zeros = torch.zeros((k,), dtype=torch.int32, device=device)
+    for _ in range(2):
+        counts = [torch.empty((num_local,), dtype=torch.int32, device=device) for _ in range(2)]
+        sfs = [_recv_sf(num_local, rm, sf_words, device) for _ in range(2)]
+        slabs = [torch.zeros((num_local * rm, 6), dtype=torch.int32, device=device) for _ in range(2)]
+        got = ll_unpack(meta, rows, k, has_w, sf_words, num_local, num_ranks, cap, counts[0], sfs[0], zeros, slabs[0])
+        want = ll_receive(meta, k, has_w, sf_words, num_local, num_ranks, cap, counts[1], sfs[1])
+        scatter_rows_into(rows, want[0], zeros, slabs[1])
+        for name, a, b in zip(("pos", "src_info", "layout_range", "recv_weights"), got, want):
+            assert_equal(a, b, name)
+        assert_equal(counts[0], counts[1], "recv_count")
+        assert_equal(slabs[0], slabs[1], "slab")
+        if sfs[0] is not None:
+            assert_equal(sfs[0], sfs[1], "recv_sf")

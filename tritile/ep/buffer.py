@@ -19,7 +19,7 @@ from ..utils import align, ceil_div
 from ._dist import (HEADER_WORDS, CommContext, EventHandle, EventOverlap, Header, a2a_rows, exchange_header,
                     group_device, physical_domain)
 from .layout import check_layout_args, dispatch_layout, raise_on_bad_ids
-from .ll import ll_cast_send, ll_receive, ll_send_meta
+from .ll import ll_pack, ll_send_meta, ll_unpack
 from .pack import (as_words, gather_rows, meta_width, pack_meta, pack_meta_into, pack_rows, scatter_rows_into,
                    unpack_meta)
 from .reduce import combine_reduce
@@ -1293,13 +1293,14 @@ class Buffer:
                 # cast straight into the send buffer (their scales into the metadata rows), else copied
                 width = meta_width(k, True, topk_weights is not None, sw)
                 send_meta = self._scratch("d:send_meta", (R * M, width), torch.int32, capturing)
-                slot = ll_send_meta(route, topk_weights, num_experts, R, M, send_meta)
                 if use_fp8:
                     send8 = self._scratch("d:send_x8", (R * M, hidden), torch.float8_e4m3fn, capturing)
-                    ll_cast_send(x, slot, M, bool(round_scale or use_ue8m0), bool(use_ue8m0), send8, send_meta)
+                    slot = ll_pack(route, topk_weights, x, num_experts, R, M, bool(round_scale or use_ue8m0),
+                                   bool(use_ue8m0), send_meta, send8)
                     send_x = as_words(send8.view(torch.uint8))
                     data_dtype = torch.float8_e4m3fn
                 else:
+                    slot = ll_send_meta(route, topk_weights, num_experts, R, M, send_meta)
                     x_words = as_words(x)
                     send_x = scatter_rows_into(x_words, slot, self._arange_base(M),
                                                self._scratch("d:send_x", (R * M, x_words.shape[1]), x_words.dtype,
@@ -1331,10 +1332,9 @@ class Buffer:
                 with self._phase("unpack"):
                     # slab positions, counts and scales from the metadata (one launch), then the rows: received
                     # row -> slab row pos[row, j] for every slot j that selected a local expert
-                    pos, src_info, layout_range, r_w = ll_receive(
-                        stage_meta, k, topk_weights is not None, sw, per, R, M, recv_count,
-                        recv_x[1].view(torch.int32) if use_fp8 else None)
-                    scatter_rows_into(stage_x, pos, self._zeros_int32(k), slab)
+                    pos, src_info, layout_range, r_w = ll_unpack(
+                        stage_meta, stage_x, k, topk_weights is not None, sw, per, R, M, recv_count,
+                        recv_x[1].view(torch.int32) if use_fp8 else None, self._zeros_int32(k), slab)
                 if stats is not None:
                     stats.add_(recv_count)
                 handle.src_info, handle.layout_range, handle.pos = src_info, layout_range, pos

@@ -42,9 +42,9 @@ from ..runtime import (check_tensor, checks_enabled, custom_op, empty, interpret
 from ..runtime.plan import planned
 from ..utils import ceil_div, next_power_of_two
 from .layout import check_layout_args, raise_on_bad_ids
-from .pack import _store_meta_row
+from .pack import _store_meta_row, scatter_rows_into
 
-__all__ = ["ll_send_meta", "ll_cast_send", "ll_receive"]
+__all__ = ["ll_send_meta", "ll_cast_send", "ll_receive", "ll_pack", "ll_unpack"]
 
 _INTERPRET = interpreter_configs()
 
@@ -393,3 +393,30 @@ def ll_receive(meta: torch.Tensor, num_topk: int, has_w: bool, sf_words: int, nu
             raise ValueError(f"recv_sf must be ({num_local_experts}, {rm}, {sf_words}), got {tuple(recv_sf.shape)}")
     return _ll_receive_op(meta.contiguous(), int(num_topk), bool(has_w), int(sf_words), int(num_local_experts),
                           int(num_ranks), int(capacity), recv_count, recv_sf)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A dispatch's two sides of the exchange, one plan each (the eager host path replays one record, not two)
+# ---------------------------------------------------------------------------------------------------------------
+@planned("ep_ll_pack")
+def ll_pack(topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor], x: torch.Tensor, num_experts: int,
+            num_ranks: int, capacity: int, round_sf: bool, use_ue8m0: bool, meta: torch.Tensor,
+            out: torch.Tensor) -> torch.Tensor:
+    """:func:`ll_send_meta` then :func:`ll_cast_send`: the send slots, the metadata rows and the FP8 rows of a
+    fixed-capacity dispatch.  ``out``: float8_e4m3fn ``(R*M, H)``; ``meta``: int32 ``(R*M, W)`` with room for the
+    scale words.  Returns the send slots (int32 ``(T, R)``)."""
+    slot = ll_send_meta(topk_idx, topk_weights, num_experts, num_ranks, capacity, meta)
+    ll_cast_send(x, slot, capacity, round_sf, use_ue8m0, out, meta)
+    return slot
+
+
+@planned("ep_ll_unpack")
+def ll_unpack(meta: torch.Tensor, rows: torch.Tensor, num_topk: int, has_w: bool, sf_words: int,
+              num_local_experts: int, num_ranks: int, capacity: int, recv_count: torch.Tensor,
+              recv_sf: Optional[torch.Tensor], zeros_k: torch.Tensor, slab: torch.Tensor):
+    """:func:`ll_receive` then the received ``rows`` (words, ``(R*M, W)``) into ``slab`` (``(L*R*M, W)``) at their
+    slab positions (:func:`tritile.ep.pack.scatter_rows_into`; ``zeros_k``: int32 ``(k,)`` zeros).  Returns
+    :func:`ll_receive`'s ``(pos, src_info, layout_range, recv_weights)``."""
+    res = ll_receive(meta, num_topk, has_w, sf_words, num_local_experts, num_ranks, capacity, recv_count, recv_sf)
+    scatter_rows_into(rows, res[0], zeros_k, slab)
+    return res
