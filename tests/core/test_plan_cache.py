@@ -350,19 +350,25 @@ def test_plan_holds_a_constant(device):
 
 
 def test_inputs_carved_from_one_buffer(device):
-    """get_fused_mapping returns views of one buffer; ops given them are planned (each launch argument is located in
-    the input whose bytes hold it), and calls alternating carved and separate inputs of the same metadata give the
-    unplanned bits.  Inputs that overlap (the same weights twice) are not planned."""
+    """Inputs that are disjoint parts of one buffer (as get_fused_mapping returns its maps) are planned: each launch
+    argument is located in the input whose bytes hold it, and calls alternating carved and separate inputs of the
+    same metadata give the unplanned bits.  Inputs that overlap (the same weights twice) are not planned."""
     from tritile.engram import grad_w_reduce
     from tritile.moe import expand_to_fused, get_fused_mapping
 
     g = torch.Generator().manual_seed(5)
     idx = torch.randint(-1, 8, (40, 4), generator=g).to(device)
     pos_to_expert, _, _, t2p, *_ = get_fused_mapping(idx, 8, 0, 16)
-    assert t2p.untyped_storage().data_ptr() == pos_to_expert.untyped_storage().data_ptr()
+    # both maps in one buffer, at 16-byte offsets (the alignment a separate allocation has: the same plan key)
+    n1, n2 = t2p.numel(), pos_to_expert.numel()
+    o2 = (n1 + 3) // 4 * 4 + 4
+    buf = torch.full((o2 + n2 + 4,), -9, dtype=torch.int32, device=device)
+    carved = (buf[:n1].view(t2p.shape), buf[o2:o2 + n2].view(pos_to_expert.shape))
+    carved[0].copy_(t2p)
+    carved[1].copy_(pos_to_expert)
+    separate = (t2p.clone(), pos_to_expert.clone())
     xs = [torch.randn(40, 64, generator=g).bfloat16().to(device) for _ in range(2)]
-    for x, maps in ((xs[0], (t2p, pos_to_expert)), (xs[1], (t2p.clone(), pos_to_expert.clone())),
-                    (xs[1], (t2p, pos_to_expert)), (xs[0], (t2p.clone(), pos_to_expert.clone()))):
+    for x, maps in ((xs[0], carved), (xs[1], separate), (xs[1], carved), (xs[0], separate)):
         _same(_replayed(expand_to_fused, x, *maps), _unplanned(expand_to_fused, x, *maps))
     assert P.plan_stats()["expand_to_fused"] == (1, 0), {c.name: c.why for c in P._CACHES if c.why}
 
