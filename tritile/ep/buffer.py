@@ -1326,6 +1326,8 @@ class Buffer:
             stats = cumulative_local_expert_recv_stats
 
             def finish() -> None:
+                """Wait for the exchange and place the rows (on the caller's stream, or with a hook or async_finish
+                on the comm stream, which the current stream then waits for)."""
                 if work_x is not None:
                     work_x.wait()
                     work_meta.wait()
