@@ -295,9 +295,9 @@ class _Recorder:
         if not hits:
             c = _runtime()._CONSTANTS.get(st)
             if c is not None and c.device == t.device:
-                if not any(k is c for k in self.consts):
+                j = next((j for j, k in enumerate(self.consts) if k is c), len(self.consts))
+                if j == len(self.consts):
                     self.consts.append(c)
-                j = next(j for j, k in enumerate(self.consts) if k is c)
                 # its base index is known once every allocation is: _Const(j) until plan()
                 return (_Const(j), t.data_ptr() - c.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), c is t)
         if len(hits) > 1:
